@@ -1,0 +1,116 @@
+//! What the store records for one address: who owns it now, which pod it belongs to, and
+//! whether it is in use or held for a deleted pod.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::retention::Retention;
+
+/// The CNI attachment that owns an address: `(CNI_CONTAINERID, CNI_IFNAME)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// The sandbox container ID.
+    pub container_id: String,
+    /// The interface name inside the sandbox.
+    pub ifname: String,
+}
+
+impl fmt::Display for Attachment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.container_id, self.ifname)
+    }
+}
+
+/// The Kubernetes pod behind an attachment, from `CNI_ARGS`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+    /// `K8S_POD_UID`, when the runtime passes it (informational: a rebuilt pod has a new one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl fmt::Display for PodRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A pod's retention identity within one network: `(namespace, pod name, ifname)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodIdentity {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name (stable across StatefulSet rebuilds).
+    pub name: String,
+    /// Interface name.
+    pub ifname: String,
+}
+
+impl fmt::Display for PodIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.ifname)
+    }
+}
+
+/// Whether an address is in use or held for a deleted pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "state")]
+pub enum LeaseState {
+    /// Configured in a live sandbox.
+    Active,
+    /// The sandbox was deleted; kept for the same pod identity until `until` (unix seconds;
+    /// `None` = forever).
+    Held {
+        /// When the holding ends.
+        until: Option<u64>,
+    },
+}
+
+/// One allocated or held address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    /// The address.
+    pub ip: IpAddr,
+    /// The attachment that owns it (for a held lease: the last one that did).
+    pub owner: Attachment,
+    /// The pod, when the runtime said which one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// Retention resolved when the address was last added.
+    pub retention: Retention,
+    /// In use or held.
+    #[serde(flatten)]
+    pub state: LeaseState,
+    /// Unix seconds of the last change of owner or state.
+    pub since: u64,
+}
+
+impl Lease {
+    /// The retention identity, if the lease belongs to a named pod.
+    pub fn identity(&self) -> Option<PodIdentity> {
+        self.pod.as_ref().map(|p| PodIdentity {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            ifname: self.owner.ifname.clone(),
+        })
+    }
+
+    /// Whether the lease is configured in a live sandbox.
+    pub fn is_active(&self) -> bool {
+        self.state == LeaseState::Active
+    }
+
+    /// Whether the lease is a holding whose time has come.
+    pub fn is_expired(&self, now: u64) -> bool {
+        matches!(self.state, LeaseState::Held { until: Some(until) } if until <= now)
+    }
+}

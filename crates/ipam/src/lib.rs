@@ -1,0 +1,23 @@
+//! ipkeep's node-local IPAM: host-local's ranges and allocation order, plus IP retention for
+//! pods that are rebuilt under the same name.
+//!
+//! Layers: [`range`] and [`retention`] are pure values; [`allocator`] decides every command over
+//! the [`store::Store`] trait (no I/O of its own); [`disk`] is the one module that touches the
+//! file system (sled database + flock). [`store::MemoryStore`] is the in-memory twin for tests.
+
+pub mod allocator;
+pub mod disk;
+pub mod lease;
+pub mod range;
+pub mod retention;
+pub mod store;
+
+pub use allocator::{AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source};
+pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
+pub use lease::{Attachment, Lease, LeaseState, PodIdentity, PodRef};
+pub use range::{Range, RangeError, RangeSet, RangeSpec};
+pub use retention::{Retention, RetentionError, RetentionSource};
+pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError};
+
+#[cfg(test)]
+mod allocator_tests;
