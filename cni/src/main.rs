@@ -1,1 +1,105 @@
-fn main(){}
+//! `ipkeep`: a CNI IPAM plugin when `CNI_COMMAND` is set, an admin tool when run with
+//! arguments, and a one-line self-description otherwise.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use ipkeep_cni::{admin, plugin, version};
+use nix::sys::stat::{Mode, umask};
+use tracing::Level;
+
+fn main() -> ExitCode {
+    // Every file ipkeep creates (lock, database) is readable by root only.
+    umask(Mode::from_bits_truncate(0o077));
+    let vars: HashMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    if vars.contains_key("CNI_COMMAND") {
+        return cni(&vars);
+    }
+    if std::env::args_os().len() > 1 {
+        let cli = admin::Cli::parse();
+        init_logging(None, None, &vars);
+        return match admin::run(cli, &mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ipkeep: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    eprintln!("CNI ipkeep plugin version {}", env!("CARGO_PKG_VERSION"));
+    eprintln!(
+        "CNI protocol versions supported: {}",
+        version::SUPPORTED.join(", ")
+    );
+    eprintln!("Run `ipkeep --help` for the admin subcommands (list, release).");
+    ExitCode::SUCCESS
+}
+
+fn cni(vars: &HashMap<String, String>) -> ExitCode {
+    let mut input = Vec::new();
+    if vars.get("CNI_COMMAND").map(String::as_str) != Some("VERSION") {
+        // Bounded read; an I/O error or oversize input is reported by the plugin itself.
+        let limit = ipkeep_cni::netconf::MAX_CONFIG_BYTES as u64 + 1;
+        let _ = std::io::stdin().lock().take(limit).read_to_end(&mut input);
+    }
+    let (file, level) = log_settings(&input);
+    init_logging(file.as_deref(), level.as_deref(), vars);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let done = plugin::run(
+        vars,
+        &mut input.as_slice(),
+        &mut std::io::stdout().lock(),
+        now,
+    );
+    if vars.contains_key("IPKEEP_TIMING") {
+        eprintln!("{}", done.timings.line());
+    }
+    ExitCode::from(u8::try_from(done.exit_code).unwrap_or(1))
+}
+
+/// `ipam.logFile` / `ipam.logLevel`, read leniently: a broken config is reported by the plugin.
+fn log_settings(input: &[u8]) -> (Option<String>, Option<String>) {
+    let value: serde_json::Value = serde_json::from_slice(input).unwrap_or_default();
+    let get = |k: &str| value.get("ipam")?.get(k)?.as_str().map(str::to_string);
+    (get("logFile"), get("logLevel"))
+}
+
+/// Logs go to `ipam.logFile` (default level info) or stderr (default level warn); never to
+/// stdout, which carries only the CNI protocol. `IPKEEP_LOG` overrides the level.
+fn init_logging(file: Option<&str>, level: Option<&str>, vars: &HashMap<String, String>) {
+    let level = vars
+        .get("IPKEEP_LOG")
+        .map(String::as_str)
+        .or(level)
+        .and_then(|l| l.parse::<Level>().ok())
+        .unwrap_or(if file.is_some() {
+            Level::INFO
+        } else {
+            Level::WARN
+        });
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_target(false)
+        .with_ansi(false);
+    let opened = file.and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .inspect_err(|e| {
+                eprintln!("ipkeep: cannot open ipam.logFile {path}: {e}; logging to stderr")
+            })
+            .ok()
+    });
+    let _ = match opened {
+        Some(f) => builder.with_writer(std::sync::Mutex::new(f)).try_init(),
+        None => builder.with_writer(std::io::stderr).try_init(),
+    };
+}

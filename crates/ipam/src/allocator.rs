@@ -81,7 +81,10 @@ pub enum AllocError {
 }
 
 fn list(ips: &[IpAddr]) -> String {
-    ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(" ")
+    ips.iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Why CHECK failed.
@@ -91,7 +94,9 @@ pub enum CheckError {
     #[error("ipkeep: failed to find address added by container {0}")]
     NotFound(Attachment),
     /// The previous result names an address the attachment does not own.
-    #[error("ipkeep: container {owner} does not own {ip} from its previous result (it owns {owned})")]
+    #[error(
+        "ipkeep: container {owner} does not own {ip} from its previous result (it owns {owned})"
+    )]
     Mismatch {
         /// The attachment.
         owner: Attachment,
@@ -347,13 +352,19 @@ fn plan_add<S: Store + ?Sized>(
             state: LeaseState::Active,
             since: now,
         };
-        let unchanged = pending
-            .lease(ip)?
-            .is_some_and(|old| Lease { since: old.since, ..lease.clone() } == old);
+        let unchanged = pending.lease(ip)?.is_some_and(|old| {
+            Lease {
+                since: old.since,
+                ..lease.clone()
+            } == old
+        });
         if !unchanged {
             pending.set(ip, lease)?;
         }
-        let range = set.range_of(ip).cloned().unwrap_or_else(|| set.ranges()[0].clone());
+        let range = set
+            .range_of(ip)
+            .cloned()
+            .unwrap_or_else(|| set.ranges()[0].clone());
         assignments.push(Assignment { ip, range, source });
     }
     if !unused.is_empty() {
@@ -495,7 +506,10 @@ pub fn check<S: Store + ?Sized>(
     if active.is_empty() {
         return Err(CheckError::NotFound(owner.clone()));
     }
-    if let Some(ip) = previous.iter().find(|ip| !active.iter().any(|l| l.ip == **ip)) {
+    if let Some(ip) = previous
+        .iter()
+        .find(|ip| !active.iter().any(|l| l.ip == **ip))
+    {
         return Err(CheckError::Mismatch {
             owner: owner.clone(),
             ip: *ip,

@@ -104,14 +104,35 @@ impl Case<'_> {
 type Scenario = fn(&mut dyn Store);
 
 const SCENARIOS: &[(&str, Scenario)] = &[
-    ("round_robin_exhaustion_and_release", round_robin_exhaustion_and_release),
-    ("rebuilt_pod_gets_same_addresses_on_every_set", rebuilt_pod_gets_same_addresses),
-    ("held_addresses_go_to_nobody_else", held_addresses_go_to_nobody_else),
-    ("expired_holdings_are_reclaimed", expired_holdings_are_reclaimed),
+    (
+        "round_robin_exhaustion_and_release",
+        round_robin_exhaustion_and_release,
+    ),
+    (
+        "rebuilt_pod_gets_same_addresses_on_every_set",
+        rebuilt_pod_gets_same_addresses,
+    ),
+    (
+        "held_addresses_go_to_nobody_else",
+        held_addresses_go_to_nobody_else,
+    ),
+    (
+        "expired_holdings_are_reclaimed",
+        expired_holdings_are_reclaimed,
+    ),
     ("forever_never_expires", forever_never_expires),
-    ("late_del_of_old_sandbox_is_harmless", late_del_of_old_sandbox_is_harmless),
-    ("without_retention_an_active_sibling_is_not_taken", without_retention_no_takeover),
-    ("repeated_add_and_del_are_idempotent", repeated_add_and_del_are_idempotent),
+    (
+        "late_del_of_old_sandbox_is_harmless",
+        late_del_of_old_sandbox_is_harmless,
+    ),
+    (
+        "without_retention_an_active_sibling_is_not_taken",
+        without_retention_no_takeover,
+    ),
+    (
+        "repeated_add_and_del_are_idempotent",
+        repeated_add_and_del_are_idempotent,
+    ),
     ("requested_ips", requested_ips),
     ("failed_add_changes_nothing", failed_add_changes_nothing),
     ("gc_holds_or_frees_and_never_touches_holdings", gc_semantics),
@@ -122,10 +143,21 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 fn round_robin_exhaustion_and_release(store: &mut dyn Store) {
     let s = sets(&["10.10.0.0/29"]);
     let mut c = Case { sets: &s, store };
-    for (i, want) in ["10.10.0.2", "10.10.0.3", "10.10.0.4", "10.10.0.5", "10.10.0.6"].iter().enumerate() {
+    for (i, want) in [
+        "10.10.0.2",
+        "10.10.0.3",
+        "10.10.0.4",
+        "10.10.0.5",
+        "10.10.0.6",
+    ]
+    .iter()
+    .enumerate()
+    {
         assert_eq!(c.add(&format!("c{i}"), None, Retention::Off), [*want]);
     }
-    let err = c.add_full("c9", None, Retention::Off, &[], T0).expect_err("full");
+    let err = c
+        .add_full("c9", None, Retention::Off, &[], T0)
+        .expect_err("full");
     assert_eq!(
         err.to_string(),
         "failed to allocate for range 0: no IP addresses available in range set: 10.10.0.1-10.10.0.6 (5 in use, 0 held for deleted pods with IP retention; `ipkeep list` shows them)"
@@ -148,7 +180,12 @@ fn rebuilt_pod_gets_same_addresses(store: &mut dyn Store) {
     assert_eq!(c.del("c1", T0 + 10), (2, 0));
     assert_eq!(
         c.state("10.20.0.3"),
-        Some(("c1".into(), LeaseState::Held { until: Some(T0 + 10 + 86_400) }))
+        Some((
+            "c1".into(),
+            LeaseState::Held {
+                until: Some(T0 + 10 + 86_400)
+            }
+        ))
     );
     let again = c
         .add_full("c2", Some("web-0"), DAY, &[], T0 + 20)
@@ -156,15 +193,37 @@ fn rebuilt_pod_gets_same_addresses(store: &mut dyn Store) {
     assert_eq!(
         again,
         [
-            (ip("10.20.0.3"), Source::Retained { from: att("c1"), was_held: true }),
-            (ip("fd00:20::3"), Source::Retained { from: att("c1"), was_held: true }),
+            (
+                ip("10.20.0.3"),
+                Source::Retained {
+                    from: att("c1"),
+                    was_held: true
+                }
+            ),
+            (
+                ip("fd00:20::3"),
+                Source::Retained {
+                    from: att("c1"),
+                    was_held: true
+                }
+            ),
         ]
     );
-    assert_eq!(c.state("fd00:20::3"), Some(("c2".into(), LeaseState::Active)));
+    assert_eq!(
+        c.state("fd00:20::3"),
+        Some(("c2".into(), LeaseState::Active))
+    );
     // a retained pod whose retention is now off still gets its address back once
     c.del("c2", T0 + 30);
-    assert_eq!(c.add_at("c3", Some("web-0"), Retention::Off, T0 + 40), first);
-    assert_eq!(c.del("c3", T0 + 50), (0, 2), "retention off now: released at DEL");
+    assert_eq!(
+        c.add_at("c3", Some("web-0"), Retention::Off, T0 + 40),
+        first
+    );
+    assert_eq!(
+        c.del("c3", T0 + 50),
+        (0, 2),
+        "retention off now: released at DEL"
+    );
 }
 
 fn held_addresses_go_to_nobody_else(store: &mut dyn Store) {
@@ -174,12 +233,32 @@ fn held_addresses_go_to_nobody_else(store: &mut dyn Store) {
     c.add("b", Some("web-1"), DAY);
     c.del("a", T0);
     c.del("b", T0);
-    let got: Vec<String> = (0..3).flat_map(|i| c.add(&format!("n{i}"), Some(&format!("x-{i}")), DAY)).collect();
+    let got: Vec<String> = (0..3)
+        .flat_map(|i| c.add(&format!("n{i}"), Some(&format!("x-{i}")), DAY))
+        .collect();
     assert_eq!(got, ["10.30.0.4", "10.30.0.5", "10.30.0.6"]);
-    let err = c.add_full("n9", Some("x-9"), DAY, &[], T0).expect_err("full");
-    assert!(matches!(err, AllocError::Exhausted { active: 3, held: 2, .. }), "{err}");
-    let err = c.add_full("n9", Some("x-9"), DAY, &[ip("10.30.0.2")], T0).expect_err("held");
-    assert!(err.to_string().contains("held of pod db/web-0 until unix time"), "{err}");
+    let err = c
+        .add_full("n9", Some("x-9"), DAY, &[], T0)
+        .expect_err("full");
+    assert!(
+        matches!(
+            err,
+            AllocError::Exhausted {
+                active: 3,
+                held: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = c
+        .add_full("n9", Some("x-9"), DAY, &[ip("10.30.0.2")], T0)
+        .expect_err("held");
+    assert!(
+        err.to_string()
+            .contains("held of pod db/web-0 until unix time"),
+        "{err}"
+    );
 }
 
 fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
@@ -187,17 +266,28 @@ fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
     let mut c = Case { sets: &s, store };
     c.add("a", Some("web-0"), Retention::Seconds(60));
     c.del("a", T0);
-    let err = c.add_full("b", Some("web-1"), DAY, &[], T0 + 59).expect_err("still held");
+    let err = c
+        .add_full("b", Some("web-1"), DAY, &[], T0 + 59)
+        .expect_err("still held");
     assert!(matches!(err, AllocError::Exhausted { held: 1, .. }));
     let out = allocator::add(
         c.store,
-        &AddRequest { range_sets: &s, owner: att("b"), pod: pod("web-1"), retention: DAY, requested: &[] },
+        &AddRequest {
+            range_sets: &s,
+            owner: att("b"),
+            pod: pod("web-1"),
+            retention: DAY,
+            requested: &[],
+        },
         T0 + 60,
     )
     .expect("expired holding reclaimed");
     assert_eq!(out.assignments[0].ip, ip("10.40.0.2"));
     assert_eq!(out.expired.len(), 1);
-    assert!(c.store.expired(u64::MAX).expect("expired").is_empty(), "held → active: no expiry entry");
+    assert!(
+        c.store.expired(u64::MAX).expect("expired").is_empty(),
+        "held → active: no expiry entry"
+    );
 }
 
 fn forever_never_expires(store: &mut dyn Store) {
@@ -205,10 +295,16 @@ fn forever_never_expires(store: &mut dyn Store) {
     let mut c = Case { sets: &s, store };
     c.add("a", Some("web-0"), Retention::Forever);
     c.del("a", T0);
-    assert!(c.add_full("b", Some("web-1"), DAY, &[], u64::MAX - 1).is_err());
+    assert!(
+        c.add_full("b", Some("web-1"), DAY, &[], u64::MAX - 1)
+            .is_err()
+    );
     let gc = allocator::gc(c.store, &BTreeSet::new(), u64::MAX - 1).expect("gc");
     assert!(gc.released.is_empty() && gc.expired.is_empty());
-    assert_eq!(c.add_at("c", Some("web-0"), DAY, u64::MAX - 1), ["10.41.0.2"]);
+    assert_eq!(
+        c.add_at("c", Some("web-0"), DAY, u64::MAX - 1),
+        ["10.41.0.2"]
+    );
 }
 
 fn late_del_of_old_sandbox_is_harmless(store: &mut dyn Store) {
@@ -216,11 +312,31 @@ fn late_del_of_old_sandbox_is_harmless(store: &mut dyn Store) {
     let mut c = Case { sets: &s, store };
     let old = c.add("old", Some("web-0"), DAY);
     // the new sandbox is added before the old one's DEL arrives
-    let new = c.add_full("new", Some("web-0"), DAY, &[], T0 + 1).expect("ADD");
-    assert_eq!(new, [(ip(&old[0]), Source::Retained { from: att("old"), was_held: false })]);
-    assert_eq!(c.del("old", T0 + 2), (0, 0), "late DEL finds nothing it owns");
+    let new = c
+        .add_full("new", Some("web-0"), DAY, &[], T0 + 1)
+        .expect("ADD");
+    assert_eq!(
+        new,
+        [(
+            ip(&old[0]),
+            Source::Retained {
+                from: att("old"),
+                was_held: false
+            }
+        )]
+    );
+    assert_eq!(
+        c.del("old", T0 + 2),
+        (0, 0),
+        "late DEL finds nothing it owns"
+    );
     assert_eq!(c.state(&old[0]), Some(("new".into(), LeaseState::Active)));
-    assert!(c.store.leases_of_attachment(&att("old")).expect("index").is_empty());
+    assert!(
+        c.store
+            .leases_of_attachment(&att("old"))
+            .expect("index")
+            .is_empty()
+    );
 }
 
 fn without_retention_no_takeover(store: &mut dyn Store) {
@@ -236,39 +352,80 @@ fn repeated_add_and_del_are_idempotent(store: &mut dyn Store) {
     let s = sets(&["10.60.0.0/24", "fd00:60::/120"]);
     let mut c = Case { sets: &s, store };
     let first = c.add("a", Some("web-0"), DAY);
-    let again = c.add_full("a", Some("web-0"), DAY, &[], T0 + 5).expect("repeat");
+    let again = c
+        .add_full("a", Some("web-0"), DAY, &[], T0 + 5)
+        .expect("repeat");
     assert!(again.iter().all(|(_, src)| *src == Source::Existing));
-    assert_eq!(again.iter().map(|(i, _)| i.to_string()).collect::<Vec<_>>(), first);
+    assert_eq!(
+        again.iter().map(|(i, _)| i.to_string()).collect::<Vec<_>>(),
+        first
+    );
     assert_eq!(c.store.all().expect("all").len(), 2, "no second address");
     assert_eq!(c.del("a", T0), (2, 0));
     assert_eq!(c.del("a", T0 + 1), (0, 0), "second DEL is a no-op");
     assert_eq!(c.del("never-added", T0), (0, 0));
-    assert_eq!(c.state(&first[0]).map(|s| s.1), Some(LeaseState::Held { until: Some(T0 + 86_400) }));
+    assert_eq!(
+        c.state(&first[0]).map(|s| s.1),
+        Some(LeaseState::Held {
+            until: Some(T0 + 86_400)
+        })
+    );
 }
 
 fn requested_ips(store: &mut dyn Store) {
     let s = sets(&["10.70.0.0/24", "fd00:70::/120"]);
     let mut c = Case { sets: &s, store };
-    let got = c.add_full("a", None, Retention::Off, &[ip("10.70.0.50")], T0).expect("ADD");
+    let got = c
+        .add_full("a", None, Retention::Off, &[ip("10.70.0.50")], T0)
+        .expect("ADD");
     assert_eq!(got[0], (ip("10.70.0.50"), Source::Requested));
     assert_eq!(got[1].0, ip("fd00:70::2"));
-    let taken = c.add_full("b", None, Retention::Off, &[ip("10.70.0.50")], T0).expect_err("taken");
+    let taken = c
+        .add_full("b", None, Retention::Off, &[ip("10.70.0.50")], T0)
+        .expect_err("taken");
     assert!(taken.to_string().starts_with("failed to allocate for range 0: requested IP address 10.70.0.50 is not available in range set 10.70.0.1-10.70.0.254 (in use by a/eth0"), "{taken}");
-    let gw = c.add_full("b", None, Retention::Off, &[ip("10.70.0.1")], T0).expect_err("gateway");
-    assert_eq!(gw.to_string(), "failed to allocate for range 0: requested ip 10.70.0.1 is subnet's gateway");
-    let outside = c.add_full("b", None, Retention::Off, &[ip("10.71.0.5")], T0).expect_err("outside");
-    assert_eq!(outside.to_string(), "failed to allocate all requested IPs: 10.71.0.5");
-    let two = c.add_full("b", None, Retention::Off, &[ip("10.70.0.80"), ip("10.70.0.81")], T0).expect_err("two in one set");
-    assert_eq!(two.to_string(), "failed to allocate all requested IPs: 10.70.0.81");
-    let own = c.add_full("a", None, Retention::Off, &[ip("10.70.0.51")], T0).expect_err("own");
-    assert!(matches!(own, AllocError::RequestedConflictsWithOwn { .. }), "{own}");
+    let gw = c
+        .add_full("b", None, Retention::Off, &[ip("10.70.0.1")], T0)
+        .expect_err("gateway");
+    assert_eq!(
+        gw.to_string(),
+        "failed to allocate for range 0: requested ip 10.70.0.1 is subnet's gateway"
+    );
+    let outside = c
+        .add_full("b", None, Retention::Off, &[ip("10.71.0.5")], T0)
+        .expect_err("outside");
+    assert_eq!(
+        outside.to_string(),
+        "failed to allocate all requested IPs: 10.71.0.5"
+    );
+    let two = c
+        .add_full(
+            "b",
+            None,
+            Retention::Off,
+            &[ip("10.70.0.80"), ip("10.70.0.81")],
+            T0,
+        )
+        .expect_err("two in one set");
+    assert_eq!(
+        two.to_string(),
+        "failed to allocate all requested IPs: 10.70.0.81"
+    );
+    let own = c
+        .add_full("a", None, Retention::Off, &[ip("10.70.0.51")], T0)
+        .expect_err("own");
+    assert!(
+        matches!(own, AllocError::RequestedConflictsWithOwn { .. }),
+        "{own}"
+    );
     // the next dynamic address follows the requested one (host-local records it as last)
     assert_eq!(c.add("c", None, Retention::Off)[0], "10.70.0.51");
     // a pod that asks for a new address gives up the one held for it in that set
     c.add("p1", Some("web-0"), DAY);
     c.del("p1", T0);
     let held_v4 = c.store.leases_of_pod("db", "web-0").expect("pod")[0].ip;
-    c.add_full("p2", Some("web-0"), DAY, &[ip("10.70.0.99")], T0).expect("ADD");
+    c.add_full("p2", Some("web-0"), DAY, &[ip("10.70.0.99")], T0)
+        .expect("ADD");
     assert_eq!(c.store.lease(held_v4).expect("read"), None);
 }
 
@@ -278,10 +435,21 @@ fn failed_add_changes_nothing(store: &mut dyn Store) {
     c.add("a", None, Retention::Off);
     c.add("b", None, Retention::Off);
     let before = c.store.all().expect("all");
-    c.add_full("c", None, Retention::Off, &[], T0).expect_err("v6 set full");
-    c.add_full("a", None, Retention::Off, &[ip("10.80.0.77")], T0).expect_err("conflict");
-    assert_eq!(c.store.all().expect("all"), before, "nothing changed, a's addresses intact");
-    assert_eq!(c.store.last_reserved("10.80.0.1-10.80.0.254").expect("cursor"), Some(ip("10.80.0.3")));
+    c.add_full("c", None, Retention::Off, &[], T0)
+        .expect_err("v6 set full");
+    c.add_full("a", None, Retention::Off, &[ip("10.80.0.77")], T0)
+        .expect_err("conflict");
+    assert_eq!(
+        c.store.all().expect("all"),
+        before,
+        "nothing changed, a's addresses intact"
+    );
+    assert_eq!(
+        c.store
+            .last_reserved("10.80.0.1-10.80.0.254")
+            .expect("cursor"),
+        Some(ip("10.80.0.3"))
+    );
 }
 
 fn gc_semantics(store: &mut dyn Store) {
@@ -296,16 +464,44 @@ fn gc_semantics(store: &mut dyn Store) {
     c.del("expiring", T0);
     let valid: BTreeSet<Attachment> = [att("keep")].into();
     let out = allocator::gc(c.store, &valid, T0 + 50).expect("gc");
-    assert_eq!(out.held.iter().map(|l| l.owner.container_id.as_str()).collect::<Vec<_>>(), ["gone-retained"]);
-    assert_eq!(out.released.iter().map(|l| l.owner.container_id.as_str()).collect::<Vec<_>>(), ["gone-plain"]);
+    assert_eq!(
+        out.held
+            .iter()
+            .map(|l| l.owner.container_id.as_str())
+            .collect::<Vec<_>>(),
+        ["gone-retained"]
+    );
+    assert_eq!(
+        out.released
+            .iter()
+            .map(|l| l.owner.container_id.as_str())
+            .collect::<Vec<_>>(),
+        ["gone-plain"]
+    );
     assert_eq!(out.expired.len(), 1);
-    let states: Vec<_> = c.store.all().expect("all").into_iter().map(|l| (l.owner.container_id, l.state)).collect();
+    let states: Vec<_> = c
+        .store
+        .all()
+        .expect("all")
+        .into_iter()
+        .map(|l| (l.owner.container_id, l.state))
+        .collect();
     assert_eq!(
         states,
         [
             ("keep".into(), LeaseState::Active),
-            ("gone-retained".into(), LeaseState::Held { until: Some(T0 + 50 + 86_400) }),
-            ("held".into(), LeaseState::Held { until: Some(T0 + 100) }),
+            (
+                "gone-retained".into(),
+                LeaseState::Held {
+                    until: Some(T0 + 50 + 86_400)
+                }
+            ),
+            (
+                "held".into(),
+                LeaseState::Held {
+                    until: Some(T0 + 100)
+                }
+            ),
         ]
     );
 }
@@ -320,7 +516,10 @@ fn check_semantics(store: &mut dyn Store) {
     assert!(matches!(other, CheckError::Mismatch { .. }));
     c.del("a", T0);
     let gone = allocator::check(c.store, &att("a"), &[]).expect_err("held is not configured");
-    assert_eq!(gone.to_string(), "ipkeep: failed to find address added by container a/eth0");
+    assert_eq!(
+        gone.to_string(),
+        "ipkeep: failed to find address added by container a/eth0"
+    );
 }
 
 fn admin_release(store: &mut dyn Store) {
@@ -378,11 +577,23 @@ fn disk_store_persists_and_keeps_indexes_consistent() {
     }
     let disk = open_disk(dir.path());
     assert_eq!(disk.all().expect("all"), mem.all().expect("all"));
-    assert_eq!(disk.expired(T0 + 5).expect("e"), mem.expired(T0 + 5).expect("e"));
+    assert_eq!(
+        disk.expired(T0 + 5).expect("e"),
+        mem.expired(T0 + 5).expect("e")
+    );
     assert_eq!(disk.leases_of_attachment(&att("a")).expect("c"), vec![]);
-    assert_eq!(disk.leases_of_attachment(&att("c")).expect("c"), mem.leases_of_attachment(&att("c")).expect("c"));
-    assert_eq!(disk.range_sets().expect("ranges"), mem.range_sets().expect("ranges"));
-    assert_eq!(disk.last_reserved("10.99.0.1-10.99.0.254").expect("l"), Some(ip("10.99.0.3")));
+    assert_eq!(
+        disk.leases_of_attachment(&att("c")).expect("c"),
+        mem.leases_of_attachment(&att("c")).expect("c")
+    );
+    assert_eq!(
+        disk.range_sets().expect("ranges"),
+        mem.range_sets().expect("ranges")
+    );
+    assert_eq!(
+        disk.last_reserved("10.99.0.1-10.99.0.254").expect("l"),
+        Some(ip("10.99.0.3"))
+    );
 }
 
 #[test]
@@ -391,11 +602,17 @@ fn disk_lock_is_exclusive_with_bounded_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
     let net = NetworkDir::new(dir.path(), "net").expect("name");
     let held = net.lock(Duration::from_secs(1)).expect("first lock");
-    let err = net.lock(Duration::from_millis(50)).expect_err("second lock must time out");
-    assert!(matches!(err, crate::StoreError::LockTimeout { .. }), "{err}");
+    let err = net
+        .lock(Duration::from_millis(50))
+        .expect_err("second lock must time out");
+    assert!(
+        matches!(err, crate::StoreError::LockTimeout { .. }),
+        "{err}"
+    );
     drop(held);
     net.lock(Duration::from_millis(50)).expect("free again");
-    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+    let mode =
+        |p: &std::path::Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
     assert_eq!(mode(net.path()), 0o700);
     assert_eq!(mode(&net.path().join("lock")), 0o600);
     assert!(NetworkDir::new(dir.path(), "../etc").is_err());

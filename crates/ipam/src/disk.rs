@@ -220,7 +220,11 @@ fn pod_prefix(namespace: &str, name: &str) -> Vec<u8> {
 }
 
 fn identity_prefix(id: &PodIdentity) -> Vec<u8> {
-    key(&[&pod_prefix(&id.namespace, &id.name), id.ifname.as_bytes(), b"\0"])
+    key(&[
+        &pod_prefix(&id.namespace, &id.name),
+        id.ifname.as_bytes(),
+        b"\0",
+    ])
 }
 
 fn index_keys(lease: &Lease) -> Vec<Vec<u8>> {
@@ -324,7 +328,11 @@ impl Store for DiskStore {
         let mut leases = Vec::new();
         for entry in self.db.range(low..=high) {
             let (k, _) = entry.map_err(db_err("scan"))?;
-            if let Some(lease) = ip_from_key(&k).map(|ip| self.lease(ip)).transpose()?.flatten() {
+            if let Some(lease) = ip_from_key(&k)
+                .map(|ip| self.lease(ip))
+                .transpose()?
+                .flatten()
+            {
                 leases.push(lease);
             }
         }

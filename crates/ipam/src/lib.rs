@@ -12,7 +12,9 @@ pub mod range;
 pub mod retention;
 pub mod store;
 
-pub use allocator::{AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source};
+pub use allocator::{
+    AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source,
+};
 pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
 pub use lease::{Attachment, Lease, LeaseState, PodIdentity, PodRef};
 pub use range::{Range, RangeError, RangeSet, RangeSpec};

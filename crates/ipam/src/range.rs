@@ -159,7 +159,10 @@ impl Range {
         let first = next_ip(subnet.network());
         let last = match subnet {
             IpNetwork::V4(v4) => u128_to_ip(ip_to_u128(IpAddr::V4(v4.broadcast())) - 1, first),
-            IpNetwork::V6(v6) => u128_to_ip(ip_to_u128(IpAddr::V6(v6.network())) | host_mask(v6.prefix()), first),
+            IpNetwork::V6(v6) => u128_to_ip(
+                ip_to_u128(IpAddr::V6(v6.network())) | host_mask(v6.prefix()),
+                first,
+            ),
         };
         let field = |value: &Option<String>| value.as_deref().map(parse_ip).transpose();
         let gateway = field(&spec.gateway)?.unwrap_or(first);
@@ -208,7 +211,11 @@ impl Range {
 }
 
 fn host_mask(prefix: u8) -> u128 {
-    if prefix == 0 { u128::MAX } else { u128::MAX >> prefix }
+    if prefix == 0 {
+        u128::MAX
+    } else {
+        u128::MAX >> prefix
+    }
 }
 
 impl fmt::Display for Range {
@@ -400,7 +407,11 @@ mod tests {
         assert_eq!(r.gateway, ip("10.10.0.1"));
         assert_eq!(r.capacity(), 5);
         let r6 = Range::from_spec(0, &spec("fd00:70::/126")).expect("range");
-        assert_eq!(r6.range_end, ip("fd00:70::3"), "IPv6 default end is the last address");
+        assert_eq!(
+            r6.range_end,
+            ip("fd00:70::3"),
+            "IPv6 default end is the last address"
+        );
         assert_eq!(r6.to_string(), "fd00:70::1-fd00:70::3");
     }
 
@@ -410,14 +421,54 @@ mod tests {
             (RangeSpec::default(), "range 0 has no \"subnet\""),
             (spec("10.0.0.0"), "invalid CIDR address: 10.0.0.0"),
             (spec("10.0.0.0/33"), "invalid CIDR address: 10.0.0.0/33"),
-            (spec("10.0.0.5/24"), "Network has host bits set. For a subnet mask of length 24 the network address is 10.0.0.0"),
-            (spec("10.0.0.0/31"), "Network 10.0.0.0/31 too small to allocate from"),
-            (spec("fd00::/127"), "Network fd00::/127 too small to allocate from"),
-            (RangeSpec { range_start: Some("10.0.1.5".into()), ..spec("10.0.0.0/24") }, "RangeStart 10.0.1.5 not in network 10.0.0.0/24"),
-            (RangeSpec { range_end: Some("10.0.1.5".into()), ..spec("10.0.0.0/24") }, "RangeEnd 10.0.1.5 not in network 10.0.0.0/24"),
-            (RangeSpec { range_start: Some("10.0.0.50".into()), range_end: Some("10.0.0.10".into()), ..spec("10.0.0.0/24") }, "rangeStart 10.0.0.50 is after rangeEnd 10.0.0.10; swap them"),
-            (RangeSpec { gateway: Some("nope".into()), ..spec("10.0.0.0/24") }, "invalid IP address: nope"),
-            (RangeSpec { gateway: Some("10.0.1.1".into()), ..spec("10.0.0.0/24") }, "gateway 10.0.1.1 is not inside subnet 10.0.0.0/24"),
+            (
+                spec("10.0.0.5/24"),
+                "Network has host bits set. For a subnet mask of length 24 the network address is 10.0.0.0",
+            ),
+            (
+                spec("10.0.0.0/31"),
+                "Network 10.0.0.0/31 too small to allocate from",
+            ),
+            (
+                spec("fd00::/127"),
+                "Network fd00::/127 too small to allocate from",
+            ),
+            (
+                RangeSpec {
+                    range_start: Some("10.0.1.5".into()),
+                    ..spec("10.0.0.0/24")
+                },
+                "RangeStart 10.0.1.5 not in network 10.0.0.0/24",
+            ),
+            (
+                RangeSpec {
+                    range_end: Some("10.0.1.5".into()),
+                    ..spec("10.0.0.0/24")
+                },
+                "RangeEnd 10.0.1.5 not in network 10.0.0.0/24",
+            ),
+            (
+                RangeSpec {
+                    range_start: Some("10.0.0.50".into()),
+                    range_end: Some("10.0.0.10".into()),
+                    ..spec("10.0.0.0/24")
+                },
+                "rangeStart 10.0.0.50 is after rangeEnd 10.0.0.10; swap them",
+            ),
+            (
+                RangeSpec {
+                    gateway: Some("nope".into()),
+                    ..spec("10.0.0.0/24")
+                },
+                "invalid IP address: nope",
+            ),
+            (
+                RangeSpec {
+                    gateway: Some("10.0.1.1".into()),
+                    ..spec("10.0.0.0/24")
+                },
+                "gateway 10.0.1.1 is not inside subnet 10.0.0.0/24",
+            ),
         ];
         for (s, want) in cases {
             let err = Range::from_spec(0, s).expect_err(want).to_string();
@@ -446,9 +497,15 @@ mod tests {
     #[test]
     fn round_robin_order_matches_host_local() {
         let s = set(&[spec("192.168.1.0/29")]);
-        assert_eq!(order(&s, None), [".2", ".3", ".4", ".5", ".6"].map(|x| format!("192.168.1{x}")));
+        assert_eq!(
+            order(&s, None),
+            [".2", ".3", ".4", ".5", ".6"].map(|x| format!("192.168.1{x}"))
+        );
         // last reserved .3 → .4 .5 .6 .2 .3 (the last one is tried last)
-        assert_eq!(order(&s, Some("192.168.1.3")), [".4", ".5", ".6", ".2", ".3"].map(|x| format!("192.168.1{x}")));
+        assert_eq!(
+            order(&s, Some("192.168.1.3")),
+            [".4", ".5", ".6", ".2", ".3"].map(|x| format!("192.168.1{x}"))
+        );
         // last reserved outside the set → from the start
         assert_eq!(order(&s, Some("10.0.0.1"))[0], "192.168.1.2");
         // last reserved at rangeEnd wraps to rangeStart, skipping the gateway
@@ -458,23 +515,46 @@ mod tests {
     #[test]
     fn round_robin_crosses_ranges_and_skips_gateways_anywhere() {
         let s = set(&[
-            RangeSpec { range_start: Some("10.0.0.10".into()), range_end: Some("10.0.0.12".into()), gateway: Some("10.0.0.11".into()), ..spec("10.0.0.0/24") },
-            RangeSpec { range_start: Some("10.0.1.5".into()), range_end: Some("10.0.1.6".into()), ..spec("10.0.1.0/24") },
+            RangeSpec {
+                range_start: Some("10.0.0.10".into()),
+                range_end: Some("10.0.0.12".into()),
+                gateway: Some("10.0.0.11".into()),
+                ..spec("10.0.0.0/24")
+            },
+            RangeSpec {
+                range_start: Some("10.0.1.5".into()),
+                range_end: Some("10.0.1.6".into()),
+                ..spec("10.0.1.0/24")
+            },
         ]);
-        assert_eq!(order(&s, None), ["10.0.0.10", "10.0.0.12", "10.0.1.5", "10.0.1.6"]);
-        assert_eq!(order(&s, Some("10.0.0.12")), ["10.0.1.5", "10.0.1.6", "10.0.0.10", "10.0.0.12"]);
+        assert_eq!(
+            order(&s, None),
+            ["10.0.0.10", "10.0.0.12", "10.0.1.5", "10.0.1.6"]
+        );
+        assert_eq!(
+            order(&s, Some("10.0.0.12")),
+            ["10.0.1.5", "10.0.1.6", "10.0.0.10", "10.0.0.12"]
+        );
         assert_eq!(s.capacity(), 4);
     }
 
     #[test]
     fn explicit_network_and_broadcast_are_allocatable() {
-        let s = set(&[RangeSpec { range_start: Some("10.70.0.0".into()), range_end: Some("10.70.0.3".into()), ..spec("10.70.0.0/30") }]);
+        let s = set(&[RangeSpec {
+            range_start: Some("10.70.0.0".into()),
+            range_end: Some("10.70.0.3".into()),
+            ..spec("10.70.0.0/30")
+        }]);
         assert_eq!(order(&s, None), ["10.70.0.0", "10.70.0.2", "10.70.0.3"]);
     }
 
     #[test]
     fn a_set_whose_only_address_is_the_gateway_yields_nothing() {
-        let s = set(&[RangeSpec { range_start: Some("10.0.0.1".into()), range_end: Some("10.0.0.1".into()), ..spec("10.0.0.0/24") }]);
+        let s = set(&[RangeSpec {
+            range_start: Some("10.0.0.1".into()),
+            range_end: Some("10.0.0.1".into()),
+            ..spec("10.0.0.0/24")
+        }]);
         assert!(order(&s, None).is_empty());
         assert!(order(&s, Some("10.0.0.1")).is_empty());
     }

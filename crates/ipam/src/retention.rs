@@ -41,9 +41,7 @@ pub enum RetentionSource {
 
 /// A retention value that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid {origin} value {value:?}: {reason}"
-)]
+#[error("invalid {origin} value {value:?}: {reason}")]
 pub struct RetentionError {
     /// Which key carried the value.
     pub origin: String,
@@ -53,7 +51,8 @@ pub struct RetentionError {
     pub reason: &'static str,
 }
 
-const DURATION_HINT: &str = "expected a duration such as 30m, 24h or 1h30m, \"forever\", or 0 to turn retention off";
+const DURATION_HINT: &str =
+    "expected a duration such as 30m, 24h or 1h30m, \"forever\", or 0 to turn retention off";
 
 impl Retention {
     /// Parses the duration syntax shared by the annotation and `ipam.retention`.
@@ -71,7 +70,9 @@ impl Retention {
             return Ok(Retention::Off);
         }
         if trimmed.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err("a bare number has no unit; write 30m, 24h, ... (0 alone means off)"));
+            return Err(err(
+                "a bare number has no unit; write 30m, 24h, ... (0 alone means off)",
+            ));
         }
         let duration = humantime::parse_duration(trimmed).map_err(|_| err(DURATION_HINT))?;
         Ok(Retention::from_duration(duration))
@@ -176,7 +177,10 @@ mod tests {
 
     #[test]
     fn kruise_minutes() {
-        assert_eq!(Retention::parse_kruise_minutes("5"), Ok(Retention::Seconds(300)));
+        assert_eq!(
+            Retention::parse_kruise_minutes("5"),
+            Ok(Retention::Seconds(300))
+        );
         assert_eq!(Retention::parse_kruise_minutes("0"), Ok(Retention::Off));
         assert!(Retention::parse_kruise_minutes("5m").is_err());
     }

@@ -14,7 +14,9 @@ use crate::lease::{Attachment, Lease, LeaseState, PodIdentity};
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Another process held the network's lock for longer than the allowed wait.
-    #[error("timed out after {waited_ms} ms waiting for the lock on {path}; another ipkeep process holds it, try again later")]
+    #[error(
+        "timed out after {waited_ms} ms waiting for the lock on {path}; another ipkeep process holds it, try again later"
+    )]
     LockTimeout {
         /// The lock file.
         path: String,
@@ -48,7 +50,9 @@ pub enum StoreError {
         reason: String,
     },
     /// The store was written by a newer ipkeep.
-    #[error("the lease database at {path} has layout version {found}; this ipkeep understands up to {supported}; upgrade ipkeep")]
+    #[error(
+        "the lease database at {path} has layout version {found}; this ipkeep understands up to {supported}; upgrade ipkeep"
+    )]
     TooNew {
         /// Database path.
         path: String,

@@ -1,0 +1,235 @@
+//! `ipkeep list` and `ipkeep release`: what an admin runs by hand on a node to see and fix
+//! the addresses held on it.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use ipkeep_ipam::{DiskStore, Lease, LeaseState, NetworkDir, RangeSet, Store, allocator};
+use serde::Serialize;
+
+use crate::netconf::DEFAULT_DATA_DIR;
+
+/// ipkeep — host-local compatible CNI IPAM that gives a rebuilt StatefulSet pod its address back.
+///
+/// Run by the container runtime with CNI_COMMAND set, it is a CNI plugin. Run by hand, these
+/// subcommands inspect and repair a node's state.
+#[derive(Debug, Parser)]
+#[command(name = "ipkeep", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// Network name (the "name" of the CNI configuration).
+    #[arg(long, env = "IPKEEP_NETWORK")]
+    network: String,
+    /// The ipam.dataDir of that configuration.
+    #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// How long to wait for running plugin commands to finish.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    lock_timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Show every address of a network: in use (by which container and pod) or held for a
+    /// deleted pod (until when), and free counts per range set.
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Free the addresses held for a deleted pod now, instead of waiting for its retention to
+    /// run out.
+    Release {
+        #[command(flatten)]
+        target: Target,
+        /// The pod, as NAMESPACE/NAME.
+        #[arg(long)]
+        pod: String,
+        /// Only this interface of the pod.
+        #[arg(long)]
+        ifname: Option<String>,
+        /// Also free addresses the pod is using right now (only for pods that no longer exist
+        /// but whose DEL never arrived).
+        #[arg(long)]
+        include_active: bool,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RangeSetReport {
+    ranges: String,
+    capacity: String,
+    in_use: usize,
+    held: usize,
+    free: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListReport {
+    network: String,
+    data_dir: String,
+    leases: Vec<Lease>,
+    range_sets: Vec<RangeSetReport>,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn open(target: &Target) -> anyhow::Result<DiskStore> {
+    let dir = NetworkDir::new(&target.data_dir, &target.network)?;
+    if !dir.exists() {
+        bail!(
+            "no ipkeep state for network {:?} under {} (check --network and --data-dir against the CNI configuration)",
+            target.network,
+            target.data_dir.display()
+        );
+    }
+    let lock = dir.lock(target.lock_timeout)?;
+    Ok(DiskStore::open(lock)?)
+}
+
+fn until_text(lease: &Lease, now: u64) -> String {
+    match lease.state {
+        LeaseState::Active => "-".into(),
+        LeaseState::Held { until: None } => "forever".into(),
+        LeaseState::Held { until: Some(t) } if t <= now => "expired".into(),
+        LeaseState::Held { until: Some(t) } => {
+            let at = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(t));
+            format!(
+                "{at} (in {})",
+                humantime::format_duration(Duration::from_secs(t - now))
+            )
+        }
+    }
+}
+
+fn report(target: &Target, store: &DiskStore) -> anyhow::Result<ListReport> {
+    let leases = store.all()?;
+    let sets: Vec<RangeSet> = match store.range_sets()? {
+        Some(json) => {
+            serde_json::from_str(&json).context("failed to read the recorded range sets")?
+        }
+        None => Vec::new(),
+    };
+    let range_sets = sets
+        .iter()
+        .map(|set| {
+            let inside: Vec<&Lease> = leases
+                .iter()
+                .filter(|l| set.range_of(l.ip).is_some())
+                .collect();
+            let counts = ipkeep_ipam::LeaseCounts::of(inside.iter().copied());
+            RangeSetReport {
+                ranges: set.to_string(),
+                capacity: set.capacity().to_string(),
+                in_use: counts.active,
+                held: counts.held,
+                free: (set.capacity().saturating_sub(inside.len() as u128)).to_string(),
+            }
+        })
+        .collect();
+    Ok(ListReport {
+        network: target.network.clone(),
+        data_dir: target.data_dir.display().to_string(),
+        leases,
+        range_sets,
+    })
+}
+
+fn print_table(out: &mut dyn Write, r: &ListReport) -> anyhow::Result<()> {
+    let now = now();
+    writeln!(out, "network {} ({})", r.network, r.data_dir)?;
+    writeln!(
+        out,
+        "{:<40} {:<7} {:<40} {:<30} UNTIL",
+        "ADDRESS", "STATE", "CONTAINER/IFNAME", "POD"
+    )?;
+    for l in &r.leases {
+        let state = if l.is_active() { "in-use" } else { "held" };
+        let pod = l.pod.as_ref().map_or("-".to_string(), ToString::to_string);
+        writeln!(
+            out,
+            "{:<40} {:<7} {:<40} {:<30} {}",
+            l.ip,
+            state,
+            l.owner.to_string(),
+            pod,
+            until_text(l, now)
+        )?;
+    }
+    for (i, s) in r.range_sets.iter().enumerate() {
+        writeln!(
+            out,
+            "range set {i} ({}): {} addresses, {} in use, {} held, {} free",
+            s.ranges, s.capacity, s.in_use, s.held, s.free
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs an admin subcommand, writing its report to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+    match cli.command {
+        AdminCommand::List { target, json } => {
+            let store = open(&target)?;
+            let r = report(&target, &store)?;
+            drop(store);
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+            } else {
+                print_table(out, &r)?;
+            }
+        }
+        AdminCommand::Release {
+            target,
+            pod,
+            ifname,
+            include_active,
+        } => {
+            let Some((ns, name)) = pod
+                .split_once('/')
+                .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+            else {
+                bail!("--pod must be NAMESPACE/NAME, got {pod:?}");
+            };
+            let mut store = open(&target)?;
+            let outcome =
+                allocator::release_pod(&mut store, ns, name, ifname.as_deref(), include_active)?;
+            drop(store);
+            let ips = |ls: &[Lease]| ls.iter().map(|l| l.ip).collect::<Vec<IpAddr>>();
+            for ip in ips(&outcome.released) {
+                writeln!(out, "released {ip} (pod {pod})")?;
+            }
+            for ip in ips(&outcome.still_active) {
+                writeln!(
+                    out,
+                    "kept {ip}: pod {pod} is using it (add --include-active if the pod is really gone)"
+                )?;
+            }
+            if outcome.released.is_empty() && outcome.still_active.is_empty() {
+                writeln!(
+                    out,
+                    "nothing held for pod {pod} on network {}",
+                    target.network
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

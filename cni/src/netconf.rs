@@ -1,0 +1,504 @@
+//! The network configuration on stdin: decoding in the reference plugins' order (JSON, then
+//! `cniVersion`, then the typed document) and validation of the `ipam` section.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipkeep_ipam::range::{RangeError, RangeSet, RangeSpec, parse_ip};
+use ipkeep_ipam::{Attachment, Retention};
+use serde::Deserialize;
+
+use crate::error::{CniError, code};
+use crate::result::Route;
+use crate::version::{self, CniVersion};
+
+/// Largest configuration accepted on stdin.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+/// Where state lives when `ipam.dataDir` is not set.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/ipkeep";
+/// How long a command waits for the network lock by default.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The runtimeConfig key under which containerd and CRI-O pass pod annotations.
+pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// The parts of a network configuration ipkeep reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetConf {
+    /// Network name (the state directory's name).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The IPAM section.
+    #[serde(default)]
+    pub ipam: Option<IpamConf>,
+    /// Capabilities passed by the runtime.
+    #[serde(default)]
+    pub runtime_config: RuntimeConfig,
+    /// The `args` convention.
+    #[serde(default)]
+    pub args: Option<ArgsConf>,
+    /// The previous result (CHECK).
+    #[serde(default)]
+    pub prev_result: Option<serde_json::Value>,
+    /// GC: attachments still in use (CNI 1.1).
+    #[serde(default, rename = "cni.dev/valid-attachments")]
+    pub valid_attachments: Option<Vec<AttachmentConf>>,
+    /// GC: the older spelling of the same list.
+    #[serde(default, rename = "cni.dev/attachments")]
+    pub attachments: Option<Vec<AttachmentConf>>,
+}
+
+/// The `ipam` object: host-local's keys plus ipkeep's own.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamConf {
+    /// Range sets.
+    #[serde(default)]
+    pub ranges: Vec<Vec<RangeSpec>>,
+    /// Legacy single range: subnet.
+    #[serde(default)]
+    pub subnet: Option<String>,
+    /// Legacy single range: rangeStart.
+    #[serde(default)]
+    pub range_start: Option<String>,
+    /// Legacy single range: rangeEnd.
+    #[serde(default)]
+    pub range_end: Option<String>,
+    /// Legacy single range: gateway.
+    #[serde(default)]
+    pub gateway: Option<String>,
+    /// Routes copied into the result.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// State directory (default [`DEFAULT_DATA_DIR`]).
+    #[serde(default)]
+    pub data_dir: Option<String>,
+    /// resolv.conf-style file parsed into the result's `dns`.
+    #[serde(default)]
+    pub resolv_conf: Option<String>,
+    /// Default retention for named pods (`30m`, `24h`, `forever`, `0`).
+    #[serde(default)]
+    pub retention: Option<String>,
+    /// Longest wait for the network lock (`10s` default).
+    #[serde(default)]
+    pub lock_timeout: Option<String>,
+    /// Append logs to this file as well as stderr.
+    #[serde(default)]
+    pub log_file: Option<String>,
+    /// `error`, `warn` (default), `info`, `debug` or `trace`.
+    #[serde(default)]
+    pub log_level: Option<String>,
+}
+
+/// `runtimeConfig`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeConfig {
+    /// Capability `ips`.
+    #[serde(default)]
+    pub ips: Vec<String>,
+    /// Capability `ipRanges` (prepended to the configured sets).
+    #[serde(default)]
+    pub ip_ranges: Vec<Vec<RangeSpec>>,
+    /// Capability `io.kubernetes.cri.pod-annotations`.
+    #[serde(default, rename = "io.kubernetes.cri.pod-annotations")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+/// `args`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ArgsConf {
+    /// `args.cni`.
+    #[serde(default)]
+    pub cni: Option<ArgsCni>,
+}
+
+/// `args.cni`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ArgsCni {
+    /// `args.cni.ips`.
+    #[serde(default)]
+    pub ips: Vec<String>,
+}
+
+/// One entry of the GC lists.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AttachmentConf {
+    /// Container ID.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// Interface name.
+    pub ifname: String,
+}
+
+impl From<&AttachmentConf> for Attachment {
+    fn from(a: &AttachmentConf) -> Self {
+        Attachment {
+            container_id: a.container_id.clone(),
+            ifname: a.ifname.clone(),
+        }
+    }
+}
+
+/// A decoded configuration and its version.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// The configuration's `cniVersion`.
+    pub version: CniVersion,
+    /// The typed configuration.
+    pub conf: NetConf,
+    /// The validated network name.
+    pub name: String,
+}
+
+fn invalid(msg: impl Into<String>) -> CniError {
+    CniError::new(code::INVALID_CONFIG, msg)
+}
+
+/// Decodes stdin: JSON syntax (code 6), `cniVersion` (1, or 7 when missing), the typed
+/// document (7, with the path of the offending key), the network name (7).
+pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
+    if stdin.len() > MAX_CONFIG_BYTES {
+        return Err(CniError::new(
+            code::DECODE_FAILURE,
+            format!("network configuration on stdin is larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_slice(stdin).map_err(|e| {
+        CniError::new(
+            code::DECODE_FAILURE,
+            format!("error unmarshall network config: {e}"),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(CniError::new(
+            code::DECODE_FAILURE,
+            "error unmarshall network config: expected a JSON object",
+        ));
+    }
+    let version = version::from_config(&value)?;
+    let conf: NetConf = serde_path_to_error::deserialize(value).map_err(|e| {
+        invalid(format!(
+            "invalid network configuration at {}: {}",
+            e.path(),
+            e.inner()
+        ))
+    })?;
+    let name = conf.name.clone().unwrap_or_default();
+    ipkeep_ipam::validate_network_name(&name).map_err(|e| {
+        let err = invalid(e.to_string());
+        if name.is_empty() {
+            err
+        } else {
+            err.with_details(name.clone())
+        }
+    })?;
+    Ok(Decoded {
+        version,
+        conf,
+        name,
+    })
+}
+
+/// What an ADD-like command needs from the `ipam` section, validated.
+#[derive(Debug, Clone)]
+pub struct IpamPlan {
+    /// Range sets in allocation order: `runtimeConfig.ipRanges`, legacy `subnet`, `ranges`.
+    pub range_sets: Vec<RangeSet>,
+    /// Routes for the result.
+    pub routes: Vec<Route>,
+    /// State directory.
+    pub data_dir: PathBuf,
+    /// resolv.conf path.
+    pub resolv_conf: Option<PathBuf>,
+    /// Default retention for named pods.
+    pub retention: Retention,
+    /// Lock wait.
+    pub lock_timeout: Duration,
+}
+
+impl Decoded {
+    /// The `ipam` section, or the reference plugins' error when it is missing.
+    pub fn ipam(&self) -> Result<&IpamConf, CniError> {
+        self.conf
+            .ipam
+            .as_ref()
+            .ok_or_else(|| invalid("IPAM config missing 'ipam' key"))
+    }
+
+    /// The state directory alone (all DEL needs to find the store).
+    pub fn data_dir(&self) -> Result<PathBuf, CniError> {
+        let dir = self.ipam()?.data_dir.as_deref().unwrap_or(DEFAULT_DATA_DIR);
+        let path = PathBuf::from(dir);
+        if !path.is_absolute() {
+            return Err(invalid(format!(
+                "ipam.dataDir {dir:?} must be an absolute path"
+            )));
+        }
+        Ok(path)
+    }
+
+    /// The lock wait.
+    pub fn lock_timeout(&self) -> Result<Duration, CniError> {
+        match &self.ipam()?.lock_timeout {
+            None => Ok(DEFAULT_LOCK_TIMEOUT),
+            Some(t) => humantime::parse_duration(t).map_err(|_| {
+                invalid(format!(
+                    "invalid ipam.lockTimeout {t:?}: expected a duration such as 10s"
+                ))
+            }),
+        }
+    }
+
+    /// Validates the whole `ipam` section.
+    pub fn plan(&self) -> Result<IpamPlan, CniError> {
+        let ipam = self.ipam()?;
+        let mut specs: Vec<&[RangeSpec]> = Vec::new();
+        specs.extend(self.conf.runtime_config.ip_ranges.iter().map(Vec::as_slice));
+        let legacy;
+        if ipam.subnet.is_some() {
+            legacy = [RangeSpec {
+                subnet: ipam.subnet.clone(),
+                range_start: ipam.range_start.clone(),
+                range_end: ipam.range_end.clone(),
+                gateway: ipam.gateway.clone(),
+            }];
+            specs.push(&legacy);
+        }
+        specs.extend(ipam.ranges.iter().map(Vec::as_slice));
+        if specs.is_empty() {
+            return Err(invalid("no IP ranges specified"));
+        }
+        let range_sets = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                RangeSet::from_specs(s).map_err(|e| match e {
+                    RangeError::InvalidIp(_) | RangeError::InvalidCidr(_) => invalid(e.to_string()),
+                    other => invalid(format!("invalid range set {i}: {other}")),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !self.version.allows_multiple_per_family() {
+            let v4 = range_sets.iter().filter(|s| s.is_ipv4()).count();
+            if v4 > 1 || range_sets.len() - v4 > 1 {
+                return Err(invalid(format!(
+                    "CNI version {} does not support more than 1 address per family",
+                    self.version
+                )));
+            }
+        }
+        for (i, a) in range_sets.iter().enumerate() {
+            if let Some(j) = range_sets[i + 1..].iter().position(|b| a.overlaps(b)) {
+                return Err(invalid(format!(
+                    "range set {i} overlaps with {}",
+                    i + 1 + j
+                )));
+            }
+        }
+        let retention = match &ipam.retention {
+            None => Retention::Off,
+            Some(text) => {
+                Retention::parse("ipam.retention", text).map_err(|e| invalid(e.to_string()))?
+            }
+        };
+        Ok(IpamPlan {
+            range_sets,
+            routes: ipam.routes.clone(),
+            data_dir: self.data_dir()?,
+            resolv_conf: ipam.resolv_conf.as_ref().map(PathBuf::from),
+            retention,
+            lock_timeout: self.lock_timeout()?,
+        })
+    }
+
+    /// Requested addresses in host-local's order (`CNI_ARGS IP`, `args.cni.ips`,
+    /// `runtimeConfig.ips`), prefixes stripped, duplicates dropped.
+    pub fn requested_ips(&self, from_env: Option<IpAddr>) -> Result<Vec<IpAddr>, CniError> {
+        let mut out: Vec<IpAddr> = from_env.into_iter().collect();
+        let from_args = self
+            .conf
+            .args
+            .iter()
+            .flat_map(|a| a.cni.iter())
+            .flat_map(|c| c.ips.iter());
+        for text in from_args.chain(self.conf.runtime_config.ips.iter()) {
+            let addr = text.split_once('/').map_or(text.as_str(), |(a, _)| a);
+            let ip = parse_ip(addr)
+                .map_err(|_| invalid(format!("invalid requested IP address {text:?}")))?;
+            if !out.contains(&ip) {
+                out.push(ip);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The GC list: `cni.dev/valid-attachments`, else `cni.dev/attachments`.
+    pub fn valid_attachments(&self) -> Result<Vec<Attachment>, CniError> {
+        let list = self
+            .conf
+            .valid_attachments
+            .as_ref()
+            .or(self.conf.attachments.as_ref())
+            .ok_or_else(|| {
+                invalid("GC needs \"cni.dev/valid-attachments\" in the configuration; refusing to guess which attachments are still in use")
+            })?;
+        Ok(list.iter().map(Attachment::from).collect())
+    }
+
+    /// IP addresses listed in `prevResult` (CHECK), in any result version's shape.
+    pub fn previous_ips(&self) -> Vec<IpAddr> {
+        let Some(prev) = &self.conf.prev_result else {
+            return Vec::new();
+        };
+        let mut texts: Vec<&str> = Vec::new();
+        if let Some(ips) = prev.get("ips").and_then(|v| v.as_array()) {
+            texts.extend(ips.iter().filter_map(|i| i.get("address")?.as_str()));
+        }
+        for key in ["ip4", "ip6"] {
+            texts.extend(prev.get(key).and_then(|o| o.get("ip")?.as_str()));
+        }
+        texts
+            .into_iter()
+            .filter_map(|t| parse_ip(t.split_once('/').map_or(t, |(a, _)| a)).ok())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_str(s: &str) -> Result<Decoded, CniError> {
+        decode(s.as_bytes())
+    }
+
+    fn plan_err(ipam: &str) -> CniError {
+        let conf = format!(r#"{{"cniVersion":"1.0.0","name":"n","ipam":{ipam}}}"#);
+        decode_str(&conf).and_then(|d| d.plan()).expect_err(ipam)
+    }
+
+    #[test]
+    fn decode_errors_have_the_right_codes() {
+        assert_eq!(
+            decode_str(r#"{"cniVersion":"1.0.0","name":"bad","#)
+                .expect_err("syntax")
+                .code,
+            code::DECODE_FAILURE
+        );
+        assert_eq!(
+            decode_str("[]").expect_err("array").code,
+            code::DECODE_FAILURE
+        );
+        assert_eq!(
+            decode_str(r#"{"name":"n"}"#).expect_err("no version").code,
+            code::INVALID_CONFIG
+        );
+        assert_eq!(
+            decode_str(r#"{"cniVersion":"9.9.9","name":"n"}"#)
+                .expect_err("version")
+                .code,
+            code::INCOMPATIBLE_VERSION
+        );
+        let e = decode_str(r#"{"cniVersion":"1.0.0","name":"n","ipam":{"ranges":"x"}}"#)
+            .expect_err("type");
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("ipam.ranges"), "{}", e.msg);
+        let e = decode_str(r#"{"cniVersion":"1.0.0","name":"a/b"}"#).expect_err("name");
+        assert_eq!(
+            (e.code, e.msg.as_str(), e.details.as_deref()),
+            (7, "invalid characters found in network name", Some("a/b"))
+        );
+        assert_eq!(
+            decode_str(r#"{"cniVersion":"1.0.0"}"#)
+                .expect_err("name")
+                .msg,
+            "missing network name"
+        );
+        let huge = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","pad":"{}"}}"#,
+            "x".repeat(MAX_CONFIG_BYTES)
+        );
+        assert_eq!(
+            decode_str(&huge).expect_err("huge").code,
+            code::DECODE_FAILURE
+        );
+        let deep = "[".repeat(10_000);
+        assert_eq!(
+            decode_str(&deep).expect_err("deep").code,
+            code::DECODE_FAILURE
+        );
+    }
+
+    #[test]
+    fn ipam_validation_messages() {
+        let cases = [
+            (r#"{}"#, "no IP ranges specified"),
+            (r#"{"ranges":[[]]}"#, "invalid range set 0: empty range set"),
+            (
+                r#"{"ranges":[[{"subnet":"10.0.0.0"}]]}"#,
+                "invalid CIDR address: 10.0.0.0",
+            ),
+            (
+                r#"{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"10.0.0.128/25"}]]}"#,
+                "range set 0 overlaps with 1",
+            ),
+            (
+                r#"{"ranges":[[{"subnet":"10.0.0.0/24","gateway":"nope"}]]}"#,
+                "invalid IP address: nope",
+            ),
+            (
+                r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"dataDir":"rel"}"#,
+                "ipam.dataDir \"rel\" must be an absolute path",
+            ),
+            (
+                r#"{"ranges":[[{"subnet":"10.0.0.0/24"}]],"retention":"soon"}"#,
+                "invalid ipam.retention value \"soon\"",
+            ),
+        ];
+        for (ipam, want) in cases {
+            let e = plan_err(ipam);
+            assert_eq!(e.code, code::INVALID_CONFIG);
+            assert!(e.msg.starts_with(want), "{} vs {want}", e.msg);
+        }
+        let conf = r#"{"cniVersion":"0.2.0","name":"n","ipam":{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"10.1.0.0/24"}]]}}"#;
+        assert_eq!(
+            decode_str(conf)
+                .and_then(|d| d.plan())
+                .expect_err("020")
+                .msg,
+            "CNI version 0.2.0 does not support more than 1 address per family"
+        );
+        let missing = decode_str(r#"{"cniVersion":"1.0.0","name":"n"}"#).expect("decoded");
+        assert_eq!(
+            missing.plan().expect_err("no ipam").msg,
+            "IPAM config missing 'ipam' key"
+        );
+    }
+
+    #[test]
+    fn range_set_order_and_requested_ips() {
+        let conf = r#"{"cniVersion":"1.0.0","name":"n",
+            "runtimeConfig":{"ipRanges":[[{"subnet":"10.31.0.0/24"}]],"ips":["10.30.0.70/24","fd00::7"]},
+            "args":{"cni":{"ips":["10.30.0.60","fd00::7"]}},
+            "ipam":{"subnet":"10.29.0.0/24","ranges":[[{"subnet":"10.30.0.0/24"}]]}}"#;
+        let d = decode_str(conf).expect("decoded");
+        let plan = d.plan().expect("plan");
+        let firsts: Vec<String> = plan.range_sets.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            firsts,
+            [
+                "10.31.0.1-10.31.0.254",
+                "10.29.0.1-10.29.0.254",
+                "10.30.0.1-10.30.0.254"
+            ]
+        );
+        let req = d
+            .requested_ips(Some("10.30.0.50".parse().expect("ip")))
+            .expect("ips");
+        let req: Vec<String> = req.iter().map(|i| i.to_string()).collect();
+        assert_eq!(req, ["10.30.0.50", "10.30.0.60", "fd00::7", "10.30.0.70"]);
+    }
+}
