@@ -83,6 +83,8 @@ pub struct NetworkLock {
     dir: PathBuf,
     /// How long acquiring it took.
     pub waited: Duration,
+    /// The end of the bounded wait this lock was taken under.
+    deadline: Instant,
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -144,6 +146,7 @@ impl NetworkDir {
                         _flock: flock,
                         dir: self.path.clone(),
                         waited: started.elapsed(),
+                        deadline: started + timeout,
                     });
                 }
                 Err((f, Errno::EWOULDBLOCK | Errno::EINTR)) => {
@@ -172,6 +175,11 @@ pub struct DiskStore {
     db: sled::Db,
     write_version: bool,
     _lock: NetworkLock,
+}
+
+/// sled reports its file lock being held as an `Other` I/O error with this text (sled 0.34).
+fn is_sled_lock_busy(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().starts_with("could not acquire lock"))
 }
 
 fn db_err(action: &'static str) -> impl FnOnce(sled::Error) -> StoreError {
@@ -243,12 +251,31 @@ impl DiskStore {
     /// Opens (creating if needed) the database of a locked network directory.
     pub fn open(lock: NetworkLock) -> Result<Self, StoreError> {
         let path = lock.dir.join(DB_DIR);
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(&path)
             .flush_every_ms(None)
-            .cache_capacity(16 << 20)
-            .open()
-            .map_err(db_err("open"))?;
+            .cache_capacity(16 << 20);
+        let mut pause = Duration::from_micros(100);
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                // sled keeps its own lock on the database file until the last of its I/O
+                // threads lets go, which in the previous holder of the network lock can be a
+                // moment after that process released it on its way out. Data is already
+                // flushed by then; wait for the file to be let go, within the same bound.
+                Err(e) if is_sled_lock_busy(&e) && Instant::now() < lock.deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(4));
+                }
+                Err(e) if is_sled_lock_busy(&e) => {
+                    return Err(StoreError::LockTimeout {
+                        path: path.join("db").display().to_string(),
+                        waited_ms: lock.waited.as_millis(),
+                    });
+                }
+                Err(e) => return Err(db_err("open")(e)),
+            }
+        };
         let version = db.get(b"m:version").map_err(db_err("read"))?;
         let write_version = match version {
             None => true,
