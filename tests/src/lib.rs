@@ -309,3 +309,5 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("list JSON")
 }
+
+pub mod demo;

@@ -491,3 +491,60 @@ fn difference_no_dir_created_for_del_of_unknown_network() {
     );
     assert!(!Path::new(&pair.data("ipkeep")).join("net1").exists());
 }
+
+#[test]
+fn difference_round_robin_cursor_follows_the_range_set_not_its_index() {
+    let Some(pair) = Pair::new() else { return };
+    let plain = r#"{"cniVersion":"1.0.0","name":"cursor","ipam":{"type":"ipkeep","dataDir":"$DATA","ranges":[[{"subnet":"10.30.0.0/24"}]]}}"#;
+    let prepended = r#"{"cniVersion":"1.0.0","name":"cursor","runtimeConfig":{"ipRanges":[[{"subnet":"10.31.0.0/24"}]]},"ipam":{"type":"ipkeep","dataDir":"$DATA","ranges":[[{"subnet":"10.30.0.0/24"}]]}}"#;
+    pair.both(plain, &Invocation::new("ADD", "a1"));
+    pair.both(plain, &Invocation::new("ADD", "a2"));
+    pair.both(plain, &Invocation::new("DEL", "a1"));
+    let (hl, ik) = pair.both(prepended, &Invocation::new("ADD", "b1"));
+    // host-local looks for the cursor of set index 1, finds none, restarts at .2 and hands out
+    // the address a1 released a moment ago; ipkeep continues after .3.
+    assert_eq!(hl.ips(), ["10.31.0.2", "10.30.0.2"]);
+    assert_eq!(ik.ips(), ["10.31.0.2", "10.30.0.4"]);
+}
+
+#[test]
+fn difference_private_state_in_its_own_default_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(pair) = Pair::new() else { return };
+    pair.ipkeep(NET1, &Invocation::new("ADD", "c1"));
+    let mut stack = vec![pair.data("ipkeep").join("net1")];
+    let mut seen = 0;
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::metadata(&path).expect("metadata");
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{}", path.display());
+            stack.extend(
+                std::fs::read_dir(&path)
+                    .expect("read_dir")
+                    .map(|e| e.expect("entry").path()),
+            );
+        } else {
+            assert_eq!(mode, 0o600, "{}", path.display());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "lock file and database files");
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED default dataDir part: needs root to write /var/lib/cni/ipkeep");
+        return;
+    }
+    let name = format!("ipkeep-test-default-{}", std::process::id());
+    let conf = format!(
+        r#"{{"cniVersion":"1.0.0","name":"{name}","ipam":{{"type":"ipkeep","ranges":[[{{"subnet":"10.77.0.0/24"}}]]}}}}"#
+    );
+    let out = Invocation::new("ADD", "d1").run(&pair.ipkeep, &conf);
+    let dir = Path::new("/var/lib/cni/ipkeep").join(&name);
+    let existed = dir.join("leases.db").is_dir();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.ok(), "{out:?}");
+    assert!(
+        existed,
+        "default state directory is /var/lib/cni/ipkeep/<network>"
+    );
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the demonstration and the tests need on a Debian machine: the reference CNI
+# plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
+# ping and arping for traffic. Skips apt entirely when everything is already there.
+set -euo pipefail
+
+need=()
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+command -v ip >/dev/null || need+=(iproute2)
+command -v ping >/dev/null || need+=(iputils-ping)
+command -v arping >/dev/null || need+=(iputils-arping)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${need[*]}; run as root (or: sudo apt-get install -y ${need[*]})" >&2
+  exit 1
+fi
+echo "install-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
