@@ -244,27 +244,25 @@ pub fn run(ipkeep_dir: &Path, data_dir: &Path, out: &mut dyn Write) -> Result<De
     ] {
         cluster.cni("DEL", pod, sandbox, ns)?;
     }
-    let mut table = String::new();
-    let _ = writeln!(
-        table,
-        "\n{:<8} {:<16} {:<16} {}",
-        "POD", "IP BEFORE", "IP AFTER", "WHAT IPKEEP DID"
-    );
     let verdict = if before == after {
         "kept its IP across delete + rebuild"
     } else {
         "IP CHANGED"
     };
-    let _ = writeln!(
-        table,
-        "{:<8} {:<16} {:<16} {verdict}",
-        "web-0", before, after
-    );
-    let _ = writeln!(
-        table,
-        "{:<8} {:<16} {:<16} {}",
-        "web-2", "-", bystander, "new pod, never given a held address"
-    );
+    let rows = [
+        ["POD", "IP BEFORE", "IP AFTER", "WHAT IPKEEP DID"],
+        ["web-0", &before, &after, verdict],
+        [
+            "web-2",
+            "-",
+            &bystander,
+            "new pod, never given a held address",
+        ],
+    ];
+    let mut table = String::new();
+    for [pod, was, now, what] in rows {
+        let _ = writeln!(table, "{pod:<8} {was:<16} {now:<16} {what}");
+    }
     say(out, table);
     Ok(DemoReport {
         before,
