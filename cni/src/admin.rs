@@ -33,7 +33,7 @@ struct Target {
     #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// How long to wait for running plugin commands to finish.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     lock_timeout: Duration,
 }
 
@@ -155,22 +155,31 @@ fn report(target: &Target, store: &DiskStore) -> anyhow::Result<ListReport> {
 fn print_table(out: &mut dyn Write, r: &ListReport) -> anyhow::Result<()> {
     let now = now();
     writeln!(out, "network {} ({})", r.network, r.data_dir)?;
-    writeln!(
-        out,
-        "{:<40} {:<7} {:<40} {:<30} UNTIL",
-        "ADDRESS", "STATE", "CONTAINER/IFNAME", "POD"
-    )?;
-    for l in &r.leases {
-        let state = if l.is_active() { "in-use" } else { "held" };
-        let pod = l.pod.as_ref().map_or("-".to_string(), ToString::to_string);
+    let mut rows = vec![["ADDRESS", "STATE", "CONTAINER/IFNAME", "POD", "UNTIL"].map(String::from)];
+    rows.extend(r.leases.iter().map(|l| {
+        [
+            l.ip.to_string(),
+            if l.is_active() { "in-use" } else { "held" }.to_string(),
+            l.owner.to_string(),
+            l.pod.as_ref().map_or("-".to_string(), ToString::to_string),
+            until_text(l, now),
+        ]
+    }));
+    let width = |col: usize| rows.iter().map(|r| r[col].len()).max().unwrap_or(0);
+    let widths = [width(0), width(1), width(2), width(3)];
+    for row in &rows {
         writeln!(
             out,
-            "{:<40} {:<7} {:<40} {:<30} {}",
-            l.ip,
-            state,
-            l.owner.to_string(),
-            pod,
-            until_text(l, now)
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
         )?;
     }
     for (i, s) in r.range_sets.iter().enumerate() {

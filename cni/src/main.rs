@@ -41,6 +41,15 @@ fn main() -> ExitCode {
 }
 
 fn cni(vars: &HashMap<String, String>) -> ExitCode {
+    // A bug must still answer in the protocol: the runtime reads stdout, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let err = ipkeep_cni::CniError::new(
+            ipkeep_cni::error::code::GENERIC,
+            format!("ipkeep internal error, please report it: {info}"),
+        );
+        println!("{}", err.to_json(None));
+        eprintln!("ipkeep: {info}");
+    }));
     let mut input = Vec::new();
     if vars.get("CNI_COMMAND").map(String::as_str) != Some("VERSION") {
         // Bounded read; an I/O error or oversize input is reported by the plugin itself.

@@ -169,6 +169,18 @@ pub fn run(ipkeep_dir: &Path, data_dir: &Path, out: &mut dyn Write) -> Result<De
             "DEL  demo/web-0 (sandbox-a); its namespace is gone; {before} is held for demo/web-0"
         ),
     );
+    let list = Command::new(ipkeep_dir.join("ipkeep"))
+        .args(["list", "--network", "ipkeep-demo", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .map_err(|e| format!("ipkeep list: {e}"))?;
+    say(
+        out,
+        format!(
+            "\n$ ipkeep list --network ipkeep-demo\n{}",
+            String::from_utf8_lossy(&list.stdout)
+        ),
+    );
 
     let web2 = cluster.pod_netns("web-2", 1);
     let bystander = cluster.add("web-2", "sandbox-c", &web2)?;
