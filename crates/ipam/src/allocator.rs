@@ -324,8 +324,9 @@ fn plan_add<S: Store + ?Sized>(
         let (ip, source) = if let Some(pos) = requested_here {
             let ip = unused.remove(pos);
             let source = take_requested(&pending, set, index, ip, req, own_here, &retained)?;
-            // The pod asked for a specific address: a different one held for it here goes.
-            if let Some(old) = retained_here.filter(|l| l.ip != ip) {
+            // The pod asked for a specific address: a different one held for it here goes
+            // (one still configured in an old sandbox stays until that sandbox's DEL).
+            if let Some(old) = retained_here.filter(|l| l.ip != ip && !l.is_active()) {
                 pending.replace(old, None);
             }
             pending.last_reserved.push((set.to_string(), ip));

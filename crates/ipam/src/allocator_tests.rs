@@ -427,6 +427,11 @@ fn requested_ips(store: &mut dyn Store) {
     c.add_full("p2", Some("web-0"), DAY, &[ip("10.70.0.99")], T0)
         .expect("ADD");
     assert_eq!(c.store.lease(held_v4).expect("read"), None);
+    // ...but an address still configured in the pod's old sandbox is not freed under it
+    let active_v4 = c.add("q1", Some("web-5"), DAY)[0].clone();
+    c.add_full("q2", Some("web-5"), DAY, &[ip("10.70.0.98")], T0)
+        .expect("ADD");
+    assert_eq!(c.state(&active_v4), Some(("q1".into(), LeaseState::Active)));
 }
 
 fn failed_add_changes_nothing(store: &mut dyn Store) {
