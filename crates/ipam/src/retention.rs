@@ -92,7 +92,9 @@ impl Retention {
 
     fn from_duration(duration: Duration) -> Retention {
         // Sub-second retention rounds up: a pod that asked to be held must be held a little.
-        let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+        let secs = duration
+            .as_secs()
+            .saturating_add(u64::from(duration.subsec_nanos() > 0));
         if secs == 0 {
             Retention::Off
         } else {
@@ -165,6 +167,8 @@ mod tests {
             ("0", Retention::Off),
             ("0s", Retention::Off),
             ("500ms", Retention::Seconds(1)),
+            // found by the fuzzer: the largest duration humantime accepts must not overflow
+            ("18446744073709551615s 1ns", Retention::Seconds(u64::MAX)),
         ];
         for (text, want) in ok {
             assert_eq!(Retention::parse("test", text), Ok(want), "{text}");
