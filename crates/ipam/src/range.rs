@@ -205,7 +205,8 @@ impl Range {
 
     /// How many addresses can be handed out (the window, less the gateway if inside it).
     pub fn capacity(&self) -> u128 {
-        let window = ip_to_u128(self.range_end) - ip_to_u128(self.range_start) + 1;
+        // Saturating: an explicit `::`-to-all-ones window in `::/0` has 2^128 addresses.
+        let window = (ip_to_u128(self.range_end) - ip_to_u128(self.range_start)).saturating_add(1);
         window - u128::from(self.contains(self.gateway))
     }
 }
@@ -280,7 +281,9 @@ impl RangeSet {
 
     /// Total number of addresses that can be handed out.
     pub fn capacity(&self) -> u128 {
-        self.ranges.iter().map(Range::capacity).sum()
+        self.ranges
+            .iter()
+            .fold(0u128, |total, r| total.saturating_add(r.capacity()))
     }
 
     /// Candidate addresses in host-local's round-robin order: starting after `last_reserved`
@@ -557,6 +560,15 @@ mod tests {
         }]);
         assert!(order(&s, None).is_empty());
         assert!(order(&s, Some("10.0.0.1")).is_empty());
+    }
+
+    #[test]
+    fn capacity_of_the_whole_ipv6_space_does_not_overflow() {
+        let s = set(&[RangeSpec {
+            range_start: Some("::".into()),
+            ..spec("::/0")
+        }]);
+        assert!(s.capacity() >= u128::MAX - 1, "saturates instead of overflowing");
     }
 
     #[test]
