@@ -2,7 +2,7 @@
 //! arguments, and a one-line self-description otherwise.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -10,6 +10,15 @@ use clap::Parser;
 use ipkeep_cni::{admin, plugin, version};
 use nix::sys::stat::{Mode, umask};
 use tracing::Level;
+
+/// Like `eprintln!`, but a closed stderr is ignored instead of aborting the plugin after it
+/// has already done its work.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 
 fn main() -> ExitCode {
     // Every file ipkeep creates (lock, database) is readable by root only.
@@ -26,17 +35,17 @@ fn main() -> ExitCode {
         return match admin::run(cli, &mut std::io::stdout().lock()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("ipkeep: error: {e:#}");
+                say!("ipkeep: error: {e:#}");
                 ExitCode::FAILURE
             }
         };
     }
-    eprintln!("CNI ipkeep plugin version {}", env!("CARGO_PKG_VERSION"));
-    eprintln!(
+    say!("CNI ipkeep plugin version {}", env!("CARGO_PKG_VERSION"));
+    say!(
         "CNI protocol versions supported: {}",
         version::SUPPORTED.join(", ")
     );
-    eprintln!("Run `ipkeep --help` for the admin subcommands (list, release).");
+    say!("Run `ipkeep --help` for the admin subcommands (list, release).");
     ExitCode::SUCCESS
 }
 
@@ -47,8 +56,8 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
             ipkeep_cni::error::code::GENERIC,
             format!("ipkeep internal error, please report it: {info}"),
         );
-        println!("{}", err.to_json(None));
-        eprintln!("ipkeep: {info}");
+        let _ = writeln!(std::io::stdout(), "{}", err.to_json(None));
+        say!("ipkeep: {info}");
     }));
     let mut input = Vec::new();
     if vars.get("CNI_COMMAND").map(String::as_str) != Some("VERSION") {
@@ -68,7 +77,7 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
         now,
     );
     if vars.contains_key("IPKEEP_TIMING") {
-        eprintln!("{}", done.timings.line());
+        say!("{}", done.timings.line());
     }
     ExitCode::from(u8::try_from(done.exit_code).unwrap_or(1))
 }
@@ -103,7 +112,7 @@ fn init_logging(file: Option<&str>, level: Option<&str>, vars: &HashMap<String, 
             .append(true)
             .open(path)
             .inspect_err(|e| {
-                eprintln!("ipkeep: cannot open ipam.logFile {path}: {e}; logging to stderr")
+                say!("ipkeep: cannot open ipam.logFile {path}: {e}; logging to stderr")
             })
             .ok()
     });

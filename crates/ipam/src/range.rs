@@ -568,7 +568,10 @@ mod tests {
             range_start: Some("::".into()),
             ..spec("::/0")
         }]);
-        assert!(s.capacity() >= u128::MAX - 1, "saturates instead of overflowing");
+        assert!(
+            s.capacity() >= u128::MAX - 1,
+            "saturates instead of overflowing"
+        );
     }
 
     #[test]
