@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "demo: needs root (network namespaces); re-run with sudo" >&2
+  echo "demo: needs root (it creates network namespaces); run it as root, e.g. sudo scripts/demo.sh" >&2
   exit 1
 fi
 scripts/install-deps.sh
