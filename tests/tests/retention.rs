@@ -98,6 +98,37 @@ fn rebuilt_pod_gets_its_addresses_back_and_nobody_else_does() {
 }
 
 #[test]
+fn log_file_records_what_happened_to_whom() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("ipkeep.log");
+    let c = conf(dir.path(), r#""ipkeep.dev/ip-retention":"30m""#, "0").replacen(
+        r#""retention":"0""#,
+        &format!(r#""retention":"0","logFile":"{}""#, log.display()),
+        1,
+    );
+    add("sandbox-a", "web-0", &c);
+    del("sandbox-a", "web-0", &c);
+    add("sandbox-b", "web-0", &c);
+    let text = std::fs::read_to_string(&log).expect("log file written");
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in:\n{text}"))
+            .to_string()
+    };
+    let held = line("holding the address for the pod");
+    assert!(
+        held.contains("DEL") && held.contains("db/web-0") && held.contains("sandbox-a"),
+        "{held}"
+    );
+    let back = line("gave the pod its retained address back");
+    assert!(
+        back.contains("sandbox-b") && back.contains("from=sandbox-a/eth0"),
+        "{back}"
+    );
+}
+
+#[test]
 fn retention_sources_and_off() {
     let dir = tempfile::tempdir().expect("tempdir");
     // OpenKruise's minutes annotation
