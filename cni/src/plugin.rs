@@ -8,7 +8,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, DiskStore, NetworkDir, PodRef, Retention, Source, Store, allocator,
+    AddRequest, Attachment, DiskStore, LeaseState, NetworkDir, PodRef, Retention, Source, Store,
+    allocator,
 };
 use tracing::{info, warn};
 
@@ -271,7 +272,14 @@ fn cmd_del(
     let outcome = allocator::del(&mut store, &attachment(inv), retention, now)?;
     timings.record("alloc_commit", t);
     for l in &outcome.held {
-        info!(ip = %l.ip, retention = %l.retention, "holding the address for the pod");
+        let until = match l.state {
+            LeaseState::Held { until: Some(t) } => {
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t))
+                    .to_string()
+            }
+            _ => "forever".to_string(),
+        };
+        info!(ip = %l.ip, retention = %l.retention, %until, "holding the address for the pod");
     }
     for l in &outcome.released {
         info!(ip = %l.ip, "released");
