@@ -18,9 +18,25 @@ pub struct Route {
     /// Next hop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gw: Option<IpAddr>,
-    /// CNI 1.1 route attributes, passed through for 1.1.0 results only.
-    #[serde(flatten, default, skip_serializing)]
+    /// CNI 1.1 route attributes (`mtu`, `advmss`, `priority`, `table`, `scope`), passed
+    /// through for 1.1.0 results only; other keys are dropped.
+    #[serde(
+        flatten,
+        default,
+        skip_serializing,
+        deserialize_with = "route_attributes"
+    )]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+const ROUTE_ATTRIBUTES: &[&str] = &["mtu", "advmss", "priority", "table", "scope"];
+
+fn route_attributes<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<serde_json::Map<String, serde_json::Value>, D::Error> {
+    let mut all = serde_json::Map::deserialize(d)?;
+    all.retain(|k, _| ROUTE_ATTRIBUTES.contains(&k.as_str()));
+    Ok(all)
 }
 
 fn cidr<'de, D: Deserializer<'de>>(d: D) -> Result<IpNetwork, D::Error> {
@@ -208,7 +224,7 @@ mod tests {
 
     fn result() -> IpamResult {
         let routes: Vec<Route> = serde_json::from_str(
-            r#"[{"dst":"0.0.0.0/0"},{"dst":"::/0","gw":"fd00:20::1"},{"dst":"10.9.0.5/16","mtu":1400}]"#,
+            r#"[{"dst":"0.0.0.0/0"},{"dst":"::/0","gw":"fd00:20::1"},{"dst":"10.9.0.5/16","mtu":1400,"junk":1}]"#,
         )
         .expect("routes");
         IpamResult {
@@ -240,7 +256,11 @@ mod tests {
             json.contains("\"dst\": \"10.9.0.5/16\"") && !json.contains("mtu"),
             "host bits kept; 1.1 attributes dropped: {json}"
         );
-        assert!(result().to_json(v("1.1.0")).contains("\"mtu\": 1400"));
+        let v11 = result().to_json(v("1.1.0"));
+        assert!(
+            v11.contains("\"mtu\": 1400") && !v11.contains("junk"),
+            "{v11}"
+        );
         let v031 = result().to_json(v("0.3.1"));
         assert!(
             v031.contains("{\n            \"version\": \"4\",\n            \"address\""),
