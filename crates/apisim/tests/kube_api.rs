@@ -898,3 +898,88 @@ async fn events_v1_and_core_events_share_storage_and_nodes_are_cluster_scoped() 
         1
     );
 }
+
+/// A webhook server that labels every pod it sees, answering AdmissionReview v1 with a JSONPatch.
+async fn labelling_webhook() -> std::net::SocketAddr {
+    use base64::Engine as _;
+    async fn review(axum::Json(review): axum::Json<Value>) -> axum::Json<Value> {
+        let patch = json!([{"op": "add", "path": "/metadata/labels/admitted", "value": "yes"}]);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(patch.to_string());
+        axum::Json(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": true, "patchType": "JSONPatch", "patch": encoded}
+        }))
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::Router::new().route("/mutate", axum::routing::post(review)),
+        )
+        .await
+        .unwrap();
+    });
+    address
+}
+
+#[tokio::test]
+async fn mutating_webhooks_are_called_on_matching_writes() {
+    let server = server().await;
+    let client = server.client().unwrap();
+    let webhook = labelling_webhook().await;
+    let configs: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(client.clone());
+    let config = json!({
+        "metadata": {"name": "ipkeep"},
+        "webhooks": [{
+            "name": "pods.ipkeep.dev",
+            "clientConfig": {"url": format!("http://{webhook}/mutate")},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "objectSelector": {"matchLabels": {"app": "pg"}},
+            "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 5
+        }]
+    });
+    configs
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(config).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let admitted = pods
+        .create(&PostParams::default(), &pod("pg-0", json!({"app": "pg"})))
+        .await
+        .unwrap();
+    assert_eq!(admitted.metadata.labels.unwrap()["admitted"], "yes");
+    let skipped = pods
+        .create(&PostParams::default(), &pod("web-0", json!({"app": "web"})))
+        .await
+        .unwrap();
+    assert!(
+        !skipped.metadata.labels.unwrap().contains_key("admitted"),
+        "objectSelector excludes it"
+    );
+
+    // An unreachable webhook with failurePolicy Fail refuses the write with 500 and names it.
+    let broken = json!({"webhooks": [{"name": "pods.ipkeep.dev", "clientConfig": {"url": "http://127.0.0.1:1/mutate"},
+        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+        "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 2}]});
+    configs
+        .patch("ipkeep", &PatchParams::default(), &Patch::Merge(broken))
+        .await
+        .unwrap();
+    let err = api_error(
+        pods.create(&PostParams::default(), &pod("pg-1", json!({"app": "pg"})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 500);
+    assert!(err.message.contains("pods.ipkeep.dev"), "{}", err.message);
+    assert_eq!(
+        api_error(pods.get("pg-1").await.unwrap_err()).code,
+        404,
+        "nothing was stored"
+    );
+}
