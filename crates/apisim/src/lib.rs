@@ -38,8 +38,11 @@
 //!   status — tests do that themselves; garbage collection and namespace cleanup happen
 //!   synchronously inside the delete that triggers them;
 //! * no protobuf, CBOR or aggregated discovery (clients fall back to JSON and legacy
-//!   discovery), no OpenAPI v2, no `/watch/` legacy paths, no field selectors beyond the ones
-//!   listed per resource;
+//!   discovery; kubectl's generator commands such as `kubectl create namespace` send protobuf
+//!   and get 415), no OpenAPI v2 (kubectl 1.27/1.28 need `--validate=false`), no `/watch/`
+//!   legacy paths, no field selectors beyond the ones listed per resource;
+//! * status subresource writes change only `status` (real pods also let `/status` touch some
+//!   metadata); deleting a CRD removes its objects even if they carry finalizers;
 //! * state is in memory and lost when the process exits.
 
 pub mod admission;
