@@ -815,31 +815,19 @@ fn check_type(resource: &ResourceType, body: &Value) -> Result<(), ApiError> {
     }
     let api_version = body["apiVersion"].as_str().unwrap_or_default();
     let kind = body["kind"].as_str().unwrap_or_default();
-    if (!api_version.is_empty() && api_version != resource.api_version())
-        || (!kind.is_empty() && kind != resource.kind)
-    {
+    if !kind.is_empty() && kind != resource.kind {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            resource.kind
+        )));
+    }
+    if !api_version.is_empty() && api_version != resource.api_version() {
         return Err(ApiError::bad_request(format!(
             "the API version in the data ({api_version}) does not match the expected API version ({})",
             resource.api_version()
-        ))
-        .with_kind_check(kind, &resource.kind));
+        )));
     }
     Ok(())
-}
-
-trait KindCheck {
-    fn with_kind_check(self, sent: &str, expected: &str) -> Self;
-}
-
-impl KindCheck for ApiError {
-    fn with_kind_check(mut self, sent: &str, expected: &str) -> Self {
-        if !sent.is_empty() && sent != expected {
-            self.message = format!(
-                "the kind in the data ({sent}) does not match the expected kind ({expected})"
-            );
-        }
-        self
-    }
 }
 
 fn encode_continue(revision: u64, namespace: &str, name: &str) -> String {

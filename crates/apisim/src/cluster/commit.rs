@@ -215,7 +215,7 @@ impl State {
             ));
         }
         if resource.group == "apiextensions.k8s.io" {
-            let registered = crate::registry::crd_resources(&object).map_err(|e| {
+            crate::registry::crd_resources(&object).map_err(|e| {
                 let (field, message) = e
                     .split_once(": ")
                     .map_or((String::new(), e.clone()), |(f, m)| {
@@ -224,7 +224,7 @@ impl State {
                 ApiError::invalid(&resource.group, &resource.kind, &name, &[(field, message)])
             })?;
             if current.is_none() {
-                crd_accepted(&mut object, registered.first());
+                crd_accepted(&mut object);
             }
         }
         if let Some(current) = current {
@@ -318,7 +318,7 @@ impl State {
 }
 
 /// What the apiextensions controllers write into a new CRD's status.
-fn crd_accepted(crd: &mut Value, resource: Option<&ResourceType>) {
+fn crd_accepted(crd: &mut Value) {
     let now = meta::now();
     let names = crd["spec"]["names"].clone();
     let stored: Vec<Value> = crd["spec"]["versions"]
@@ -328,7 +328,6 @@ fn crd_accepted(crd: &mut Value, resource: Option<&ResourceType>) {
         .filter(|v| v["storage"] == true)
         .map(|v| v["name"].clone())
         .collect();
-    let _ = resource;
     crd["status"] = json!({
         "acceptedNames": names,
         "storedVersions": stored,
