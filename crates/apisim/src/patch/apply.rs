@@ -259,7 +259,10 @@ pub fn server_side_apply(
         .filter(|(i, _)| Some(*i) != mine)
         .fold(FieldSet::new(), |acc, (_, e)| acc.union(&e.fields));
     for (path, _) in previous.difference(&config_set).members() {
-        if !others.contains_at_or_below(&path) && !is_key_of_element(&path) {
+        // A field applied as a leaf before (say an empty map) and with children now is still
+        // applied: only its own "leaf" membership went away.
+        let still_applied = config_set.contains_at_or_below(&path);
+        if !still_applied && !others.contains_at_or_below(&path) && !is_key_of_element(&path) {
             remove_at(&mut merged, &path);
         }
     }

@@ -100,6 +100,17 @@ fn apply_removes_fields_it_dropped() {
 }
 
 #[test]
+fn a_map_applied_empty_then_with_entries_keeps_them() {
+    let mut empty = sts(json!({"serviceName": "x"}));
+    empty["metadata"]["labels"] = json!({});
+    let first = apply(None, empty, &req("ctl")).unwrap();
+    let mut filled = sts(json!({"serviceName": "x"}));
+    filled["metadata"]["labels"] = json!({"a": "1"});
+    let next = apply(Some(&first), filled, &req("ctl")).unwrap();
+    assert_eq!(next["metadata"]["labels"], json!({"a": "1"}), "{next}");
+}
+
+#[test]
 fn two_managers_share_a_field() {
     let a = apply(None, sts(json!({"replicas": 3})), &req("a")).unwrap();
     let b = apply(

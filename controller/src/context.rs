@@ -1,0 +1,76 @@
+//! What every reconcile shares: the client, the caches, the Events recorder, the metrics, and the
+//! statuses this replica wrote but its cache may not show yet.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ipkeep_api::PersistentPodStateStatus;
+use kube::Client;
+use kube::runtime::events::Recorder;
+
+use crate::caches::Caches;
+use crate::metrics::Metrics;
+
+/// Shared by both controllers.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Watch caches.
+    pub caches: Caches,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: std::sync::Arc<Metrics>,
+    /// Status last written per PersistentPodState UID, until the cache shows it.
+    ///
+    /// The cache can lag behind our own write; computing the next status from a stale cache
+    /// could drop a record written a moment ago. Only this replica (the leader) writes status,
+    /// so its own last write is the newest status there is.
+    written: Mutex<HashMap<String, PersistentPodStateStatus>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Builds the context.
+    pub fn new(
+        client: Client,
+        caches: Caches,
+        recorder: Recorder,
+        metrics: std::sync::Arc<Metrics>,
+    ) -> Self {
+        Self {
+            client,
+            caches,
+            recorder,
+            metrics,
+            written: Mutex::default(),
+        }
+    }
+
+    /// The newest status of PPS `uid`: our last write if the cache has not caught up with it.
+    pub fn newest_status(
+        &self,
+        uid: &str,
+        cached: Option<&PersistentPodStateStatus>,
+    ) -> PersistentPodStateStatus {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        match written.get(uid) {
+            Some(ours) if Some(ours) == cached => written.remove(uid).unwrap_or_default(),
+            Some(ours) => ours.clone(),
+            None => cached.cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Remembers a status we wrote.
+    pub fn wrote_status(&self, uid: &str, status: PersistentPodStateStatus) {
+        self.written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(uid.to_string(), status);
+    }
+}

@@ -1,0 +1,199 @@
+//! Reconciling a StatefulSet into the PersistentPodState its annotations ask for.
+//!
+//! The generated PPS is named after the StatefulSet and carries a controller ownerReference to
+//! it, so deleting the StatefulSet garbage-collects it. Its spec is written by server-side apply
+//! and follows the annotations. A PPS with that name that the StatefulSet does not own (written
+//! by hand) is never touched: the StatefulSet gets a Warning Event instead. Turning
+//! auto-generation off deletes the PPS only if this StatefulSet owns it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipkeep_api::PersistentPodState;
+use ipkeep_placement::autogen::generated_spec;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{info, instrument, warn};
+
+use crate::context::Context;
+use crate::{Error, FIELD_MANAGER};
+
+/// The metric label of this loop.
+pub const LOOP: &str = "generate";
+
+/// Reconciles one StatefulSet's generated PersistentPodState.
+#[instrument(skip_all, fields(statefulset = %sts.name_any(), namespace = sts.namespace().unwrap_or_default()))]
+pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile(LOOP);
+    ctx.caches.wait_until_ready().await?;
+    if sts.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change()); // garbage collection removes the PPS
+    }
+    let name = sts.name_any();
+    let namespace = sts.namespace().ok_or(Error::MissingMeta("namespace"))?;
+    let uid = sts.uid().ok_or(Error::MissingMeta("uid"))?;
+    let api: Api<PersistentPodState> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = ctx
+        .caches
+        .pps
+        .get(&ObjectRef::new(&name).within(&namespace));
+    let controller_uid = existing.as_ref().and_then(|p| {
+        p.owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone())
+    });
+    let owned = controller_uid.as_deref() == Some(uid.as_str());
+
+    let spec = match generated_spec(&name, Some(sts.annotations())) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => {
+            if owned {
+                info!("auto-generation is off; deleting the generated PersistentPodState");
+                delete(
+                    &api,
+                    &name,
+                    &namespace,
+                    existing.as_ref().and_then(|p| p.uid()),
+                )
+                .await?;
+                let note = format!(
+                    "auto-generation is off; deleted the generated PersistentPodState {name}"
+                );
+                publish(
+                    &sts,
+                    &ctx,
+                    EventType::Normal,
+                    "PersistentPodStateDeleted",
+                    &note,
+                )
+                .await;
+            }
+            return Ok(Action::await_change());
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot generate a PersistentPodState");
+            let note = format!("{e}; the existing PersistentPodState (if any) is left as it is");
+            publish(
+                &sts,
+                &ctx,
+                EventType::Warning,
+                "InvalidPersistentPodStateAnnotations",
+                &note,
+            )
+            .await;
+            return Ok(Action::await_change());
+        }
+    };
+
+    match (&existing, owned) {
+        (Some(p), false) if is_stale_generated(p, &name) => {
+            // Generated for an earlier StatefulSet with this name; garbage collection removes it,
+            // we only make it quicker, then generate anew.
+            info!("removing the PersistentPodState of an earlier StatefulSet with this name");
+            delete(&api, &name, &namespace, p.uid()).await?;
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        (Some(_), false) => {
+            let note = format!(
+                "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. Delete it, or remove the auto-generate annotation"
+            );
+            warn!("{note}");
+            publish(
+                &sts,
+                &ctx,
+                EventType::Warning,
+                "PersistentPodStateNotOwned",
+                &note,
+            )
+            .await;
+            return Ok(Action::await_change());
+        }
+        (Some(p), true) if p.spec == spec => return Ok(Action::await_change()),
+        _ => {}
+    }
+    let owner = sts
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingMeta("name or uid"))?;
+    let body = serde_json::json!({
+        "apiVersion": PersistentPodState::api_version(&()),
+        "kind": PersistentPodState::kind(&()),
+        "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner]},
+        "spec": spec,
+    });
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| Error::Api {
+        action: "apply the generated",
+        what: format!("persistentpodstate {namespace}/{name}"),
+        source,
+    })?;
+    let (reason, verb) = if existing.is_some() {
+        ("PersistentPodStateUpdated", "updated")
+    } else {
+        ("PersistentPodStateCreated", "created")
+    };
+    info!("{verb} the generated PersistentPodState");
+    let note = format!("{verb} PersistentPodState {name} from the annotations");
+    publish(&sts, &ctx, EventType::Normal, reason, &note).await;
+    Ok(Action::await_change())
+}
+
+/// What the controller does after a failed reconcile: count it and retry with backoff.
+pub fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(LOOP, error);
+    warn!(statefulset = %sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// A PPS controlled by another StatefulSet of the same name: left over from a deleted one.
+fn is_stale_generated(pps: &PersistentPodState, name: &str) -> bool {
+    pps.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.name == name)
+}
+
+async fn delete(
+    api: &Api<PersistentPodState>,
+    name: &str,
+    namespace: &str,
+    uid: Option<String>,
+) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api {
+            action: "delete",
+            what: format!("persistentpodstate {namespace}/{name}"),
+            source,
+        }),
+    }
+}
+
+async fn publish(sts: &StatefulSet, ctx: &Context, type_: EventType, reason: &str, note: &str) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Generate".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &sts.object_ref(&())).await {
+        warn!(error = %e, reason, "failed to publish event");
+    }
+}

@@ -1,0 +1,85 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease (kube-lease-manager): only the holder
+//! runs the controllers, so only one replica writes. A replica that loses the lease stops its
+//! controllers and exits non-zero, so that Kubernetes restarts it as a standby.
+
+use kube::Client;
+use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
+use tokio::sync::watch;
+
+/// Where the lease lives and who we are.
+#[derive(Debug, Clone)]
+pub struct LeaderSettings {
+    /// Lease namespace.
+    pub namespace: String,
+    /// Lease name.
+    pub lease_name: String,
+    /// This replica's identity (the pod name).
+    pub identity: String,
+    /// How long a lease is valid without renewal, in seconds.
+    pub lease_seconds: u64,
+    /// How long before expiry the holder renews, in seconds.
+    pub renew_before_seconds: u64,
+}
+
+/// A running election: a watch of "am I the leader".
+#[derive(Debug)]
+pub struct Election {
+    leader: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<
+        Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>,
+    >,
+}
+
+impl Election {
+    /// Starts campaigning.
+    pub async fn start(client: Client, settings: &LeaderSettings) -> anyhow::Result<Self> {
+        let manager = LeaseManagerBuilder::new(client, &settings.lease_name)
+            .with_namespace(&settings.namespace)
+            .with_parameters(
+                LeaseParams::new(
+                    &settings.identity,
+                    settings.lease_seconds,
+                    settings.renew_before_seconds,
+                )
+                .with_field_manager(crate::FIELD_MANAGER),
+            )
+            .build()
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "failed to set up leader election on Lease {}/{}: {e}",
+                    settings.namespace,
+                    settings.lease_name
+                )
+            })?;
+        let (leader, task) = manager.watch().await;
+        Ok(Self { leader, task })
+    }
+
+    /// Waits until this replica is the leader.
+    pub async fn acquired(&mut self) -> anyhow::Result<()> {
+        self.leader
+            .wait_for(|leader| *leader)
+            .await
+            .map_err(|_| anyhow::anyhow!("leader election stopped"))?;
+        Ok(())
+    }
+
+    /// Resolves when leadership is lost.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut leader = self.leader.clone();
+        async move {
+            let _ = leader.wait_for(|leader| !*leader).await;
+        }
+    }
+
+    /// Releases the lease (if held) and stops campaigning.
+    pub async fn release(self) {
+        drop(self.leader);
+        match self.task.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "failed to release the leader lease"),
+            Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+        }
+    }
+}

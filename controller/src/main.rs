@@ -1,0 +1,134 @@
+//! `ipkeep-controller`: the PersistentPodState controller binary. Parses flags, sets up logging,
+//! the health/metrics server and the API client, then runs [`ipkeep_controller::run`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use ipkeep_controller::http::{self, Health};
+use ipkeep_controller::leader::LeaderSettings;
+use ipkeep_controller::{Settings, run};
+use tracing_subscriber::EnvFilter;
+
+/// Records where each pod of an annotated StatefulSet ran — node, topology labels, pod IPs — in
+/// PersistentPodState objects (ipkeep.dev/v1alpha1), prunes the records by policy, and generates
+/// PersistentPodStates from StatefulSet annotations
+/// (ipkeep.dev/auto-generate-persistent-pod-state: "true").
+///
+/// Finds the cluster like kubectl: $KUBECONFIG (or ~/.kube/config), else the in-cluster service
+/// account. Needs the CRD from deploy/crd.yaml. Runs with no flags; every flag can also be set
+/// by the environment variable shown.
+#[derive(Debug, Parser)]
+#[command(name = "ipkeep-controller", version)]
+struct Args {
+    /// Address of the /healthz, /readyz and /metrics endpoints.
+    #[arg(long, env = "IPKEEP_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Run without leader election (only safe with a single replica).
+    #[arg(long, env = "IPKEEP_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Namespace of the leader Lease [default: the pod's namespace, from the kubeconfig or the
+    /// service account].
+    #[arg(long, env = "IPKEEP_LEASE_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, env = "IPKEEP_LEASE_NAME", default_value = "ipkeep-controller")]
+    lease_name: String,
+    /// How long the leader's lease lasts without renewal; a standby takes over after it.
+    #[arg(long, env = "IPKEEP_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// This replica's identity in the Lease and in Events [default: $POD_NAME, else $HOSTNAME].
+    #[arg(long, env = "IPKEEP_IDENTITY")]
+    identity: Option<String>,
+    /// PersistentPodStates reconciled at once.
+    #[arg(long, env = "IPKEEP_CONCURRENCY", default_value_t = 8)]
+    concurrency: u16,
+    /// Coalesces bursts of pod events into one status write per PersistentPodState; records
+    /// are written at most this much later.
+    #[arg(long, env = "IPKEEP_DEBOUNCE", default_value = "250ms", value_parser = humantime::parse_duration)]
+    debounce: Duration,
+    /// Log format.
+    #[arg(long, env = "IPKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `info,ipkeep_controller=debug` ($RUST_LOG syntax).
+    #[arg(long, env = "IPKEEP_LOG", default_value = "info")]
+    log: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = EnvFilter::try_new(&args.log)
+        .with_context(|| format!("invalid --log filter {:?}", args.log))?;
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Plain => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    let client = kube::Client::try_default().await.context(
+        "failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)",
+    )?;
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("ipkeep-controller-{}", std::process::id()));
+    let leader = (!args.no_leader_election).then(|| LeaderSettings {
+        namespace: args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string()),
+        lease_name: args.lease_name.clone(),
+        identity: identity.clone(),
+        lease_seconds: args.lease_duration.as_secs().max(2),
+        renew_before_seconds: (args.lease_duration.as_secs() / 3).max(1),
+    });
+    let health = Arc::new(Health::default());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", args.listen))?;
+    tracing::info!(listen = %args.listen, identity, leader_election = leader.is_some(), "starting");
+    let server = axum::serve(listener, http::router(health.clone()));
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "health server failed");
+        }
+    });
+    let settings = Settings {
+        concurrency: args.concurrency,
+        debounce: args.debounce,
+        leader,
+        identity,
+    };
+    run(client, settings, health, shutdown_signal()).await
+}
+
+/// SIGTERM (Kubernetes) or Ctrl-C.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown requested; finishing reconciles in progress");
+}

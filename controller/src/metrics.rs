@@ -1,0 +1,152 @@
+//! Prometheus metrics (`/metrics`, OpenMetrics text). Names start with `ipkeep_controller_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::time::Instant;
+
+/// Which controller loop.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoopLabel {
+    /// `record` (PersistentPodState) or `generate` (StatefulSet).
+    pub controller: &'static str,
+}
+
+/// A failed reconcile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// `record` or `generate`.
+    pub controller: &'static str,
+    /// [`crate::Error::kind`].
+    pub error: &'static str,
+}
+
+/// Every metric the controller exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<LoopLabel, Counter>,
+    errors: Family<ErrorLabels, Counter>,
+    duration: Family<LoopLabel, Histogram>,
+    /// Records written (new, moved or refreshed).
+    pub records_written: Counter,
+    /// Records removed by the retention policy.
+    pub records_pruned: Counter,
+    /// Pins released to preferred-only by the node-loss policy.
+    pub node_loss_fallbacks: Counter,
+    /// Records held by all PersistentPodStates in the cache (set at scrape time).
+    pub records: Gauge,
+    /// 1 while this replica holds the leader lease.
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("ipkeep_controller");
+        let reconciles = Family::<LoopLabel, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let duration = Family::<LoopLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0])
+        });
+        let m = Self {
+            registry: Registry::default(),
+            reconciles,
+            errors,
+            duration,
+            records_written: Counter::default(),
+            records_pruned: Counter::default(),
+            node_loss_fallbacks: Counter::default(),
+            records: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        registry.register("reconciles", "Reconciles run", m.reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by error kind",
+            m.errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconcile",
+            m.duration.clone(),
+        );
+        registry.register(
+            "records_written",
+            "Pod records written (new, moved or refreshed)",
+            m.records_written.clone(),
+        );
+        registry.register(
+            "records_pruned",
+            "Pod records removed by the retention policy",
+            m.records_pruned.clone(),
+        );
+        registry.register(
+            "node_loss_fallbacks",
+            "Pins released to preferred-only because their node was lost",
+            m.node_loss_fallbacks.clone(),
+        );
+        registry.register(
+            "records",
+            "Pod records held by all PersistentPodStates",
+            m.records.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica is the leader",
+            m.leader.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Counts a reconcile and times it until the guard drops.
+    pub fn reconcile(&self, controller: &'static str) -> ReconcileTimer<'_> {
+        self.reconciles
+            .get_or_create(&LoopLabel { controller })
+            .inc();
+        ReconcileTimer {
+            histogram: self
+                .duration
+                .get_or_create(&LoopLabel { controller })
+                .clone(),
+            start: Instant::now(),
+            _metrics: self,
+        }
+    }
+
+    /// Counts a failed reconcile.
+    pub fn error(&self, controller: &'static str, error: &crate::Error) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                controller,
+                error: error.kind(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Observes the reconcile duration when dropped.
+#[derive(Debug)]
+pub struct ReconcileTimer<'a> {
+    histogram: Histogram,
+    start: Instant,
+    _metrics: &'a Metrics,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
+    }
+}

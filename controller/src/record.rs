@@ -1,0 +1,322 @@
+//! Reconciling a PersistentPodState: check the spec, find the StatefulSet, plan the records
+//! (`ipkeep_placement::record`), write the status by server-side apply if it changed, then
+//! publish Events for what changed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
+use ipkeep_placement::condition::{self, DesiredCondition, READY};
+use ipkeep_placement::record::{self, RecordChange, RecordInput};
+use ipkeep_placement::spec;
+use ipkeep_placement::view::{NodeView, PodView, TargetView};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{debug, info, instrument, warn};
+
+use crate::context::Context;
+use crate::{Error, FIELD_MANAGER};
+
+/// The metric label of this loop.
+pub const LOOP: &str = "record";
+
+/// Reconciles one PersistentPodState.
+#[instrument(skip_all, fields(pps = %pps.name_any(), namespace = pps.namespace().unwrap_or_default()))]
+pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile(LOOP);
+    ctx.caches.wait_until_ready().await?;
+    if pps.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = pps.namespace().ok_or(Error::MissingMeta("namespace"))?;
+    let uid = pps.uid().ok_or(Error::MissingMeta("uid"))?;
+    let previous = ctx.newest_status(&uid, pps.status.as_ref());
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let generation = pps.meta().generation;
+
+    let config = match spec::check(&pps.spec) {
+        Ok(config) => config,
+        Err(e) => {
+            warn!(error = %e, "invalid spec");
+            let ready = not_ready("InvalidSpec", format!("{e}; fix the spec"));
+            let status = next_status(
+                &previous,
+                previous.pod_states.clone(),
+                None,
+                &[ready],
+                generation,
+                &now,
+                previous.target_uid.clone(),
+            );
+            write_status(&pps, &ctx, &previous, status.clone()).await?;
+            announce_conditions(&pps, &ctx, &previous, &status).await;
+            return Ok(Action::await_change());
+        }
+    };
+
+    let target_name = &pps.spec.target_ref.name;
+    let sts = ctx
+        .caches
+        .statefulsets
+        .get(&ObjectRef::new(target_name).within(&namespace))
+        .filter(|s| s.meta().deletion_timestamp.is_none());
+    let Some(sts) = sts else {
+        // No StatefulSet (or it is being deleted): its records die with it, whatever the policy;
+        // a new StatefulSet with this name starts from nothing.
+        let ready = not_ready(
+            "TargetNotFound",
+            format!(
+                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists"
+            ),
+        );
+        if !previous.pod_states.is_empty() {
+            info!(
+                dropped = previous.pod_states.len(),
+                "target gone; clearing records"
+            );
+        }
+        let status = next_status(
+            &previous,
+            BTreeMap::new(),
+            None,
+            &[ready],
+            generation,
+            &now,
+            None,
+        );
+        write_status(&pps, &ctx, &previous, status.clone()).await?;
+        announce_conditions(&pps, &ctx, &previous, &status).await;
+        return Ok(Action::await_change());
+    };
+    let target = TargetView::from_statefulset(&sts);
+
+    let mut pods = BTreeMap::new();
+    for name in record::candidate_pod_names(&target, &previous) {
+        if let Some(pod) = ctx
+            .caches
+            .pods
+            .get(&ObjectRef::new(&name).within(&namespace))
+        {
+            pods.insert(name, PodView::from_pod(&pod));
+        }
+    }
+    let mut nodes = BTreeMap::new();
+    let node_names = pods
+        .values()
+        .filter_map(|p| p.node_name.clone())
+        .chain(previous.pod_states.values().map(|r| r.node_name.clone()));
+    for name in node_names {
+        if let Some(node) = ctx.caches.nodes.get(&ObjectRef::new(&name)) {
+            nodes.insert(name, NodeView::from_node(&node));
+        }
+    }
+    let plan = record::plan(&RecordInput {
+        config: &config,
+        target: &target,
+        previous: &previous,
+        pods: &pods,
+        nodes: &nodes,
+        now: &now,
+    });
+    let ready = DesiredCondition {
+        type_: READY,
+        status: true,
+        reason: "Recording".into(),
+        message: format!("recording the pods of StatefulSet {target_name}"),
+    };
+    let lost = record::node_lost_condition(&plan.lost, config.node_loss_after);
+    let status = next_status(
+        &previous,
+        plan.pod_states,
+        Some(&lost),
+        &[ready],
+        generation,
+        &now,
+        Some(target.uid.clone()),
+    );
+    write_status(&pps, &ctx, &previous, status.clone()).await?;
+    publish_changes(&pps, &ctx, &plan.changes).await;
+    announce_conditions(&pps, &ctx, &previous, &status).await;
+    Ok(plan
+        .requeue_after
+        .map_or_else(Action::await_change, |after| {
+            Action::requeue(after + Duration::from_millis(100))
+        }))
+}
+
+/// What the controller does after a failed reconcile: count it and retry with backoff.
+pub fn error_policy(pps: Arc<PersistentPodState>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(LOOP, error);
+    warn!(pps = %pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Publishes a Warning when `Ready` turns False or `NodeLost` turns True (or changes reason).
+async fn announce_conditions(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    previous: &PersistentPodStateStatus,
+    status: &PersistentPodStateStatus,
+) {
+    for (type_, bad) in [(READY, "False"), (condition::NODE_LOST, "True")] {
+        let key = |s: &PersistentPodStateStatus| {
+            s.condition(type_)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        if key(previous) == key(status) {
+            continue;
+        }
+        if let Some(c) = status.condition(type_).filter(|c| c.status == bad) {
+            publish(pps, ctx, EventType::Warning, &c.reason, &c.message).await;
+        }
+    }
+}
+
+fn not_ready(reason: &str, message: String) -> DesiredCondition {
+    DesiredCondition {
+        type_: READY,
+        status: false,
+        reason: reason.into(),
+        message,
+    }
+}
+
+fn next_status(
+    previous: &PersistentPodStateStatus,
+    pod_states: BTreeMap<String, ipkeep_api::PodState>,
+    node_lost: Option<&DesiredCondition>,
+    desired: &[DesiredCondition],
+    generation: Option<i64>,
+    now: &Time,
+    target_uid: Option<String>,
+) -> PersistentPodStateStatus {
+    let mut conditions: Vec<DesiredCondition> = desired.to_vec();
+    conditions.extend(node_lost.cloned());
+    let mut current = previous.conditions.clone();
+    if node_lost.is_none() {
+        current.retain(|c| c.type_ != condition::NODE_LOST);
+    }
+    PersistentPodStateStatus {
+        observed_generation: generation,
+        target_uid,
+        recorded_pods: i32::try_from(pod_states.len()).unwrap_or(i32::MAX),
+        pod_states,
+        conditions: condition::merge(&current, &conditions, generation, now),
+    }
+}
+
+/// Applies `status` unless it equals what is there.
+async fn write_status(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    previous: &PersistentPodStateStatus,
+    status: PersistentPodStateStatus,
+) -> Result<(), Error> {
+    if &status == previous {
+        debug!("status unchanged");
+        return Ok(());
+    }
+    let name = pps.name_any();
+    let namespace = pps.namespace().unwrap_or_default();
+    let api: Api<PersistentPodState> = Api::namespaced(ctx.client.clone(), &namespace);
+    let body = serde_json::json!({
+        "apiVersion": PersistentPodState::api_version(&()),
+        "kind": PersistentPodState::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| Error::Api {
+        action: "apply the status of",
+        what: format!("{namespace}/{name}"),
+        source,
+    })?;
+    if let Some(uid) = pps.uid() {
+        ctx.wrote_status(&uid, status);
+    }
+    Ok(())
+}
+
+async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[RecordChange]) {
+    let mut pruned = Vec::new();
+    for change in changes {
+        match change {
+            RecordChange::Recorded { pod, node } => {
+                ctx.metrics.records_written.inc();
+                debug!(pod, node, "recorded");
+            }
+            RecordChange::Refreshed { pod, node } => {
+                ctx.metrics.records_written.inc();
+                debug!(pod, node, "record refreshed");
+            }
+            RecordChange::Moved { pod, from, to } => {
+                ctx.metrics.records_written.inc();
+                info!(pod, from, to, "pin moved");
+                let note =
+                    format!("pod {pod} became Ready on node {to}; its pin moved from node {from}");
+                publish(pps, ctx, EventType::Normal, "PinMoved", &note).await;
+            }
+            RecordChange::Pruned { pod } => {
+                ctx.metrics.records_pruned.inc();
+                pruned.push(pod.as_str());
+            }
+            RecordChange::TargetReplaced { dropped } => {
+                let note = format!(
+                    "the StatefulSet was re-created (new UID); dropped {dropped} record(s) of the old one"
+                );
+                info!(dropped, "target replaced");
+                publish(pps, ctx, EventType::Normal, "TargetReplaced", &note).await;
+            }
+            RecordChange::FellBack { pod, node } => {
+                ctx.metrics.node_loss_fallbacks.inc();
+                warn!(pod, node, "node lost; pin released to preferred-only");
+                let note = format!(
+                    "node {node} of pod {pod} is lost; the pod is now pinned by preferred terms only and may start elsewhere with a new IP"
+                );
+                publish(pps, ctx, EventType::Warning, "FellBackToPreferred", &note).await;
+            }
+            RecordChange::NodeRecovered { pod, node } => {
+                info!(pod, node, "node recovered");
+                let note = format!("node {node} of pod {pod} is Ready again; the full pin applies");
+                publish(pps, ctx, EventType::Normal, "NodeRecovered", &note).await;
+            }
+        }
+    }
+    if !pruned.is_empty() {
+        info!(pods = ?pruned, "records pruned");
+        let note = format!(
+            "removed the records of {} (scaled down, pods gone)",
+            pruned.join(", ")
+        );
+        publish(pps, ctx, EventType::Normal, "RecordsPruned", &note).await;
+    }
+}
+
+/// Publishes an Event about `pps`; a failure is logged, never fails the reconcile.
+pub async fn publish(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &pps.object_ref(&())).await {
+        warn!(error = %e, reason, "failed to publish event");
+    }
+}

@@ -1,0 +1,242 @@
+//! Wiring: check that the CRD is installed, wait for the leader lease, run the record and
+//! generate controllers over shared watch caches, and stop cleanly on shutdown or lost lease.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{FutureExt, StreamExt};
+use ipkeep_api::PersistentPodState;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ListParams;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::caches::{self, Caches};
+use crate::context::Context;
+use crate::http::Health;
+use crate::leader::{Election, LeaderSettings};
+use crate::{generate, record};
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Reconciles at once per controller (one object is never reconciled twice at once).
+    pub concurrency: u16,
+    /// Trigger coalescing window: more pods recorded per status write, slightly later records.
+    pub debounce: Duration,
+    /// Leader election; `None` runs as the only writer.
+    pub leader: Option<LeaderSettings>,
+    /// This replica's name in Events (`reportingInstance`).
+    pub identity: String,
+}
+
+/// Runs until `shutdown` resolves (Ok) or the leader lease is lost (Err).
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    preflight(&client).await?;
+    let shutdown = shutdown.boxed().shared();
+    let mut election: Option<Election> = match &settings.leader {
+        Some(leader) => Some(Election::start(client.clone(), leader).await?),
+        None => None,
+    };
+    if let Some(mut standby) = election.take() {
+        health.ready.store(true, Ordering::Release);
+        info!(identity = %settings.identity, "standing by until this replica holds the leader lease");
+        let acquired = tokio::select! {
+            acquired = standby.acquired() => Some(acquired),
+            () = shutdown.clone() => None,
+        };
+        match acquired {
+            Some(acquired) => acquired?,
+            None => {
+                standby.release().await;
+                return Ok(());
+            }
+        }
+        info!(identity = %settings.identity, "became the leader");
+        election = Some(standby);
+    }
+    health.ready.store(false, Ordering::Release);
+    health.metrics.leader.set(1);
+    let lost = election.as_ref().map(|e| e.lost().boxed());
+    let stop = {
+        let shutdown = shutdown.clone();
+        async move {
+            match lost {
+                Some(lost) => tokio::select! {
+                    () = shutdown => false,
+                    () = lost => true,
+                },
+                None => {
+                    shutdown.await;
+                    false
+                }
+            }
+        }
+        .boxed()
+        .shared()
+    };
+    run_controllers(
+        client,
+        &settings,
+        &health,
+        stop.clone().map(|_| ()).boxed().shared(),
+    )
+    .await?;
+    health.metrics.leader.set(0);
+    *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    let lost_lease = stop.now_or_never().unwrap_or(false);
+    if let Some(election) = election {
+        election.release().await;
+    }
+    if lost_lease {
+        anyhow::bail!("lost the leader lease; exiting so that this replica restarts as a standby");
+    }
+    info!("stopped");
+    Ok(())
+}
+
+/// Fails with what to do when the API server is unreachable or the CRD is missing.
+async fn preflight(client: &Client) -> anyhow::Result<()> {
+    let api: Api<PersistentPodState> = Api::all(client.clone());
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => anyhow::bail!(
+            "the PersistentPodState CRD (persistentpodstates.ipkeep.dev) is not installed; apply deploy/crd.yaml first"
+        ),
+        Err(e) => Err(e).context("failed to list PersistentPodStates (is the API server reachable, and may this service account list persistentpodstates.ipkeep.dev?)"),
+    }
+}
+
+async fn run_controllers(
+    client: Client,
+    settings: &Settings,
+    health: &Arc<Health>,
+    stop: impl Future<Output = ()> + Send + Sync + Clone + 'static,
+) -> anyhow::Result<()> {
+    let config = controller::Config::default()
+        .concurrency(settings.concurrency)
+        .debounce(settings.debounce);
+    let pps_api: Api<PersistentPodState> = Api::all(client.clone());
+    let pps_controller =
+        Controller::new(pps_api.clone(), watcher::Config::default().any_semantic());
+
+    let (relisted_tx, mut relisted_rx) = mpsc::unbounded_channel();
+    let sts_api: Api<StatefulSet> = Api::all(client.clone());
+    let (sts_reader, sts_writer) = reflector::store();
+    let sts_events = reflector(
+        sts_writer,
+        watcher(sts_api.clone(), watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(caches::trim_statefulset),
+    );
+    let sts_changes = caches::changed_objects(
+        sts_events,
+        caches::statefulset_fingerprint,
+        relisted_tx.clone(),
+    );
+    let (pod_reader, pod_writer) = reflector::store();
+    let pod_events = reflector(
+        pod_writer,
+        watcher(Api::<Pod>::all(client.clone()), caches::pod_watch_config())
+            .default_backoff()
+            .modify(caches::trim_pod),
+    );
+    let pod_changes =
+        caches::changed_objects(pod_events, caches::pod_fingerprint, relisted_tx.clone());
+    let (node_reader, node_writer) = reflector::store();
+    let node_events = reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(caches::trim_node),
+    );
+    let node_changes = caches::changed_objects(node_events, caches::node_fingerprint, relisted_tx);
+    let relisted = futures::stream::poll_fn(move |cx| relisted_rx.poll_recv(cx));
+
+    let caches = Caches {
+        statefulsets: sts_reader,
+        pods: pod_reader,
+        nodes: node_reader,
+        pps: pps_controller.store(),
+    };
+    *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: crate::FIELD_MANAGER.into(),
+            instance: Some(settings.identity.clone()),
+        },
+    );
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        caches.clone(),
+        recorder,
+        health.metrics.clone(),
+    ));
+
+    let (by_sts, by_pod, by_node) = (caches.clone(), caches.clone(), caches.clone());
+    let record_loop = pps_controller
+        .watches_stream(sts_changes, move |sts: StatefulSet| {
+            by_sts.pps_targeting(&sts.namespace().unwrap_or_default(), &sts.name_any())
+        })
+        .watches_stream(pod_changes, move |pod: Pod| by_pod.pps_for_pod(&pod))
+        .watches_stream(node_changes, move |node: Node| by_node.pps_for_node(&node))
+        .reconcile_all_on(relisted)
+        .with_config(config.clone())
+        .graceful_shutdown_on(stop.clone())
+        .run(record::reconcile, record::error_policy, ctx.clone())
+        .for_each(|result| async move { log_result(record::LOOP, result) });
+
+    // The generate loop watches StatefulSets on its own: it needs their annotations, and a
+    // StatefulSet's deletion must reach the record loop through the cache that loop reads.
+    let generate_loop = Controller::new(sts_api, watcher::Config::default().any_semantic())
+        .owns(pps_api, watcher::Config::default().any_semantic())
+        .with_config(config)
+        .graceful_shutdown_on(stop.clone())
+        .run(generate::reconcile, generate::error_policy, ctx)
+        .for_each(|result| async move { log_result(generate::LOOP, result) });
+
+    let mark_ready = {
+        let health = health.clone();
+        async move {
+            if caches.wait_until_ready().await.is_ok() {
+                info!("caches synced");
+                health.ready.store(true, Ordering::Release);
+            }
+        }
+    };
+    tokio::join!(record_loop, generate_loop, mark_ready);
+    Ok(())
+}
+
+fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
+    loop_name: &str,
+    result: Result<(reflector::ObjectRef<K>, controller::Action), controller::Error<E1, E2>>,
+) where
+    K: kube::Resource,
+{
+    match result {
+        Ok((object, _)) => debug!(controller = loop_name, %object, "reconciled"),
+        Err(controller::Error::ObjectNotFound(object)) => {
+            debug!(controller = loop_name, %object, "object gone before its reconcile")
+        }
+        Err(controller::Error::ReconcilerFailed(_, _)) => {} // logged by the error policy
+        Err(e) => warn!(controller = loop_name, error = %e, "controller stream error"),
+    }
+}

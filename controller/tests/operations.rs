@@ -1,0 +1,204 @@
+//! Operating the controller: generated CRD is current, leader election with two replicas, and
+//! convergence through API faults, dropped watches and 410 Gone.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use ipkeep_api::annotations as keys;
+use ipkeep_apisim::Fault;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use serde_json::json;
+use support::*;
+
+#[test]
+fn committed_crd_yaml_is_current() {
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml"))
+            .unwrap();
+    assert!(
+        committed == ipkeep_controller::crd_yaml().unwrap(),
+        "deploy/crd.yaml is stale: run `cargo run -p ipkeep-controller --bin crdgen > deploy/crd.yaml`"
+    );
+}
+
+fn auto() -> std::collections::BTreeMap<String, String> {
+    annotations(&[
+        (keys::AUTO_GENERATE, "true"),
+        (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
+    ])
+}
+
+async fn reporting_instances(client: &kube::Client) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reporting_instance)
+        .collect()
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_the_standby_takes_over() {
+    let c = cluster().await;
+    let a = start_controller(&c.client, Some(leader("replica-a")), "replica-a");
+    eventually("a leads", || async {
+        (a.health.metrics.leader.get() == 1).then_some(())
+    })
+    .await;
+    let b = start_controller(&c.client, Some(leader("replica-b")), "replica-b");
+    eventually("b is ready as a standby", || async {
+        b.health
+            .ready
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then_some(())
+    })
+    .await;
+
+    let sts = create_sts(&c.client, "pg", 2, 0, &auto()).await;
+    run_pod(&c.client, &sts, 0, "n1", "10.8.0.1").await;
+    wait_pps(&c.client, "pg", "recorded by the leader", |p| {
+        records(p).len() == 1
+    })
+    .await;
+    assert_eq!(b.health.metrics.leader.get(), 0);
+    assert!(
+        !b.health
+            .metrics
+            .encode()
+            .contains("ipkeep_controller_reconciles_total{"),
+        "the standby reconciled:\n{}",
+        b.health.metrics.encode()
+    );
+    let instances = reporting_instances(&c.client).await;
+    assert!(
+        !instances.is_empty() && instances.iter().all(|i| i == "replica-a"),
+        "{instances:?}"
+    );
+
+    // The leader stops (SIGTERM): it releases the lease and the standby takes over.
+    a.stop().await.unwrap();
+    eventually("b leads", || async {
+        (b.health.metrics.leader.get() == 1).then_some(())
+    })
+    .await;
+    run_pod(&c.client, &sts, 1, "n2", "10.8.0.2").await;
+    wait_pps(&c.client, "pg", "recorded by the new leader", |p| {
+        records(p).len() == 2
+    })
+    .await;
+    let text = b.health.metrics.encode();
+    assert!(
+        text.contains("ipkeep_controller_reconciles_total{controller=\"record\"}"),
+        "{text}"
+    );
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn converges_through_api_errors_conflicts_throttling_and_lost_watches() {
+    let c = cluster().await;
+    let ctl = start_controller(&c.client, None, "solo");
+    let sts = create_sts(&c.client, "kv", 4, 0, &auto()).await;
+    wait_pps(&c.client, "kv", "generated", |_| true).await;
+    c.server
+        .inject(Fault::new("patch", "persistentpodstates/status", 2, 500));
+    c.server
+        .inject(Fault::new("patch", "persistentpodstates/status", 2, 409));
+    c.server
+        .inject(Fault::new("patch", "persistentpodstates/status", 1, 429).retry_after(1));
+    for (i, node) in [(0, "n1"), (1, "n2")] {
+        run_pod(&c.client, &sts, i, node, &format!("10.9.0.{i}")).await;
+    }
+    wait_pps(&c.client, "kv", "recorded despite failed writes", |p| {
+        records(p).len() == 2
+    })
+    .await;
+    assert_eq!(c.server.cluster().faults.pending(), 0);
+
+    // Lose every watch and the history behind them: the next watches get 410 Gone and relist.
+    // Meanwhile pods change: kv-2 becomes Ready, and the StatefulSet scales to 3 with kv-3 gone.
+    c.server.drop_watches();
+    run_pod(&c.client, &sts, 2, "n3", "10.9.0.2").await;
+    run_pod(&c.client, &sts, 3, "n3", "10.9.0.3").await;
+    c.server.compact();
+    c.server.drop_watches();
+    wait_pps(&c.client, "kv", "four records", |p| records(p).len() == 4).await;
+    c.server.inject(Fault::new("list", "pods", 2, 503));
+    c.server.drop_watches();
+    patch_sts(&c.client, "kv", json!({"spec": {"replicas": 3}})).await;
+    remove_pod(&c.client, "kv-3").await;
+    c.server.compact();
+    c.server.drop_watches();
+    let pps = wait_pps(&c.client, "kv", "kv-3 pruned after the relist", |p| {
+        records(p).len() == 3
+    })
+    .await;
+    assert_eq!(
+        placements(&pps),
+        vec![
+            ("kv-0".into(), "n1".into()),
+            ("kv-1".into(), "n2".into()),
+            ("kv-2".into(), "n3".into())
+        ]
+    );
+    let text = ctl.health.metrics.encode();
+    for kind in ["server", "conflict"] {
+        assert!(
+            text.contains(&format!(
+                "ipkeep_controller_reconcile_errors_total{{controller=\"record\",error=\"{kind}\"}}"
+            )),
+            "{kind}:\n{text}"
+        );
+    }
+    ctl.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn health_and_metrics_endpoints() {
+    use tower::ServiceExt;
+    let c = cluster().await;
+    let ctl = start_controller(&c.client, None, "solo");
+    let sts = create_sts(&c.client, "m", 1, 0, &auto()).await;
+    run_pod(&c.client, &sts, 0, "n1", "10.10.0.1").await;
+    wait_pps(&c.client, "m", "recorded", |p| records(p).len() == 1).await;
+    let router = ipkeep_controller::http::router(ctl.health.clone());
+    let get = |path: &'static str| {
+        let router = router.clone();
+        async move {
+            let res = router
+                .oneshot(
+                    axum::http::Request::get(path)
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let status = res.status();
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    eventually("ready", || async {
+        (get("/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    let (status, text) = get("/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "ipkeep_controller_records 1",
+        "ipkeep_controller_records_written_total 1",
+        "ipkeep_controller_leader 1",
+        "ipkeep_controller_reconcile_duration_seconds_count{controller=\"record\"}",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    ctl.stop().await.unwrap();
+}

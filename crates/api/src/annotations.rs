@@ -1,0 +1,36 @@
+//! Annotation and label keys. Each `ipkeep.dev/…` key that OpenKruise also has is accepted under
+//! its `kruise.io/…` spelling too; the ipkeep spelling wins when both are set.
+
+/// StatefulSet: `"true"` makes the controller generate a PersistentPodState for it.
+pub const AUTO_GENERATE: &str = "ipkeep.dev/auto-generate-persistent-pod-state";
+/// StatefulSet: comma-separated node label keys whose recorded values become required affinity.
+pub const REQUIRED_TOPOLOGY: &str = "ipkeep.dev/required-persistent-topology";
+/// StatefulSet: comma-separated node label keys that become one preferred term of weight 100.
+pub const PREFERRED_TOPOLOGY: &str = "ipkeep.dev/preferred-persistent-topology";
+/// StatefulSet (copied into `spec.ipRetention`) and pod (read by the CNI plugin): how long a
+/// deleted pod's addresses stay held for it, e.g. `30m`, `24h`, `forever`; `0` turns it off.
+pub const IP_RETENTION: &str = "ipkeep.dev/ip-retention";
+
+/// OpenKruise's spelling of [`AUTO_GENERATE`].
+pub const KRUISE_AUTO_GENERATE: &str = "kruise.io/auto-generate-persistent-pod-state";
+/// OpenKruise's spelling of [`REQUIRED_TOPOLOGY`].
+pub const KRUISE_REQUIRED_TOPOLOGY: &str = "kruise.io/required-persistent-topology";
+/// OpenKruise's spelling of [`PREFERRED_TOPOLOGY`].
+pub const KRUISE_PREFERRED_TOPOLOGY: &str = "kruise.io/preferred-persistent-topology";
+
+/// The label every StatefulSet pod carries (set by the StatefulSet controller); the controller
+/// watches only pods that have it.
+pub const STATEFULSET_POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
+
+/// Looks up an annotation under its ipkeep key, then its OpenKruise key.
+pub fn lookup<'a>(
+    annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+    ipkeep_key: &str,
+    kruise_key: Option<&str>,
+) -> Option<&'a str> {
+    let annotations = annotations?;
+    annotations
+        .get(ipkeep_key)
+        .or_else(|| kruise_key.and_then(|k| annotations.get(k)))
+        .map(String::as_str)
+}

@@ -1,0 +1,16 @@
+//! ipkeep's Kubernetes API: the `PersistentPodState` custom resource (`ipkeep.dev/v1alpha1`) and
+//! the annotation keys that the controller, the scheduler extension and the CNI plugin agree on.
+//!
+//! The spec and status keep OpenKruise's v1alpha1 JSON shape (`targetRef`,
+//! `requiredPersistentTopology.nodeTopologyKeys`, `preferredPersistentTopology[]`,
+//! `persistentPodStateRetentionPolicy`, `status.podStates[pod]{nodeName, nodeTopologyLabels}`), so
+//! a user migrates by changing the group. Additions are documented field by field.
+//!
+//! `kube` and `k8s-openapi` are re-exported so every ipkeep crate uses the same versions.
+
+pub mod annotations;
+mod pps;
+
+pub use k8s_openapi;
+pub use kube;
+pub use pps::*;

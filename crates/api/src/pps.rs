@@ -1,0 +1,290 @@
+//! The `PersistentPodState` custom resource: which workload to follow, which node labels to pin,
+//! and (in status) what was recorded for each of its pods.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What a PersistentPodState asks for. JSON names follow OpenKruise's `apps.kruise.io/v1alpha1`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipkeep.dev",
+    version = "v1alpha1",
+    kind = "PersistentPodState",
+    namespaced,
+    status = "PersistentPodStateStatus",
+    shortname = "pps",
+    category = "ipkeep",
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name","description":"The StatefulSet whose pods are recorded"}"#,
+    printcolumn = r#"{"name":"Recorded","type":"integer","jsonPath":".status.recordedPods","description":"Pods with a record"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentPodStateSpec {
+    /// The workload whose pods are recorded: a StatefulSet (`apps/v1`) in the same namespace.
+    pub target_ref: TargetReference,
+    /// Pod annotation keys whose values are recorded in status (record only, as in OpenKruise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub persistent_pod_annotations: Vec<PersistentPodAnnotation>,
+    /// Node label keys whose recorded values a rebuilt pod must match (required node affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required_persistent_topology: Option<NodeTopologyTerm>,
+    /// Node label keys whose recorded values a rebuilt pod should match, with a weight each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_persistent_topology: Vec<PreferredTopologyTerm>,
+    /// When records are removed: `WhenScaled` (ordinal no longer in the StatefulSet's range, and
+    /// no pod holds the name) or `WhenDeleted` (only when the StatefulSet is gone).
+    #[serde(default)]
+    pub persistent_pod_state_retention_policy: RetentionPolicy,
+    /// ipkeep addition: what to do when a recorded node is gone or NotReady.
+    #[serde(default)]
+    pub node_loss_policy: NodeLossPolicy,
+    /// ipkeep addition: how long the CNI plugin holds a deleted pod's addresses for its rebuild
+    /// (`30m`, `24h`, `forever`; `0` turns retention off). The scheduler extension stamps it on
+    /// the pod as `ipkeep.dev/ip-retention`.
+    #[serde(default = "default_ip_retention")]
+    #[schemars(regex(pattern = r"^(0|forever|([0-9]+(ns|us|ms|s|m|h|d))+)$"))]
+    pub ip_retention: String,
+}
+
+/// The default `spec.ipRetention`.
+pub const DEFAULT_IP_RETENTION: &str = "24h";
+
+fn default_ip_retention() -> String {
+    DEFAULT_IP_RETENTION.to_string()
+}
+
+/// A reference to the recorded workload.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetReference {
+    /// `apps/v1`.
+    #[schemars(length(min = 1))]
+    pub api_version: String,
+    /// `StatefulSet`.
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// The StatefulSet's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+}
+
+/// A pod annotation to record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct PersistentPodAnnotation {
+    /// The annotation key.
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+/// A set of node label keys.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTopologyTerm {
+    /// Node label keys, e.g. `kubernetes.io/hostname`, `topology.kubernetes.io/zone`.
+    #[schemars(length(min = 1), inner(length(min = 1)))]
+    pub node_topology_keys: Vec<String>,
+}
+
+/// A weighted preferred term.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct PreferredTopologyTerm {
+    /// 1..100, as in a pod's preferred node affinity.
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: i32,
+    /// The node label keys of this term.
+    pub preference: NodeTopologyTerm,
+}
+
+/// When a record is removed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum RetentionPolicy {
+    /// Drop a record once its ordinal is outside `[ordinals.start, ordinals.start + replicas)`
+    /// and no pod holds its name.
+    #[default]
+    WhenScaled,
+    /// Keep every record while the StatefulSet exists.
+    WhenDeleted,
+}
+
+/// What happens to a pod pinned to a node that is gone or NotReady.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLossPolicy {
+    /// `FallbackToPreferred` (default): after `after`, pin only by preferred terms, so the pod
+    /// may start elsewhere (with a new IP). `Wait`: stay pinned; the pod is Pending until the
+    /// node returns or the record is removed by hand.
+    #[serde(default)]
+    pub action: NodeLossAction,
+    /// How long the node must have been NotReady, or missing, before the action applies.
+    #[serde(default = "default_node_loss_after")]
+    #[schemars(regex(pattern = r"^([0-9]+(ns|us|ms|s|m|h|d))+$"))]
+    pub after: String,
+}
+
+/// The default `spec.nodeLossPolicy.after`.
+pub const DEFAULT_NODE_LOSS_AFTER: &str = "5m";
+
+fn default_node_loss_after() -> String {
+    DEFAULT_NODE_LOSS_AFTER.to_string()
+}
+
+impl Default for NodeLossPolicy {
+    fn default() -> Self {
+        Self {
+            action: NodeLossAction::default(),
+            after: default_node_loss_after(),
+        }
+    }
+}
+
+/// See [`NodeLossPolicy::action`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum NodeLossAction {
+    /// Pin by preferred terms only once the node has been lost for `after`.
+    #[default]
+    FallbackToPreferred,
+    /// Keep the required pin.
+    Wait,
+}
+
+/// What the controller observed and recorded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentPodStateStatus {
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// ipkeep addition: the UID of the StatefulSet the records belong to. Records of a deleted
+    /// StatefulSet never carry over to a new one with the same name.
+    #[serde(default, rename = "targetUID", skip_serializing_if = "Option::is_none")]
+    pub target_uid: Option<String>,
+    /// ipkeep addition: the number of records (for `kubectl get pps`).
+    #[serde(default)]
+    pub recorded_pods: i32,
+    /// One record per pod name.
+    #[serde(default)]
+    pub pod_states: BTreeMap<String, PodState>,
+    /// ipkeep addition: `Ready` (spec valid, target found, recording) and `NodeLost`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where a pod last ran while Ready.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodState {
+    /// The node the pod was Ready on.
+    pub node_name: String,
+    /// That node's values for every configured topology key it has.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_topology_labels: BTreeMap<String, String>,
+    /// Values of `spec.persistentPodAnnotations` keys present on the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// ipkeep addition: the pod's IPs (`status.podIPs`) when recorded.
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<String>,
+    /// ipkeep addition: the UID of the recorded pod.
+    #[serde(default, rename = "podUID", skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// ipkeep addition: when this record was written (or last moved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub recorded_at: Option<Time>,
+    /// ipkeep addition: since when the node has been NotReady or missing, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub node_lost_at: Option<Time>,
+    /// ipkeep addition: the node-loss policy fell back; the scheduler extension pins this pod by
+    /// preferred terms only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preferred_only: bool,
+}
+
+/// A status condition (the shape of `metav1.Condition`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready` or `NodeLost`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason.
+    pub reason: String,
+    /// What happened and what to do about it.
+    pub message: String,
+    /// When `status` last changed.
+    #[schemars(with = "String")]
+    pub last_transition_time: Time,
+    /// The generation this condition was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl PersistentPodStateStatus {
+    /// The condition of that type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn openkruise_v1alpha1_json_deserializes_and_defaults_apply() {
+        let spec: PersistentPodStateSpec = serde_json::from_value(serde_json::json!({
+            "targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web"},
+            "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]},
+            "preferredPersistentTopology": [
+                {"weight": 100, "preference": {"nodeTopologyKeys": ["topology.kubernetes.io/zone"]}}
+            ],
+            "persistentPodStateRetentionPolicy": "WhenDeleted"
+        }))
+        .unwrap();
+        assert_eq!(spec.ip_retention, "24h");
+        assert_eq!(
+            spec.node_loss_policy.action,
+            NodeLossAction::FallbackToPreferred
+        );
+        assert_eq!(spec.node_loss_policy.after, "5m");
+        assert_eq!(
+            spec.persistent_pod_state_retention_policy,
+            RetentionPolicy::WhenDeleted
+        );
+    }
+
+    #[test]
+    fn crd_schema_carries_the_validation_rules() {
+        let crd = serde_json::to_value(PersistentPodState::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let pref = &spec["properties"]["preferredPersistentTopology"]["items"];
+        assert_eq!(pref["properties"]["weight"]["minimum"], 1.0);
+        assert_eq!(pref["properties"]["weight"]["maximum"], 100.0);
+        let keys =
+            &spec["properties"]["requiredPersistentTopology"]["properties"]["nodeTopologyKeys"];
+        assert_eq!(keys["items"]["minLength"], 1);
+        assert_eq!(
+            spec["properties"]["targetRef"]["required"],
+            serde_json::json!(["apiVersion", "kind", "name"])
+        );
+        let policy = &spec["properties"]["persistentPodStateRetentionPolicy"];
+        assert_eq!(
+            policy["enum"],
+            serde_json::json!(["WhenScaled", "WhenDeleted"])
+        );
+        assert_eq!(
+            crd["spec"]["names"]["shortNames"],
+            serde_json::json!(["pps"])
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! ipkeep's placement decisions, as pure functions of plain values: no kube client, no tokio, no
+//! filesystem. The controller feeds them what its caches hold and writes back what they return;
+//! the scheduler extension (later) reads the same records.
+//!
+//! - [`autogen`]: the PersistentPodState a StatefulSet's annotations ask for.
+//! - [`spec`]: checking a PersistentPodState spec and reading it into a [`spec::PinConfig`].
+//! - [`view`]: the few fields of pods, nodes and StatefulSets the decisions look at.
+//! - [`record`]: recording Ready pods, pruning by policy, and the node-loss policy.
+//! - [`condition`]: status conditions that keep their transition time.
+
+pub mod autogen;
+pub mod condition;
+pub mod keys;
+pub mod record;
+pub mod spec;
+pub mod view;
+
+pub use ipkeep_api as api;

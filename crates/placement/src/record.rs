@@ -1,0 +1,385 @@
+//! Recording, pruning and the node-loss policy: from what the caches hold now and the previous
+//! status, the records a PersistentPodState should hold and what changed.
+//!
+//! Promises:
+//! - a record is taken only from a pod that is Ready, bound, not terminating and controlled by
+//!   the target StatefulSet (by UID), and only if its node is known (for the topology values);
+//! - a record is never removed because its pod is terminating or absent while its ordinal is in
+//!   range: that is exactly the rebuild the record exists for;
+//! - `WhenScaled` removes a record once its ordinal is out of range *and* no pod holds the name;
+//!   `WhenDeleted` removes nothing (the caller clears everything when the StatefulSet is gone);
+//! - records of a previous StatefulSet with the same name (another UID) are dropped;
+//! - a pin whose node is missing or NotReady is reported, and after `nodeLossPolicy.after` is
+//!   either released to preferred-only (`FallbackToPreferred`) or kept (`Wait`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RetentionPolicy};
+
+use crate::condition::{DesiredCondition, NODE_LOST};
+use crate::spec::PinConfig;
+use crate::view::{NodeHealth, NodeView, PodView, TargetView};
+
+/// What the planner reads.
+#[derive(Debug)]
+pub struct RecordInput<'a> {
+    /// The checked spec.
+    pub config: &'a PinConfig,
+    /// The StatefulSet.
+    pub target: &'a TargetView,
+    /// The status as last written.
+    pub previous: &'a PersistentPodStateStatus,
+    /// Pods by name: at least those named by [`candidate_pod_names`] that exist.
+    pub pods: &'a BTreeMap<String, PodView>,
+    /// Nodes by name: at least those the candidate pods and the records name, if they exist.
+    pub nodes: &'a BTreeMap<String, NodeView>,
+    /// The current time.
+    pub now: &'a Time,
+}
+
+/// One change to the records, for Events, logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordChange {
+    /// A first record for the pod.
+    Recorded {
+        /// Pod name.
+        pod: String,
+        /// Node name.
+        node: String,
+    },
+    /// Same node; its topology values, the pod's IPs or UID changed.
+    Refreshed {
+        /// Pod name.
+        pod: String,
+        /// Node name.
+        node: String,
+    },
+    /// The pod became Ready on another node: the pin moved.
+    Moved {
+        /// Pod name.
+        pod: String,
+        /// Previous node.
+        from: String,
+        /// New node.
+        to: String,
+    },
+    /// Removed by the retention policy.
+    Pruned {
+        /// Pod name.
+        pod: String,
+    },
+    /// Records of an earlier StatefulSet with the same name were dropped.
+    TargetReplaced {
+        /// How many records were dropped.
+        dropped: usize,
+    },
+    /// The node-loss policy released the pin to preferred-only.
+    FellBack {
+        /// Pod name.
+        pod: String,
+        /// The lost node.
+        node: String,
+    },
+    /// A node that was lost is Ready again; the pin is whole again.
+    NodeRecovered {
+        /// Pod name.
+        pod: String,
+        /// Node name.
+        node: String,
+    },
+}
+
+/// Where a pin on a lost node stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LostPinState {
+    /// Lost for less than `after`; the action applies in `remaining`.
+    Grace {
+        /// Time until the action applies.
+        remaining: Duration,
+    },
+    /// Policy `Wait`: still pinned.
+    Waiting,
+    /// Policy `FallbackToPreferred`: pinned by preferred terms only.
+    FellBack,
+}
+
+/// A record whose node is missing or NotReady.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostPin {
+    /// Pod name.
+    pub pod: String,
+    /// Node name.
+    pub node: String,
+    /// The node object is gone (rather than NotReady).
+    pub missing: bool,
+    /// Where the policy stands.
+    pub state: LostPinState,
+}
+
+/// The planner's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordPlan {
+    /// The records to write.
+    pub pod_states: BTreeMap<String, PodState>,
+    /// What changed, in pod-name order.
+    pub changes: Vec<RecordChange>,
+    /// Pins on lost nodes.
+    pub lost: Vec<LostPin>,
+    /// When to look again without any event (a grace period ending).
+    pub requeue_after: Option<Duration>,
+}
+
+/// Pod names whose pods the planner needs: the wanted ordinals and the recorded names.
+pub fn candidate_pod_names(
+    target: &TargetView,
+    previous: &PersistentPodStateStatus,
+) -> BTreeSet<String> {
+    target
+        .wanted_pod_names()
+        .chain(previous.pod_states.keys().cloned())
+        .collect()
+}
+
+/// Computes the records and changes. Pure: same input, same plan.
+pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
+    let mut changes = Vec::new();
+    let same_target = input
+        .previous
+        .target_uid
+        .as_deref()
+        .is_none_or(|uid| uid == input.target.uid);
+    let mut records = if same_target {
+        input.previous.pod_states.clone()
+    } else {
+        if !input.previous.pod_states.is_empty() {
+            changes.push(RecordChange::TargetReplaced {
+                dropped: input.previous.pod_states.len(),
+            });
+        }
+        BTreeMap::new()
+    };
+
+    let mut seen_ready: BTreeSet<String> = BTreeSet::new();
+    for pod in input.pods.values() {
+        if pod.controller_uid.as_deref() != Some(input.target.uid.as_str()) || !pod.is_recordable()
+        {
+            continue;
+        }
+        let Some(node_name) = pod.node_name.as_deref() else {
+            continue;
+        };
+        let Some(node) = input.nodes.get(node_name) else {
+            continue; // its labels arrive with the node; the node's event triggers us again
+        };
+        seen_ready.insert(pod.name.clone());
+        let fresh = PodState {
+            node_name: node_name.to_string(),
+            node_topology_labels: pick(&node.labels, &input.config.topology_keys),
+            annotations: pick(&pod.annotations, &input.config.annotation_keys),
+            pod_ips: pod.ips.clone(),
+            pod_uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+            recorded_at: Some(input.now.clone()),
+            node_lost_at: None,
+            preferred_only: false,
+        };
+        match records.get_mut(&pod.name) {
+            Some(old) if same_place(old, &fresh) => {
+                if old.node_lost_at.is_some() || old.preferred_only {
+                    changes.push(RecordChange::NodeRecovered {
+                        pod: pod.name.clone(),
+                        node: node_name.to_string(),
+                    });
+                    old.node_lost_at = None;
+                    old.preferred_only = false;
+                }
+            }
+            Some(old) => {
+                changes.push(if old.node_name == fresh.node_name {
+                    RecordChange::Refreshed {
+                        pod: pod.name.clone(),
+                        node: node_name.to_string(),
+                    }
+                } else {
+                    RecordChange::Moved {
+                        pod: pod.name.clone(),
+                        from: old.node_name.clone(),
+                        to: node_name.to_string(),
+                    }
+                });
+                *old = fresh;
+            }
+            None => {
+                changes.push(RecordChange::Recorded {
+                    pod: pod.name.clone(),
+                    node: node_name.to_string(),
+                });
+                records.insert(pod.name.clone(), fresh);
+            }
+        }
+    }
+
+    if input.config.retention_policy == RetentionPolicy::WhenScaled {
+        records.retain(|name, _| {
+            let keep = input.target.wants(name) || input.pods.contains_key(name);
+            if !keep {
+                changes.push(RecordChange::Pruned { pod: name.clone() });
+            }
+            keep
+        });
+    }
+
+    let mut lost = Vec::new();
+    let mut requeue_after: Option<Duration> = None;
+    for (name, record) in records.iter_mut() {
+        if seen_ready.contains(name) {
+            continue;
+        }
+        let node = input.nodes.get(&record.node_name);
+        let since = match node.map(|n| &n.health) {
+            Some(NodeHealth::Ready) => {
+                if record.node_lost_at.is_some() || record.preferred_only {
+                    changes.push(RecordChange::NodeRecovered {
+                        pod: name.clone(),
+                        node: record.node_name.clone(),
+                    });
+                    record.node_lost_at = None;
+                    record.preferred_only = false;
+                }
+                continue;
+            }
+            Some(NodeHealth::NotReady { since }) => {
+                earliest(record.node_lost_at.as_ref(), since.as_ref())
+            }
+            None => record.node_lost_at.clone(),
+        }
+        .unwrap_or_else(|| input.now.clone());
+        record.node_lost_at = Some(since.clone());
+        let elapsed = millis_between(&since, input.now);
+        let after = input.config.node_loss_after;
+        let state = if elapsed < after {
+            let remaining = after - elapsed;
+            requeue_after = Some(requeue_after.map_or(remaining, |r| r.min(remaining)));
+            LostPinState::Grace { remaining }
+        } else if input.config.node_loss_action == NodeLossAction::Wait {
+            LostPinState::Waiting
+        } else {
+            if !record.preferred_only {
+                record.preferred_only = true;
+                changes.push(RecordChange::FellBack {
+                    pod: name.clone(),
+                    node: record.node_name.clone(),
+                });
+            }
+            LostPinState::FellBack
+        };
+        lost.push(LostPin {
+            pod: name.clone(),
+            node: record.node_name.clone(),
+            missing: node.is_none(),
+            state,
+        });
+    }
+    changes.sort_by(|a, b| change_pod(a).cmp(change_pod(b)));
+    RecordPlan {
+        pod_states: records,
+        changes,
+        lost,
+        requeue_after,
+    }
+}
+
+/// The `NodeLost` condition for a plan.
+pub fn node_lost_condition(lost: &[LostPin], after: Duration) -> DesiredCondition {
+    if lost.is_empty() {
+        return DesiredCondition {
+            type_: NODE_LOST,
+            status: false,
+            reason: "NodesReady".into(),
+            message: "every recorded node is present and Ready".into(),
+        };
+    }
+    let describe = |p: &LostPin| {
+        let what = if p.missing { "is gone" } else { "is NotReady" };
+        let then = match &p.state {
+            LostPinState::Grace { remaining } => format!(
+                "still pinned; the node-loss policy applies in {}",
+                humantime::format_duration(Duration::from_secs(remaining.as_secs()))
+            ),
+            LostPinState::Waiting => "policy Wait keeps it pinned, so a rebuilt pod stays Pending until the node returns or the record is removed".to_string(),
+            LostPinState::FellBack => "pinned by preferred terms only (policy FallbackToPreferred): a rebuilt pod may start on another node with a new IP".to_string(),
+        };
+        format!("{}: node {} {what}; {then}", p.pod, p.node)
+    };
+    let reason = if lost.iter().any(|p| p.state == LostPinState::Waiting) {
+        "WaitingForNode"
+    } else if lost.iter().any(|p| p.state == LostPinState::FellBack) {
+        "FellBackToPreferred"
+    } else {
+        "InGracePeriod"
+    };
+    let shown: Vec<String> = lost.iter().take(5).map(describe).collect();
+    let more = lost.len().saturating_sub(shown.len());
+    let mut message = format!(
+        "{} recorded node(s) lost (policy after {}): {}",
+        lost.len(),
+        humantime::format_duration(after),
+        shown.join("; ")
+    );
+    if more > 0 {
+        message.push_str(&format!("; and {more} more"));
+    }
+    DesiredCondition {
+        type_: NODE_LOST,
+        status: true,
+        reason: reason.into(),
+        message,
+    }
+}
+
+fn change_pod(c: &RecordChange) -> &str {
+    match c {
+        RecordChange::Recorded { pod, .. }
+        | RecordChange::Refreshed { pod, .. }
+        | RecordChange::Moved { pod, .. }
+        | RecordChange::Pruned { pod }
+        | RecordChange::FellBack { pod, .. }
+        | RecordChange::NodeRecovered { pod, .. } => pod,
+        RecordChange::TargetReplaced { .. } => "",
+    }
+}
+
+/// Same node, topology values, annotations, IPs and pod: nothing to rewrite.
+fn same_place(old: &PodState, fresh: &PodState) -> bool {
+    old.node_name == fresh.node_name
+        && old.node_topology_labels == fresh.node_topology_labels
+        && old.annotations == fresh.annotations
+        && old.pod_ips == fresh.pod_ips
+        && old.pod_uid == fresh.pod_uid
+}
+
+fn pick(from: &BTreeMap<String, String>, keys: &[String]) -> BTreeMap<String, String> {
+    keys.iter()
+        .filter_map(|k| from.get(k).map(|v| (k.clone(), v.clone())))
+        .collect()
+}
+
+fn earliest(a: Option<&Time>, b: Option<&Time>) -> Option<Time> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a.clone() } else { b.clone() }),
+        (a, b) => a.or(b).cloned(),
+    }
+}
+
+fn millis_between(since: &Time, now: &Time) -> Duration {
+    let ms = now
+        .0
+        .as_millisecond()
+        .saturating_sub(since.0.as_millisecond());
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;

@@ -1,0 +1,312 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::view::NodeHealth;
+use ipkeep_api::k8s_openapi::jiff::Timestamp;
+
+fn t(s: i64) -> Time {
+    Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
+}
+
+fn config(policy: RetentionPolicy, action: NodeLossAction) -> PinConfig {
+    PinConfig {
+        topology_keys: vec!["kubernetes.io/hostname".into(), "zone".into()],
+        annotation_keys: vec![],
+        retention_policy: policy,
+        node_loss_action: action,
+        node_loss_after: Duration::from_secs(300),
+    }
+}
+
+fn target(replicas: i32, start: i32) -> TargetView {
+    TargetView {
+        name: "db".into(),
+        uid: "sts-1".into(),
+        replicas,
+        ordinals_start: start,
+    }
+}
+
+fn pod(name: &str, node: &str, ready: bool) -> PodView {
+    PodView {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        controller_uid: Some("sts-1".into()),
+        node_name: Some(node.into()).filter(|n: &String| !n.is_empty()),
+        ready,
+        terminating: false,
+        ips: vec![format!("10.0.0.{}", name.len())],
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn node(name: &str, health: NodeHealth) -> (String, NodeView) {
+    let labels = [
+        ("kubernetes.io/hostname", name),
+        ("zone", "a"),
+        ("unrelated", "x"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    (name.to_string(), NodeView { labels, health })
+}
+
+struct Case {
+    config: PinConfig,
+    target: TargetView,
+    previous: PersistentPodStateStatus,
+    pods: Vec<PodView>,
+    nodes: BTreeMap<String, NodeView>,
+    now: Time,
+}
+
+impl Case {
+    fn new() -> Self {
+        Self {
+            config: config(
+                RetentionPolicy::WhenScaled,
+                NodeLossAction::FallbackToPreferred,
+            ),
+            target: target(3, 0),
+            previous: PersistentPodStateStatus {
+                target_uid: Some("sts-1".into()),
+                ..Default::default()
+            },
+            pods: vec![],
+            nodes: [node("n1", NodeHealth::Ready), node("n2", NodeHealth::Ready)]
+                .into_iter()
+                .collect(),
+            now: t(0),
+        }
+    }
+
+    fn plan(&self) -> RecordPlan {
+        let pods = self
+            .pods
+            .iter()
+            .map(|p| (p.name.clone(), p.clone()))
+            .collect();
+        plan(&RecordInput {
+            config: &self.config,
+            target: &self.target,
+            previous: &self.previous,
+            pods: &pods,
+            nodes: &self.nodes,
+            now: &self.now,
+        })
+    }
+
+    /// Runs the plan and makes its records the previous status, as the controller does.
+    fn step(&mut self) -> RecordPlan {
+        let plan = self.plan();
+        self.previous.pod_states = plan.pod_states.clone();
+        plan
+    }
+}
+
+#[test]
+fn records_ready_bound_pods_with_configured_labels_and_ips() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true), pod("db-1", "n2", true)];
+    let p = c.plan();
+    assert_eq!(p.pod_states.len(), 2);
+    let r = &p.pod_states["db-0"];
+    assert_eq!(r.node_name, "n1");
+    assert_eq!(
+        r.node_topology_labels,
+        [("kubernetes.io/hostname", "n1"), ("zone", "a")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    );
+    assert_eq!(r.pod_ips, vec!["10.0.0.4"]);
+    assert_eq!(r.pod_uid.as_deref(), Some("uid-db-0"));
+    assert_eq!(r.recorded_at, Some(t(0)));
+    assert_eq!(
+        p.changes[0],
+        RecordChange::Recorded {
+            pod: "db-0".into(),
+            node: "n1".into()
+        }
+    );
+}
+
+#[test]
+fn skips_pods_that_are_not_ready_bound_live_and_ours() {
+    let mut c = Case::new();
+    let mut terminating = pod("db-1", "n1", true);
+    terminating.terminating = true;
+    let mut foreign = pod("db-2", "n1", true);
+    foreign.controller_uid = Some("old-sts".into());
+    let unknown_node = pod("db-0", "n9", true);
+    c.pods = vec![pod("db-3", "", true), terminating, foreign, unknown_node];
+    c.target = target(4, 0);
+    let p = c.plan();
+    assert!(p.pod_states.is_empty(), "{:?}", p.pod_states);
+    c.pods = vec![pod("db-0", "n1", false)];
+    assert!(c.plan().pod_states.is_empty());
+}
+
+#[test]
+fn unchanged_pod_writes_nothing_and_keeps_its_time() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true)];
+    c.step();
+    c.now = t(60);
+    let p = c.step();
+    assert!(p.changes.is_empty(), "{:?}", p.changes);
+    assert_eq!(p.pod_states["db-0"].recorded_at, Some(t(0)));
+}
+
+#[test]
+fn ready_on_another_node_moves_the_pin() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true)];
+    c.step();
+    c.pods = vec![pod("db-0", "n2", true)];
+    c.now = t(10);
+    let p = c.step();
+    assert_eq!(
+        p.changes,
+        vec![RecordChange::Moved {
+            pod: "db-0".into(),
+            from: "n1".into(),
+            to: "n2".into()
+        }]
+    );
+    assert_eq!(p.pod_states["db-0"].node_name, "n2");
+    assert_eq!(p.pod_states["db-0"].recorded_at, Some(t(10)));
+}
+
+#[test]
+fn terminating_or_absent_pod_in_range_keeps_its_record() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true), pod("db-1", "n1", true)];
+    c.step();
+    let mut rebuilding = pod("db-0", "n1", false);
+    rebuilding.terminating = true;
+    c.pods = vec![rebuilding]; // db-0 terminating, db-1 gone: both in range
+    let p = c.step();
+    assert_eq!(p.pod_states.len(), 2);
+    assert!(p.changes.is_empty(), "{:?}", p.changes);
+}
+
+#[test]
+fn when_scaled_prunes_out_of_range_once_no_pod_holds_the_name() {
+    let mut c = Case::new();
+    c.target = target(3, 5);
+    c.pods = ["db-5", "db-6", "db-7"]
+        .iter()
+        .map(|n| pod(n, "n1", true))
+        .collect();
+    assert_eq!(
+        c.step().pod_states.len(),
+        3,
+        "ordinals.start = 5 is honoured"
+    );
+    c.target = target(1, 5);
+    let mut leaving = pod("db-7", "n1", false);
+    leaving.terminating = true;
+    c.pods = vec![pod("db-5", "n1", true), leaving];
+    let p = c.step();
+    assert_eq!(p.changes, vec![RecordChange::Pruned { pod: "db-6".into() }]);
+    assert!(p.pod_states.contains_key("db-7"), "its pod still exists");
+    c.pods.truncate(1);
+    let p = c.step();
+    assert_eq!(p.changes, vec![RecordChange::Pruned { pod: "db-7".into() }]);
+    assert_eq!(p.pod_states.keys().collect::<Vec<_>>(), vec!["db-5"]);
+}
+
+#[test]
+fn when_deleted_keeps_records_through_scale_down() {
+    let mut c = Case::new();
+    c.config = config(RetentionPolicy::WhenDeleted, NodeLossAction::Wait);
+    c.pods = vec![pod("db-0", "n1", true), pod("db-2", "n2", true)];
+    c.step();
+    c.target = target(0, 0);
+    c.pods.clear();
+    let p = c.step();
+    assert_eq!(p.pod_states.len(), 2);
+    assert!(p.changes.is_empty());
+}
+
+#[test]
+fn records_of_an_earlier_statefulset_with_the_same_name_are_dropped() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true)];
+    c.step();
+    c.previous.target_uid = Some("sts-0".into());
+    c.pods.clear();
+    let p = c.step();
+    assert!(p.pod_states.is_empty());
+    assert_eq!(p.changes, vec![RecordChange::TargetReplaced { dropped: 1 }]);
+}
+
+#[test]
+fn missing_node_falls_back_after_the_grace_period() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true)];
+    c.step();
+    c.pods.clear(); // the pod is being rebuilt
+    c.nodes.remove("n1");
+    c.now = t(100);
+    let p = c.step();
+    assert_eq!(p.pod_states["db-0"].node_lost_at, Some(t(100)));
+    assert!(!p.pod_states["db-0"].preferred_only);
+    assert_eq!(p.requeue_after, Some(Duration::from_secs(300)));
+    assert!(matches!(p.lost[0].state, LostPinState::Grace { .. }));
+    assert!(p.lost[0].missing);
+    c.now = t(250);
+    assert_eq!(c.step().requeue_after, Some(Duration::from_secs(150)));
+    c.now = t(400);
+    let p = c.step();
+    assert!(p.pod_states["db-0"].preferred_only);
+    assert_eq!(p.lost[0].state, LostPinState::FellBack);
+    assert_eq!(
+        p.changes,
+        vec![RecordChange::FellBack {
+            pod: "db-0".into(),
+            node: "n1".into()
+        }]
+    );
+    assert_eq!(p.requeue_after, None);
+    let cond = node_lost_condition(&p.lost, c.config.node_loss_after);
+    assert!(cond.status);
+    assert_eq!(cond.reason, "FellBackToPreferred");
+    assert!(
+        cond.message.contains("db-0: node n1 is gone"),
+        "{}",
+        cond.message
+    );
+    // The node comes back: the pin is whole again.
+    c.nodes.extend([node("n1", NodeHealth::Ready)]);
+    let p = c.step();
+    assert!(!p.pod_states["db-0"].preferred_only);
+    assert_eq!(p.pod_states["db-0"].node_lost_at, None);
+    assert!(p.lost.is_empty());
+    assert!(!node_lost_condition(&p.lost, c.config.node_loss_after).status);
+}
+
+#[test]
+fn not_ready_node_counts_from_its_transition_and_wait_keeps_the_pin() {
+    let mut c = Case::new();
+    c.config = config(RetentionPolicy::WhenScaled, NodeLossAction::Wait);
+    c.pods = vec![pod("db-0", "n1", true)];
+    c.step();
+    c.pods.clear();
+    c.nodes.extend([node(
+        "n1",
+        NodeHealth::NotReady {
+            since: Some(t(-600)),
+        },
+    )]);
+    let p = c.step();
+    assert_eq!(p.lost[0].state, LostPinState::Waiting);
+    assert!(!p.lost[0].missing);
+    assert!(!p.pod_states["db-0"].preferred_only);
+    assert_eq!(p.pod_states["db-0"].node_lost_at, Some(t(-600)));
+    let cond = node_lost_condition(&p.lost, c.config.node_loss_after);
+    assert_eq!(cond.reason, "WaitingForNode");
+    assert!(cond.message.contains("stays Pending"), "{}", cond.message);
+}

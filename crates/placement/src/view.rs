@@ -1,0 +1,225 @@
+//! The few fields of pods, nodes and StatefulSets that placement decisions read. Building them is
+//! the only place that knows where those fields live in the Kubernetes objects.
+
+use std::collections::BTreeMap;
+
+use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
+use ipkeep_api::k8s_openapi::api::core::v1::{Node, Pod};
+use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// A pod, as recording and pruning see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub struct PodView {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// The UID of its controller (ownerReference with `controller: true`), if any.
+    pub controller_uid: Option<String>,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// `status.podIPs` (or `status.podIP`).
+    pub ips: Vec<String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodView {
+    /// Reads the fields from a pod.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let status = pod.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let mut ips: Vec<String> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .map(|ips| ips.iter().map(|ip| ip.ip.clone()).collect())
+            .unwrap_or_default();
+        if ips.is_empty() {
+            ips.extend(status.and_then(|s| s.pod_ip.clone()));
+        }
+        Self {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            controller_uid: pod
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone()),
+            node_name: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            ready,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            ips,
+            annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Ready, bound, and not being deleted: what a record is taken from.
+    pub fn is_recordable(&self) -> bool {
+        self.ready && !self.terminating && self.node_name.is_some()
+    }
+}
+
+/// A node's health as the node-loss policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeHealth {
+    /// `Ready` is `True`.
+    Ready,
+    /// `Ready` is `False` or `Unknown` (or missing) since this time, if known.
+    NotReady {
+        /// The condition's `lastTransitionTime`.
+        since: Option<Time>,
+    },
+}
+
+/// A node, as recording and the node-loss policy see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// From the `Ready` condition.
+    pub health: NodeHealth,
+}
+
+impl NodeView {
+    /// Reads the fields from a node.
+    pub fn from_node(node: &Node) -> Self {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        let health = match ready {
+            Some(c) if c.status == "True" => NodeHealth::Ready,
+            Some(c) => NodeHealth::NotReady {
+                since: c.last_transition_time.clone(),
+            },
+            None => NodeHealth::NotReady { since: None },
+        };
+        Self {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            health,
+        }
+    }
+}
+
+/// The recorded StatefulSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetView {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `spec.replicas` (1 when unset, as the API defaults it).
+    pub replicas: i32,
+    /// `spec.ordinals.start` (0 when unset).
+    pub ordinals_start: i32,
+}
+
+impl TargetView {
+    /// Reads the fields from a StatefulSet.
+    pub fn from_statefulset(sts: &StatefulSet) -> Self {
+        let spec = sts.spec.as_ref();
+        Self {
+            name: sts.metadata.name.clone().unwrap_or_default(),
+            uid: sts.metadata.uid.clone().unwrap_or_default(),
+            replicas: spec.and_then(|s| s.replicas).unwrap_or(1).max(0),
+            ordinals_start: spec
+                .and_then(|s| s.ordinals.as_ref())
+                .and_then(|o| o.start)
+                .unwrap_or(0)
+                .max(0),
+        }
+    }
+
+    /// The pod names the StatefulSet wants now: `<name>-<start>` … `<name>-<start+replicas-1>`.
+    pub fn wanted_pod_names(&self) -> impl Iterator<Item = String> + '_ {
+        let start = i64::from(self.ordinals_start);
+        (start..start + i64::from(self.replicas)).map(|o| format!("{}-{o}", self.name))
+    }
+
+    /// Whether `pod_name` is one of [`Self::wanted_pod_names`].
+    pub fn wants(&self, pod_name: &str) -> bool {
+        let Some(ordinal) = pod_name
+            .strip_prefix(self.name.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+        else {
+            return false;
+        };
+        let canonical = ordinal == "0" || !ordinal.starts_with('0');
+        match ordinal.parse::<i64>() {
+            Ok(o) if canonical && ordinal.bytes().all(|b| b.is_ascii_digit()) => {
+                let start = i64::from(self.ordinals_start);
+                (start..start + i64::from(self.replicas)).contains(&o)
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordinal_range_honours_ordinals_start() {
+        let t = TargetView {
+            name: "db".into(),
+            uid: "u".into(),
+            replicas: 3,
+            ordinals_start: 5,
+        };
+        assert_eq!(
+            t.wanted_pod_names().collect::<Vec<_>>(),
+            vec!["db-5", "db-6", "db-7"]
+        );
+        for (name, want) in [
+            ("db-5", true),
+            ("db-7", true),
+            ("db-4", false),
+            ("db-8", false),
+            ("db-05", false),
+            ("db-+5", false),
+            ("dbx-5", false),
+            ("db-", false),
+            ("other-5", false),
+        ] {
+            assert_eq!(t.wants(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn reads_pods_and_nodes_from_api_objects() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0", "uid": "p1", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s1", "controller": true}]},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"podIP": "10.0.0.5", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+        let v = PodView::from_pod(&pod);
+        assert!(v.is_recordable());
+        assert_eq!(v.ips, vec!["10.0.0.5"]);
+        assert_eq!(v.controller_uid.as_deref(), Some("s1"));
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+        }))
+        .unwrap();
+        assert!(matches!(
+            NodeView::from_node(&node).health,
+            NodeHealth::NotReady { since: Some(_) }
+        ));
+    }
+}
