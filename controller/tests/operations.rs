@@ -6,8 +6,6 @@ mod support;
 
 use ipkeep_api::annotations as keys;
 use ipkeep_apisim::Fault;
-use k8s_openapi::api::events::v1::Event;
-use kube::Api;
 use serde_json::json;
 use support::*;
 
@@ -30,12 +28,8 @@ fn auto() -> std::collections::BTreeMap<String, String> {
 }
 
 async fn reporting_instances(client: &kube::Client) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), NS);
-    events
-        .list(&Default::default())
+    events(client)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter_map(|e| e.reporting_instance)
         .collect()

@@ -308,14 +308,16 @@ where
     }
 }
 
+/// Every Event in namespace `db`.
+pub async fn events(client: &Client) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    api.list(&Default::default()).await.unwrap().items
+}
+
 /// Reasons of the Events about `name` (any kind) in namespace `db`.
 pub async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
-    events
-        .list(&Default::default())
+    events(client)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter_map(|e| e.reason)
