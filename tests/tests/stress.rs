@@ -142,6 +142,8 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     let conf = conf(dir.path());
     let mut rng = Rng::from_env("sigkill_at_random_moments");
     let mut acked: BTreeMap<String, Vec<String>> = BTreeMap::new(); // container → addresses
+    // Containers whose DEL was killed: the DEL may or may not have committed before the kill.
+    let mut del_killed: BTreeSet<String> = BTreeSet::new();
     let mut killed = 0;
     let mut next = 0usize;
     let started = Instant::now();
@@ -181,7 +183,12 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
         for (cmd, cid, child) in wave {
             let out = PluginOutput::from(child.wait_with_output().expect("wait"));
             match out.code {
-                None => killed += 1,
+                None => {
+                    killed += 1;
+                    if cmd == "DEL" {
+                        del_killed.insert(cid);
+                    }
+                }
                 Some(0) if cmd == "ADD" => {
                     acked.insert(cid, out.ips());
                 }
@@ -205,6 +212,12 @@ fn sigkill_at_random_moments_loses_nothing_acknowledged() {
     for (cid, ips) in &acked {
         let have: BTreeSet<String> = by_owner.get(cid).cloned().unwrap_or_default();
         let want: BTreeSet<String> = ips.iter().cloned().collect();
+        if del_killed.contains(cid) && have.is_empty() {
+            // A killed DEL that committed released all of it, atomically; the runtime would
+            // retry it. Half-released is never acceptable.
+            eprintln!("{cid}: its killed DEL had committed");
+            continue;
+        }
         assert_eq!(have, want, "acknowledged ADD of {cid} lost or changed");
         let check =
             Invocation::new("CHECK", cid).run(&ipkeep_bin(), &conf.replace("1.0.0", "1.1.0"));
