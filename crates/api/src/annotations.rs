@@ -11,6 +11,11 @@ pub const PREFERRED_TOPOLOGY: &str = "ipkeep.dev/preferred-persistent-topology";
 /// deleted pod's addresses stay held for it, e.g. `30m`, `24h`, `forever`; `0` turns it off.
 pub const IP_RETENTION: &str = "ipkeep.dev/ip-retention";
 
+/// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
+pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";
+/// Pod (set by the scheduler extension): why a recorded pin was not applied to this pod.
+pub const PIN_SKIPPED: &str = "ipkeep.dev/pin-skipped";
+
 /// OpenKruise's spelling of [`AUTO_GENERATE`].
 pub const KRUISE_AUTO_GENERATE: &str = "kruise.io/auto-generate-persistent-pod-state";
 /// OpenKruise's spelling of [`REQUIRED_TOPOLOGY`].

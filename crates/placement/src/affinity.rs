@@ -1,0 +1,215 @@
+//! Node affinity arithmetic for a pin: whether the pod's own constraints already exclude the
+//! recorded topology, and writing the pin into a pod.
+//!
+//! Required node-selector terms are ORed and everything inside a term is ANDed, so ANDing the
+//! pin C into the pod is appending C to every term: (T1∧C) ∨ … ∨ (Tn∧C) = (T1 ∨ … ∨ Tn) ∧ C.
+//! An empty term matches nothing, and stays that way: C is not added to it, since that would
+//! turn "nothing" into C.
+
+use ipkeep_api::annotations::{IP_RETENTION, PIN_SKIPPED, PINNED_BY};
+use ipkeep_api::k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
+    PreferredSchedulingTerm,
+};
+
+use crate::pin::{HOSTNAME_LABEL, Managed, PinOutcome, Pinned, Requirement};
+
+/// Why pinning `spec` to `pinned` would leave the pod no node by construction, if it would.
+/// Only the required pin can conflict; preferences never make a pod unschedulable.
+pub fn conflict(spec: &PodSpec, pinned: &Pinned) -> Option<String> {
+    if pinned.required.is_empty() {
+        return None;
+    }
+    // With the hostname pinned, the node is known too, so `metadata.name` fields can be judged.
+    let node = pinned
+        .required
+        .iter()
+        .any(|r| r.key == HOSTNAME_LABEL)
+        .then_some(pinned.node.as_str());
+    if let Some(bound) = spec.node_name.as_deref().filter(|n| !n.is_empty())
+        && bound != pinned.node
+    {
+        return Some(format!(
+            "spec.nodeName binds it to node {bound}, not its recorded node {}",
+            pinned.node
+        ));
+    }
+    for r in &pinned.required {
+        if let Some(want) = spec.node_selector.as_ref().and_then(|s| s.get(&r.key))
+            && *want != r.value
+        {
+            return Some(format!(
+                "spec.nodeSelector requires {}={want}, the record says {r}",
+                r.key
+            ));
+        }
+    }
+    let terms: Vec<&NodeSelectorTerm> = required_terms(spec)
+        .iter()
+        .filter(|t| !is_empty_term(t))
+        .collect();
+    let rejections: Vec<String> = terms
+        .iter()
+        .filter_map(|t| term_rejects(t, &pinned.required, node))
+        .collect();
+    if terms.is_empty() || rejections.len() < terms.len() {
+        return None;
+    }
+    Some(format!(
+        "every required node affinity term excludes the record ({})",
+        rejections.join("; ")
+    ))
+}
+
+fn required_terms(spec: &PodSpec) -> &[NodeSelectorTerm] {
+    spec.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map_or(&[], |r| r.node_selector_terms.as_slice())
+}
+
+fn is_empty_term(t: &NodeSelectorTerm) -> bool {
+    t.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        && t.match_fields.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// The first requirement of `term` the pinned values fail, described.
+fn term_rejects(
+    term: &NodeSelectorTerm,
+    required: &[Requirement],
+    node: Option<&str>,
+) -> Option<String> {
+    for e in term.match_expressions.iter().flatten() {
+        if let Some(r) = required.iter().find(|r| r.key == e.key)
+            && !satisfies(e, &r.value)
+        {
+            return Some(format!("{} {} {:?} vs {r}", e.key, e.operator, values(e)));
+        }
+    }
+    for f in term.match_fields.iter().flatten() {
+        if let Some(node) = node.filter(|_| f.key == "metadata.name")
+            && !satisfies(f, node)
+        {
+            return Some(format!(
+                "metadata.name {} {:?} vs node {node}",
+                f.operator,
+                values(f)
+            ));
+        }
+    }
+    None
+}
+
+fn values(e: &NodeSelectorRequirement) -> &[String] {
+    e.values.as_deref().unwrap_or_default()
+}
+
+/// Whether a label (or field) with `value` satisfies `e`. Unknown operators are given the
+/// benefit of the doubt: the API server refuses them anyway.
+fn satisfies(e: &NodeSelectorRequirement, value: &str) -> bool {
+    let vals = values(e);
+    let number = |s: &str| s.parse::<i64>().ok();
+    match e.operator.as_str() {
+        "In" => vals.iter().any(|v| v == value),
+        "NotIn" => !vals.iter().any(|v| v == value),
+        "Exists" => true,
+        "DoesNotExist" => false,
+        "Gt" => {
+            matches!((number(value), vals.first().and_then(|v| number(v))), (Some(a), Some(b)) if a > b)
+        }
+        "Lt" => {
+            matches!((number(value), vals.first().and_then(|v| number(v))), (Some(a), Some(b)) if a < b)
+        }
+        _ => true,
+    }
+}
+
+fn inject_required(term: &mut NodeSelectorTerm, required: &[Requirement]) {
+    let exprs = term.match_expressions.get_or_insert_default();
+    for r in required {
+        let e = expression(r);
+        if !exprs.contains(&e) {
+            exprs.push(e);
+        }
+    }
+}
+
+fn expression(r: &Requirement) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: r.key.clone(),
+        operator: "In".into(),
+        values: Some(vec![r.value.clone()]),
+    }
+}
+
+/// Writes `managed` into `pod`: the retention annotation (unless the pod sets its own), and
+/// the pin or the reason it was skipped. Applying it twice changes nothing the second time, so
+/// the webhook is safe to reinvoke.
+pub fn apply(managed: &Managed, pod: &mut Pod) {
+    let annotations = pod.metadata.annotations.get_or_insert_default();
+    if let Some(retention) = &managed.retention {
+        annotations
+            .entry(IP_RETENTION.to_string())
+            .or_insert_with(|| retention.clone());
+    }
+    match &managed.pin {
+        PinOutcome::Unrecorded(_) => {}
+        PinOutcome::Skipped(why) => {
+            annotations.insert(PIN_SKIPPED.to_string(), why.to_string());
+        }
+        PinOutcome::Pinned(pinned) => {
+            annotations.insert(PINNED_BY.to_string(), managed.pps.clone());
+            annotations.remove(PIN_SKIPPED);
+            inject(pod.spec.get_or_insert_default(), pinned);
+        }
+    }
+}
+
+fn inject(spec: &mut PodSpec, pinned: &Pinned) {
+    let node_affinity = spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    if !pinned.required.is_empty() {
+        let selector = node_affinity
+            .required_during_scheduling_ignored_during_execution
+            .get_or_insert_with(NodeSelector::default);
+        if selector.node_selector_terms.is_empty() {
+            selector
+                .node_selector_terms
+                .push(NodeSelectorTerm::default());
+            inject_required(&mut selector.node_selector_terms[0], &pinned.required);
+        } else {
+            // Every term that matches something gets the pin; if none does, the pod was
+            // unschedulable before we came, and stays so.
+            for term in &mut selector.node_selector_terms {
+                if !is_empty_term(term) {
+                    inject_required(term, &pinned.required);
+                }
+            }
+        }
+    }
+    let preferred = node_affinity
+        .preferred_during_scheduling_ignored_during_execution
+        .get_or_insert_default();
+    for t in &pinned.preferred {
+        let term = PreferredSchedulingTerm {
+            weight: t.weight,
+            preference: NodeSelectorTerm {
+                match_expressions: Some(t.requirements.iter().map(expression).collect()),
+                match_fields: None,
+            },
+        };
+        if !preferred.contains(&term) {
+            preferred.push(term);
+        }
+    }
+    if preferred.is_empty() {
+        node_affinity.preferred_during_scheduling_ignored_during_execution = None;
+    }
+}
