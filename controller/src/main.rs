@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use ipkeep_controller::http::{self, Health};
 use ipkeep_controller::leader::LeaderSettings;
 use ipkeep_controller::{Settings, run};
-use tracing_subscriber::EnvFilter;
+use ipkeep_daemon::{LogFormat, init_logging, shutdown_signal};
 
 /// Records where each pod of an annotated StatefulSet ran — node, topology labels, pod IPs — in
 /// PersistentPodState objects (ipkeep.dev/v1alpha1), prunes the records by policy, and generates
@@ -57,24 +57,10 @@ struct Args {
     log: String,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Plain,
-    Json,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = EnvFilter::try_new(&args.log)
-        .with_context(|| format!("invalid --log filter {:?}", args.log))?;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        LogFormat::Plain => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    init_logging(args.log_format, &args.log)?;
     let client = kube::Client::try_default().await.context(
         "failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)",
     )?;
@@ -111,24 +97,4 @@ async fn main() -> anyhow::Result<()> {
         identity,
     };
     run(client, settings, health, shutdown_signal()).await
-}
-
-/// SIGTERM (Kubernetes) or Ctrl-C.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot watch SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutdown requested; finishing reconciles in progress");
 }

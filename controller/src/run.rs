@@ -6,12 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::{FutureExt, StreamExt};
 use ipkeep_api::PersistentPodState;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ListParams;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -110,14 +108,7 @@ pub async fn run(
 
 /// Fails with what to do when the API server is unreachable or the CRD is missing.
 async fn preflight(client: &Client) -> anyhow::Result<()> {
-    let api: Api<PersistentPodState> = Api::all(client.clone());
-    match api.list(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => anyhow::bail!(
-            "the PersistentPodState CRD (persistentpodstates.ipkeep.dev) is not installed; apply deploy/crd.yaml first"
-        ),
-        Err(e) => Err(e).context("failed to list PersistentPodStates (is the API server reachable, and may this service account list persistentpodstates.ipkeep.dev?)"),
-    }
+    Ok(ipkeep_api::preflight::check_crd(client).await?)
 }
 
 async fn run_controllers(

@@ -10,6 +10,7 @@
 
 pub mod annotations;
 mod pps;
+pub mod preflight;
 
 pub use k8s_openapi;
 pub use kube;

@@ -1,0 +1,94 @@
+//! Request errors, and the one place they become wire formats: a `metav1.Status` with an HTTP
+//! error code for the webhook (the API server then applies the webhook's `failurePolicy`), an
+//! `Error` field for the extender's `filter` (the scheduler shows it), and an HTTP error for
+//! `prioritize` (whose errors the scheduler ignores).
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A request that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The body is over the limit.
+    #[error("request body is larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The client did not send the whole body in time.
+    #[error("request body not received within {0:?}")]
+    SlowBody(Duration),
+    /// The connection failed while reading the body.
+    #[error("failed to read the request body: {0}")]
+    Body(String),
+    /// The body is not what the endpoint takes.
+    #[error("request is not a valid {expected}: {reason}")]
+    Malformed {
+        /// What the endpoint takes.
+        expected: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The caches have not been filled yet, and the pod may be ours.
+    #[error(
+        "ipkeep-scheduler-ext is starting: its PersistentPodState and node caches are not synced yet; retry shortly"
+    )]
+    NotReady,
+}
+
+impl RequestError {
+    /// The HTTP status for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Body(_) | Self::Malformed { .. } => StatusCode::BAD_REQUEST,
+            Self::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `outcome` metric label.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::NotReady => "not-ready",
+            _ => "invalid",
+        }
+    }
+
+    /// The webhook's answer: an HTTP error with a `metav1.Status` body saying what is wrong.
+    pub fn into_webhook_response(self) -> Response {
+        let code = self.status();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "message": self.to_string(),
+            "reason": code.canonical_reason().unwrap_or("Error").replace(' ', ""),
+            "code": code.as_u16(),
+        });
+        (code, Json(body)).into_response()
+    }
+
+    /// The extender's `filter` answer: HTTP 200 with the message in `Error` (the scheduler
+    /// reports it as the scheduling failure); body-level failures keep their HTTP status.
+    pub fn into_filter_response(self) -> Response {
+        let code = match self {
+            Self::Malformed { .. } | Self::NotReady => StatusCode::OK,
+            _ => self.status(),
+        };
+        let body = json!({
+            "Nodes": null, "NodeNames": null, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+            "Error": self.to_string(),
+        });
+        (code, Json(body)).into_response()
+    }
+
+    /// The extender's `prioritize` answer: an HTTP error with the message as text.
+    pub fn into_prioritize_response(self) -> Response {
+        (self.status(), self.to_string()).into_response()
+    }
+}

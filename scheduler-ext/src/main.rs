@@ -1,0 +1,99 @@
+//! `ipkeep-scheduler-ext`: parses flags, sets up logging and the API client, then runs
+//! [`ipkeep_scheduler_ext::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{ArgGroup, Parser};
+use ipkeep_daemon::{LogFormat, init_logging, shutdown_signal};
+use ipkeep_scheduler_ext::http::Limits;
+use ipkeep_scheduler_ext::tls::CertFiles;
+use ipkeep_scheduler_ext::{Settings, run};
+
+/// Pins a rebuilt StatefulSet pod to the node (or zone) its PersistentPodState recorded, so it
+/// finds its local disk and, through the ipkeep CNI plugin, its old IP.
+///
+/// Serves a mutating admission webhook (POST /mutate-pods, AdmissionReview v1) and a
+/// kube-scheduler extender (POST /filter and /prioritize, with nodeCacheCapable: true or
+/// false), plus /healthz, /readyz and /metrics. See deploy/ for the
+/// MutatingWebhookConfiguration and the KubeSchedulerConfiguration extender stanza.
+///
+/// Finds the cluster like kubectl: $KUBECONFIG (or ~/.kube/config), else the in-cluster
+/// service account. Every flag can also be set by the environment variable shown.
+#[derive(Debug, Parser)]
+#[command(name = "ipkeep-scheduler-ext", version)]
+#[command(group(ArgGroup::new("transport").required(true).args(["tls_cert", "insecure_http"])))]
+struct Args {
+    /// Address of the webhook and extender listener.
+    #[arg(long, env = "IPKEEP_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// PEM certificate chain for HTTPS (reloaded when the file changes).
+    #[arg(long, env = "IPKEEP_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for HTTPS (reloaded when the file changes).
+    #[arg(long, env = "IPKEEP_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP instead of HTTPS: for tests and local runs only (the API server calls
+    /// webhooks over HTTPS).
+    #[arg(long, env = "IPKEEP_INSECURE_HTTP", conflicts_with_all = ["tls_cert", "tls_key"])]
+    insecure_http: bool,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "IPKEEP_CERT_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    cert_reload_interval: Duration,
+    /// Also serve /healthz, /readyz and /metrics over plain HTTP on this address (for probes
+    /// and Prometheus without TLS).
+    #[arg(long, env = "IPKEEP_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
+    /// Largest AdmissionReview body accepted, in bytes.
+    #[arg(long, env = "IPKEEP_MAX_WEBHOOK_BODY", default_value_t = Limits::default().webhook_body)]
+    max_webhook_body: usize,
+    /// Largest extender request body accepted, in bytes (full Nodes lists are large; prefer
+    /// nodeCacheCapable: true).
+    #[arg(long, env = "IPKEEP_MAX_EXTENDER_BODY", default_value_t = Limits::default().extender_body)]
+    max_extender_body: usize,
+    /// Longest wait for a whole request body; a slower client gets 408.
+    #[arg(long, env = "IPKEEP_BODY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    body_timeout: Duration,
+    /// This replica's name in Events [default: $POD_NAME, else $HOSTNAME].
+    #[arg(long, env = "IPKEEP_IDENTITY")]
+    identity: Option<String>,
+    /// Log format.
+    #[arg(long, env = "IPKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
+    /// Log filter, e.g. `info` or `info,ipkeep_scheduler_ext=debug` ($RUST_LOG syntax).
+    #[arg(long, env = "IPKEEP_LOG", default_value = "info")]
+    log: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_format, &args.log)?;
+    let client = kube::Client::try_default().await.context(
+        "failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)",
+    )?;
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
+        _ => None,
+    };
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("ipkeep-scheduler-ext-{}", std::process::id()));
+    let settings = Settings {
+        listen: args.listen,
+        tls,
+        cert_reload_interval: args.cert_reload_interval,
+        probe_listen: args.probe_listen,
+        limits: Limits {
+            webhook_body: args.max_webhook_body,
+            extender_body: args.max_extender_body,
+            body_timeout: args.body_timeout,
+        },
+        identity,
+    };
+    run(client, settings, shutdown_signal()).await
+}

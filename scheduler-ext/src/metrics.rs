@@ -1,0 +1,136 @@
+//! Prometheus metrics (`/metrics`, OpenMetrics text). Names start with `ipkeep_scheduler_ext_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// One request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `mutate-pods`, `filter` or `prioritize`.
+    pub endpoint: &'static str,
+    /// What came of it: `pinned`, `unrecorded`, `skipped`, `passed`, `invalid`, `not-ready`.
+    pub outcome: &'static str,
+}
+
+/// An endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    /// `mutate-pods`, `filter` or `prioritize`.
+    pub endpoint: &'static str,
+}
+
+/// Why a pin was not applied.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    /// `mutate-pods` or `filter`.
+    pub endpoint: &'static str,
+    /// `conflict` or `invalid-spec`.
+    pub reason: &'static str,
+}
+
+/// A certificate reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabel {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Every metric the scheduler extension exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<EndpointLabel, Histogram>,
+    pins_applied: Family<EndpointLabel, Counter>,
+    pins_skipped: Family<SkipLabels, Counter>,
+    cert_reloads: Family<ReloadLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("ipkeep_scheduler_ext");
+        let m = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            duration: Family::new_with_constructor(|| {
+                Histogram::new([
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+                ])
+            }),
+            pins_applied: Family::default(),
+            pins_skipped: Family::default(),
+            cert_reloads: Family::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests served, by endpoint and outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's last body byte to its response, by endpoint",
+            m.duration.clone(),
+        );
+        registry.register(
+            "pins_applied",
+            "Pods pinned to their record (webhook: affinity written; filter: nodes filtered)",
+            m.pins_applied.clone(),
+        );
+        registry.register(
+            "pins_skipped",
+            "Recorded pins not applied, by reason",
+            m.pins_skipped.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "TLS certificate reloads after the files changed, by result",
+            m.cert_reloads.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Counts a request and its duration.
+    pub fn request(&self, endpoint: &'static str, outcome: &'static str, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels { endpoint, outcome })
+            .inc();
+        self.duration
+            .get_or_create(&EndpointLabel { endpoint })
+            .observe(seconds);
+    }
+
+    /// Counts a pin applied.
+    pub fn pin_applied(&self, endpoint: &'static str) {
+        self.pins_applied
+            .get_or_create(&EndpointLabel { endpoint })
+            .inc();
+    }
+
+    /// Counts a pin skipped.
+    pub fn pin_skipped(&self, endpoint: &'static str, reason: &'static str) {
+        self.pins_skipped
+            .get_or_create(&SkipLabels { endpoint, reason })
+            .inc();
+    }
+
+    /// Counts a certificate reload.
+    pub fn cert_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.cert_reloads
+            .get_or_create(&ReloadLabel { result })
+            .inc();
+    }
+
+    /// The OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

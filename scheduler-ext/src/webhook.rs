@@ -1,0 +1,229 @@
+//! The mutating admission webhook (`/mutate-pods`, `admission.k8s.io/v1` AdmissionReview): on a
+//! pod CREATE, applies the pin decision as a JSONPatch. Everything that is not a StatefulSet pod
+//! with a PersistentPodState is allowed unchanged, before the pod object is even parsed.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ipkeep_placement::affinity;
+use ipkeep_placement::pin::{self, Decision, PinOutcome};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Resource;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::cache::Caches;
+use crate::error::RequestError;
+
+/// The AdmissionReview version served (and the only one declared in the configuration).
+pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn<'a> {
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(borrow)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestIn<'a> {
+    uid: String,
+    #[serde(default)]
+    resource: Resource3,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: String,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
+    #[serde(default)]
+    dry_run: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+struct Resource3 {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    resource: String,
+}
+
+/// The AdmissionReview sent back.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewOut {
+    api_version: &'static str,
+    kind: &'static str,
+    /// The response.
+    pub response: ResponseOut,
+}
+
+/// `response` of an AdmissionReview.
+#[derive(Serialize, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct ResponseOut {
+    /// `request.uid`.
+    pub uid: String,
+    /// Always true: the webhook pins or explains, it never refuses a pod.
+    pub allowed: bool,
+    /// `JSONPatch` when `patch` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    /// Base64 of the RFC 6902 patch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    /// Shown to the client that created the pod.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Recorded in the API server's audit log.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub audit_annotations: BTreeMap<String, String>,
+}
+
+/// A pin that was not applied, to be told in an Event on the PersistentPodState.
+#[derive(Debug, Clone)]
+pub struct SkippedPin {
+    /// The PersistentPodState.
+    pub regarding: ObjectReference,
+    /// The pod's name.
+    pub pod: String,
+    /// Why.
+    pub message: String,
+}
+
+/// What came of one review.
+#[derive(Debug)]
+pub struct Reviewed {
+    /// The answer.
+    pub review: ReviewOut,
+    /// The `outcome` metric label.
+    pub outcome: &'static str,
+    /// The skip reason label and what to tell, when a pin was skipped (not on dry runs).
+    pub skipped: Option<(&'static str, SkippedPin)>,
+}
+
+/// Reviews one AdmissionReview body.
+pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
+    let malformed = |reason: String| RequestError::Malformed {
+        expected: "admission.k8s.io/v1 AdmissionReview",
+        reason,
+    };
+    let review: ReviewIn<'_> =
+        serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
+    if review.api_version.as_deref() != Some(ADMISSION_V1)
+        || review.kind.as_deref() != Some("AdmissionReview")
+    {
+        return Err(malformed(format!(
+            "apiVersion/kind must be {ADMISSION_V1}/AdmissionReview, got {}/{}",
+            review.api_version.as_deref().unwrap_or("(none)"),
+            review.kind.as_deref().unwrap_or("(none)")
+        )));
+    }
+    let request = review
+        .request
+        .ok_or_else(|| malformed("it has no request".into()))?;
+    let mut out = Reviewed {
+        review: ReviewOut {
+            api_version: ADMISSION_V1,
+            kind: "AdmissionReview",
+            response: ResponseOut {
+                uid: request.uid.clone(),
+                allowed: true,
+                patch_type: None,
+                patch: None,
+                warnings: Vec::new(),
+                audit_annotations: BTreeMap::new(),
+            },
+        },
+        outcome: "passed",
+        skipped: None,
+    };
+    let is_pod_create = request.operation == "CREATE"
+        && request.resource.group.is_empty()
+        && request.resource.resource == "pods"
+        && request
+            .sub_resource
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty();
+    let Some(object) = request.object.filter(|_| is_pod_create) else {
+        return Ok(out);
+    };
+    let pod: Pod = match serde_json::from_str(object.get()) {
+        Ok(pod) => pod,
+        Err(e) => {
+            out.outcome = "invalid";
+            out.review.response.warnings.push(format!(
+                "ipkeep: pod not pinned: its object cannot be read: {e}"
+            ));
+            return Ok(out);
+        }
+    };
+    let Some(statefulset) = pin::statefulset_name(&pod) else {
+        return Ok(out);
+    };
+    if !caches.ready() {
+        return Err(RequestError::NotReady);
+    }
+    let namespace = request
+        .namespace
+        .clone()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_default();
+    let pps = caches.pps_for(&namespace, &statefulset);
+    let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
+        return Ok(out);
+    };
+    let mut after = pod.clone();
+    affinity::apply(&managed, &mut after);
+    let patch = json_patch::diff(&to_json(&pod), &to_json(&after));
+    if !patch.0.is_empty() {
+        let bytes = serde_json::to_vec(&patch).map_err(|e| RequestError::Body(e.to_string()))?;
+        out.review.response.patch_type = Some("JSONPatch");
+        out.review.response.patch = Some(BASE64.encode(bytes));
+    }
+    let response = &mut out.review.response;
+    match &managed.pin {
+        PinOutcome::Pinned(p) => {
+            out.outcome = "pinned";
+            let how = if p.required.is_empty() {
+                "preferred"
+            } else {
+                "required"
+            };
+            response.audit_annotations.insert(
+                "pin".into(),
+                format!("{how} pin to node {} by {}", p.node, managed.pps),
+            );
+        }
+        PinOutcome::Unrecorded(_) => out.outcome = "unrecorded",
+        PinOutcome::Skipped(why) => {
+            out.outcome = "skipped";
+            let message = format!("ipkeep: pod {} {why}", managed.pod);
+            response.warnings.push(message.clone());
+            if !request.dry_run.unwrap_or(false)
+                && let Some(pps) = &pps
+            {
+                out.skipped = Some((
+                    why.label(),
+                    SkippedPin {
+                        regarding: pps.object_ref(&()),
+                        pod: managed.pod.clone(),
+                        message,
+                    },
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn to_json(pod: &Pod) -> serde_json::Value {
+    // A Pod always serializes.
+    serde_json::to_value(pod).unwrap_or_default()
+}
