@@ -1,0 +1,417 @@
+//! The real `ipkeep-scheduler-ext` binary, over HTTPS, called as a mutating webhook by the
+//! in-memory API server through the MutatingWebhookConfiguration in `deploy/` on pod CREATE.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ipkeep_apisim::{ApiServer, ServerConfig};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use serde_json::{Value, json};
+
+const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
+
+/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`].
+struct Pki {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn pki() -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![SERVICE.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca: ca_cert.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    }
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Whether a TLS handshake with the server succeeds when only `ca` (PEM) is trusted.
+async fn handshake(addr: SocketAddr, ca: &str) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVICE).unwrap();
+    connector.connect(name, tcp).await.is_ok()
+}
+
+/// The binary, killed when dropped.
+struct Ext(Child);
+
+impl Drop for Ext {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plain HTTP/1.0 GET (blocking; loopback only): the status code and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.get(9..12)?.parse().ok()?;
+    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+async fn create<K>(client: &Client, namespace: &str, value: Value) -> K
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(value).unwrap();
+    Api::<K>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap()
+}
+
+async fn create_global<K>(client: &Client, value: Value) -> K
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(value).unwrap();
+    Api::<K>::all(client.clone())
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap()
+}
+
+fn statefulset_pod(name: &str, sts_uid: &str, spec: Value) -> Value {
+    let mut pod = json!({
+        "metadata": {"name": name, "labels": {"app": "db", "statefulset.kubernetes.io/pod-name": name},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": sts_uid, "controller": true}]},
+        "spec": {"containers": [{"name": "db", "image": "postgres:17"}]}
+    });
+    if let (Value::Object(a), Value::Object(b)) = (&mut pod["spec"], spec) {
+        a.extend(b);
+    }
+    pod
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_calls_the_webhook_over_https_on_pod_create() {
+    let listen = free_port();
+    let probe = free_port();
+    let server = ApiServer::start_with(ServerConfig {
+        service_endpoints: HashMap::from([(
+            (
+                "ipkeep-system".to_string(),
+                "ipkeep-scheduler-ext".to_string(),
+            ),
+            listen,
+        )]),
+        ..ServerConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = server.client().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("deploy/crd.yaml")).unwrap())
+            .unwrap();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .unwrap();
+    for (name, labels) in [
+        ("prod", json!({})),
+        ("quiet", json!({"ipkeep.dev/webhook": "disabled"})),
+    ] {
+        create_global::<Namespace>(
+            &client,
+            json!({"metadata": {"name": name, "labels": labels}}),
+        )
+        .await;
+    }
+    for (node, zone) in [("n1", "a"), ("n2", "a"), ("n3", "b")] {
+        create_global::<Node>(
+            &client,
+            json!({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node, "topology.kubernetes.io/zone": zone}}}),
+        )
+        .await;
+    }
+
+    // The binary, as deployed: HTTPS with files, probes on plain HTTP.
+    let dir = tempfile::tempdir().unwrap();
+    let first = pki();
+    let (cert, key, kubeconfig) = (
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+        dir.path().join("kubeconfig"),
+    );
+    std::fs::write(&cert, &first.cert).unwrap();
+    std::fs::write(&key, &first.key).unwrap();
+    std::fs::write(&kubeconfig, server.kubeconfig("default")).unwrap();
+    let _ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--probe-listen",
+            &probe.to_string(),
+        ])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .args([
+            "--cert-reload-interval",
+            "100ms",
+            "--log",
+            "info,ipkeep_scheduler_ext=debug",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_until("/readyz", || async {
+        http_get(probe, "/readyz")
+            .await
+            .is_some_and(|(c, _)| c == 200)
+    })
+    .await;
+
+    // The webhook configuration from deploy/, with our CA.
+    let yaml = std::fs::read_to_string(root.join("deploy/scheduler-ext/webhook.yaml")).unwrap();
+    let mut hook: Value = serde_saphyr::from_str(&yaml).unwrap();
+    hook["webhooks"][0]["clientConfig"]["caBundle"] = json!(BASE64.encode(&first.ca));
+    create_global::<MutatingWebhookConfiguration>(&client, hook.clone()).await;
+
+    let sts: StatefulSet = create(&client, "prod", json!({
+        "metadata": {"name": "db"},
+        "spec": {"replicas": 3, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "db", "image": "postgres:17"}]}}}
+    }))
+    .await;
+    let sts_uid = sts.uid().unwrap();
+    let pps_api: Api<ipkeep_api::PersistentPodState> = Api::namespaced(client.clone(), "prod");
+    let pps: ipkeep_api::PersistentPodState = serde_json::from_value(json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+        "metadata": {"name": "db"},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
+            "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]},
+            "ipRetention": "6h"}
+    }))
+    .unwrap();
+    pps_api.create(&PostParams::default(), &pps).await.unwrap();
+    let status = json!({"status": {"targetUID": sts_uid, "podStates": {
+        "db-0": {"nodeName": "n1", "nodeTopologyLabels": {"kubernetes.io/hostname": "n1"}, "podIPs": ["10.1.0.7"]},
+        "db-2": {"nodeName": "n3", "nodeTopologyLabels": {"kubernetes.io/hostname": "n3"}}
+    }}});
+    pps_api
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "prod");
+    // The scheduler extension sees the record through its watch.
+    wait_until("the record in the cache", || async {
+        let probe_pod = statefulset_pod("db-0", &sts_uid, json!({}));
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let p: Pod = serde_json::from_value(probe_pod).unwrap();
+        pods.create(&dry, &p)
+            .await
+            .is_ok_and(|p| p.annotations().contains_key("ipkeep.dev/pinned-by"))
+    })
+    .await;
+
+    // db-0: recorded on n1 → pinned, retention from the PersistentPodState.
+    let p: Pod = create(
+        &client,
+        "prod",
+        statefulset_pod("db-0", &sts_uid, json!({})),
+    )
+    .await;
+    assert_eq!(p.annotations()["ipkeep.dev/pinned-by"], "db");
+    assert_eq!(p.annotations()["ipkeep.dev/ip-retention"], "6h");
+    let terms = serde_json::to_value(&p.spec.as_ref().unwrap().affinity).unwrap();
+    assert_eq!(
+        terms["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+        json!([{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}])
+    );
+
+    // db-1: no record → retention only.
+    let p: Pod = create(
+        &client,
+        "prod",
+        statefulset_pod("db-1", &sts_uid, json!({})),
+    )
+    .await;
+    assert_eq!(p.annotations()["ipkeep.dev/ip-retention"], "6h");
+    assert!(p.spec.as_ref().unwrap().affinity.is_none());
+
+    // db-2: the template insists on n2, the record says n3 → skipped, said three ways.
+    let p: Pod = create(
+        &client,
+        "prod",
+        statefulset_pod(
+            "db-2",
+            &sts_uid,
+            json!({"nodeSelector": {"kubernetes.io/hostname": "n2"}}),
+        ),
+    )
+    .await;
+    assert!(p.annotations()["ipkeep.dev/pin-skipped"].contains("kubernetes.io/hostname=n2"));
+    assert!(p.spec.as_ref().unwrap().affinity.is_none());
+    let events: Api<Event> = Api::namespaced(client.clone(), "prod");
+    wait_until("the PinSkipped event", || async {
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("PinSkipped")
+                    && e.involved_object.kind.as_deref() == Some("PersistentPodState")
+                    && e.message.as_deref().is_some_and(|m| m.contains("db-2"))
+            })
+    })
+    .await;
+
+    // Pods the selectors exclude never reach the server.
+    let mut unlabelled = statefulset_pod("db-0x", &sts_uid, json!({}));
+    unlabelled["metadata"]["labels"] = json!({"app": "db"});
+    let p: Pod = create(&client, "prod", unlabelled).await;
+    assert!(p.annotations().is_empty());
+    let (_, metrics) = http_get(probe, "/metrics").await.unwrap();
+    let calls: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("ipkeep_scheduler_ext_requests_total{endpoint=\"mutate-pods\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        calls >= 4,
+        "db-0 (dry runs and real), db-1, db-2: {metrics}"
+    );
+    let before = calls;
+    let p: Pod = create(&client, "quiet", {
+        let mut pod = statefulset_pod("db-0", &sts_uid, json!({}));
+        pod["metadata"]["ownerReferences"] = json!([]);
+        pod
+    })
+    .await;
+    assert!(p.annotations().is_empty());
+    let (_, metrics) = http_get(probe, "/metrics").await.unwrap();
+    let after: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("ipkeep_scheduler_ext_requests_total{endpoint=\"mutate-pods\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        after, before,
+        "the opted-out namespace is not sent to the webhook"
+    );
+
+    // Certificate rotation: new files from another CA are picked up without a restart; with
+    // the new CA in the configuration, pods are still pinned.
+    let second = pki();
+    std::fs::write(&key, &second.key).unwrap();
+    std::fs::write(&cert, &second.cert).unwrap();
+    wait_until("the certificate reload", || async {
+        http_get(probe, "/metrics").await.is_some_and(|(_, m)| {
+            m.contains("ipkeep_scheduler_ext_certificate_reloads_total{result=\"ok\"} 1")
+        })
+    })
+    .await;
+    // New connections get the new certificate (the API server's pooled connections may keep
+    // the old session until they close, as with a real API server).
+    assert!(
+        handshake(listen, &second.ca).await,
+        "new CA accepted after the reload"
+    );
+    assert!(
+        !handshake(listen, &first.ca).await,
+        "old CA no longer matches"
+    );
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let mut current = hooks.get("ipkeep-scheduler-ext").await.unwrap();
+    current.webhooks.as_mut().unwrap()[0]
+        .client_config
+        .ca_bundle = Some(k8s_openapi::ByteString(second.ca.clone().into_bytes()));
+    hooks
+        .replace("ipkeep-scheduler-ext", &PostParams::default(), &current)
+        .await
+        .unwrap();
+    pods.delete("db-0", &Default::default()).await.unwrap();
+    wait_until("db-0 gone", || async {
+        pods.get_opt("db-0").await.unwrap().is_none()
+    })
+    .await;
+    let p: Pod = create(
+        &client,
+        "prod",
+        statefulset_pod("db-0", &sts_uid, json!({})),
+    )
+    .await;
+    assert_eq!(
+        p.annotations()["ipkeep.dev/pinned-by"],
+        "db",
+        "pinned with the new certificate"
+    );
+}
