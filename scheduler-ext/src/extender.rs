@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use ipkeep_placement::pin::{self, Decision, PinOutcome, Pinned};
 use k8s_openapi::api::core::v1::Pod;
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use crate::cache::{self, Caches};
@@ -33,14 +36,14 @@ struct ExtenderArgs<'a> {
 #[derive(Deserialize)]
 struct NodeListIn<'a> {
     #[serde(default, borrow)]
-    items: Option<Vec<&'a RawValue>>,
+    items: Option<Vec<NodeItem<'a>>>,
 }
 
-/// The part of a node an extender reads.
-#[derive(Deserialize)]
-struct NodeHead {
-    #[serde(default)]
-    metadata: NodeMeta,
+/// A node of a full `Nodes` list, read in one pass: every top-level member kept as raw JSON
+/// (to be echoed unchanged), and the name and labels parsed from `metadata`.
+struct NodeItem<'a> {
+    members: Vec<(Cow<'a, str>, &'a RawValue)>,
+    meta: NodeMeta,
 }
 
 #[derive(Deserialize, Default)]
@@ -51,14 +54,56 @@ struct NodeMeta {
     labels: BTreeMap<String, String>,
 }
 
+impl<'de: 'a, 'a> Deserialize<'de> for NodeItem<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = NodeItem<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a Node object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut item = NodeItem {
+                    members: Vec::with_capacity(5),
+                    meta: NodeMeta::default(),
+                };
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    let raw: &'de RawValue = map.next_value()?;
+                    if key == "metadata" {
+                        item.meta = serde_json::from_str(raw.get()).map_err(de::Error::custom)?;
+                    }
+                    item.members.push((key, raw));
+                }
+                Ok(item)
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
+impl Serialize for NodeItem<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.members.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// Failed nodes with their reason, serialized as a JSON object.
+struct Failed<'a>(Vec<(&'a str, &'a str)>);
+
+impl Serialize for Failed<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().copied())
+    }
+}
+
 /// `ExtenderFilterResult`.
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 struct FilterResult<'a> {
     nodes: Option<NodeListOut<'a>>,
     node_names: Option<Vec<&'a str>>,
-    failed_nodes: BTreeMap<String, String>,
-    failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    failed_nodes: Failed<'a>,
+    failed_and_unresolvable_nodes: Failed<'a>,
     error: &'static str,
 }
 
@@ -68,11 +113,11 @@ struct NodeListOut<'a> {
     api_version: &'static str,
     kind: &'static str,
     metadata: BTreeMap<(), ()>,
-    items: Vec<&'a RawValue>,
+    items: Vec<&'a NodeItem<'a>>,
 }
 
 impl<'a> NodeListOut<'a> {
-    fn new(items: Vec<&'a RawValue>) -> Self {
+    fn new(items: Vec<&'a NodeItem<'a>>) -> Self {
         Self {
             api_version: "v1",
             kind: "NodeList",
@@ -155,12 +200,6 @@ fn pin_for(pod: &Pod, caches: &Caches) -> Result<(Option<Pinned>, Served), Reque
     }
 }
 
-fn head(raw: &RawValue) -> Result<NodeMeta, RequestError> {
-    serde_json::from_str::<NodeHead>(raw.get())
-        .map(|h| h.metadata)
-        .map_err(|e| malformed(format!("a node in Nodes.items cannot be read: {e}")))
-}
-
 fn to_body<T: Serialize>(value: &T) -> Result<Vec<u8>, RequestError> {
     serde_json::to_vec(value).map_err(|e| RequestError::Body(e.to_string()))
 }
@@ -169,63 +208,62 @@ fn to_body<T: Serialize>(value: &T) -> Result<Vec<u8>, RequestError> {
 pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
     let (args, pod) = parse(body)?;
     let (pinned, mut served) = pin_for(&pod, caches)?;
-    let mut result = FilterResult {
-        nodes: None,
-        node_names: None,
-        failed_nodes: BTreeMap::new(),
-        failed_and_unresolvable_nodes: BTreeMap::new(),
-        error: "",
-    };
     // Nodes that do not match the pin are unresolvable: preempting pods there would not help,
     // so the scheduler must not evict anything for them.
     let pinned = pinned.filter(|p| !p.required.is_empty());
-    if let Some(items) = args.nodes.and_then(|n| n.items) {
+    let refusal = pinned.as_ref().map(Pinned::refusal).unwrap_or_default();
+    let unknown = "ipkeep: node not in the node cache yet; retry";
+    let mut unresolvable: Vec<(&str, &str)> = Vec::new();
+    let mut failed: Vec<(&str, &str)> = Vec::new();
+    let items = args.nodes.as_ref().and_then(|n| n.items.as_ref());
+    let nodes = items.map(|items| {
         let mut kept = Vec::with_capacity(items.len());
-        for raw in items {
-            let Some(pinned) = &pinned else {
-                kept.push(raw);
-                continue;
-            };
-            let meta = head(raw)?;
-            match pinned.admits(&meta.labels) {
-                Ok(()) => kept.push(raw),
-                Err(why) => {
-                    result.failed_and_unresolvable_nodes.insert(meta.name, why);
+        for item in items {
+            match &pinned {
+                Some(p) if !p.admits(&item.meta.labels) => {
+                    unresolvable.push((&item.meta.name, &refusal));
                 }
+                _ => kept.push(item),
             }
         }
-        result.nodes = Some(NodeListOut::new(kept));
-    }
-    if let Some(names) = &args.node_names {
+        NodeListOut::new(kept)
+    });
+    // With the hostname pinned, only the recorded node can be admitted (it is where the
+    // pod's addresses are held), so the other names need no cache lookup.
+    let only = pinned
+        .as_ref()
+        .filter(|p| p.required.iter().any(|r| r.key == pin::HOSTNAME_LABEL))
+        .map(|p| p.node.as_str());
+    let node_names = args.node_names.as_ref().map(|names| {
         let mut kept = Vec::with_capacity(names.len());
         for name in names {
             let Some(pinned) = &pinned else {
                 kept.push(name.as_str());
                 continue;
             };
+            if only.is_some_and(|node| node != name) {
+                unresolvable.push((name, &refusal));
+                continue;
+            }
             match caches.node(name) {
-                None => {
-                    result.failed_nodes.insert(
-                        name.clone(),
-                        format!("ipkeep: node {name} is not in the node cache yet; retry"),
-                    );
-                }
-                Some(node) => match pinned.admits(cache::labels(&node)) {
-                    Ok(()) => kept.push(name),
-                    Err(why) => {
-                        result
-                            .failed_and_unresolvable_nodes
-                            .insert(name.clone(), why);
-                    }
-                },
+                None => failed.push((name, unknown)),
+                Some(node) if pinned.admits(cache::labels(&node)) => kept.push(name),
+                Some(_) => unresolvable.push((name, &refusal)),
             }
         }
-        result.node_names = Some(kept);
-    }
-    if result.nodes.is_none() && result.node_names.is_none() {
-        result.node_names = Some(Vec::new());
-        result.nodes = Some(NodeListOut::new(Vec::new()));
-    }
+        kept
+    });
+    let (nodes, node_names) = match (nodes, node_names) {
+        (None, None) => (Some(NodeListOut::new(Vec::new())), Some(Vec::new())),
+        other => other,
+    };
+    let result = FilterResult {
+        nodes,
+        node_names,
+        failed_nodes: Failed(failed),
+        failed_and_unresolvable_nodes: Failed(unresolvable),
+        error: "",
+    };
     served.body = to_body(&result)?;
     Ok(served)
 }
@@ -238,11 +276,10 @@ pub fn prioritize(body: &[u8], caches: &Caches) -> Result<Served, RequestError> 
         pinned.as_ref().map_or(0, |p| p.score(name, labels))
     };
     let mut scores: Vec<HostPriority> = Vec::new();
-    for raw in args.nodes.and_then(|n| n.items).unwrap_or_default() {
-        let meta = head(raw)?;
+    for item in args.nodes.and_then(|n| n.items).unwrap_or_default() {
         scores.push(HostPriority {
-            score: score(&meta.name, &meta.labels),
-            host: meta.name,
+            score: score(&item.meta.name, &item.meta.labels),
+            host: item.meta.name,
         });
     }
     for name in args.node_names.unwrap_or_default() {

@@ -423,8 +423,8 @@ async fn not_ready_refuses_statefulset_pods_only() {
 
 #[tokio::test]
 async fn filter_with_node_names_keeps_the_recorded_node() {
-    let app = app(&[pps_json()]).await;
-    let (status, result) = app.post("/filter", FILTER).await;
+    let pinned = app(&[pps_json()]).await;
+    let (status, result) = pinned.post("/filter", FILTER).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(result["NodeNames"], json!(["n1"]));
     assert_eq!(result["Error"], "");
@@ -432,11 +432,20 @@ async fn filter_with_node_names_keeps_the_recorded_node() {
     assert_eq!(unresolvable.len(), 3, "{result}");
     assert_eq!(
         unresolvable["n2"],
-        "ipkeep: pinned to kubernetes.io/hostname=n1 (recorded on node n1), node has kubernetes.io/hostname=n2"
+        "ipkeep: pinned to kubernetes.io/hostname=n1 (recorded on node n1, where its IPs are held)"
     );
-    // A node the cache does not know (yet): failed, but resolvable.
+    // Pinned by zone: every name is looked up; one the cache does not know (yet) is failed,
+    // but resolvable.
+    let mut by_zone = pps_json();
+    by_zone["spec"]["requiredPersistentTopology"]["nodeTopologyKeys"] = json!([ZONE]);
+    let zone_app = app(&[by_zone]).await;
     let unknown = FILTER.replace("\"n4\"", "\"n99\"");
-    let (_, result) = app.post("/filter", unknown).await;
+    let (_, result) = zone_app.post("/filter", unknown).await;
+    assert_eq!(
+        result["NodeNames"],
+        json!(["n1"]),
+        "n1 is the only z1 node of n1..n3"
+    );
     assert!(
         result["FailedNodes"]["n99"]
             .as_str()
@@ -526,7 +535,7 @@ async fn extender_bad_input_is_an_error_field_not_a_crash() {
         (
             "a node that is not an object",
             "{\"Pod\": {\"metadata\": {\"name\": \"db-0\", \"namespace\": \"prod\", \"ownerReferences\": [{\"apiVersion\": \"apps/v1\", \"kind\": \"StatefulSet\", \"name\": \"db\", \"uid\": \"9a1f0c4e-2b7d-4e1a-8f3c-5d6e7f8a9b0c\", \"controller\": true}]}}, \"Nodes\": {\"items\": [42]}}",
-            "cannot be read",
+            "expected a Node object",
         ),
     ] {
         let (status, result) = app.post("/filter", body).await;

@@ -312,24 +312,22 @@ pub fn statefulset_name(pod: &Pod) -> Option<String> {
 pub const MAX_SCORE: i64 = 10;
 
 impl Pinned {
-    /// Whether a node with these labels satisfies the required pin; if not, why, for the
-    /// scheduler's `FailedNodes`.
-    pub fn admits(&self, labels: &BTreeMap<String, String>) -> Result<(), String> {
-        match self
-            .required
+    /// Whether a node with these labels satisfies the required pin.
+    pub fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.required
             .iter()
-            .find(|r| labels.get(&r.key) != Some(&r.value))
-        {
-            None => Ok(()),
-            Some(r) => Err(format!(
-                "ipkeep: pinned to {r} (recorded on node {}), node has {}",
-                self.node,
-                labels.get(&r.key).map_or_else(
-                    || format!("no {} label", r.key),
-                    |v| format!("{}={v}", r.key)
-                )
-            )),
-        }
+            .all(|r| labels.get(&r.key) == Some(&r.value))
+    }
+
+    /// Why a node that [`Self::admits`] refuses is refused: one reason for all of them, so the
+    /// scheduler's FailedScheduling message counts them under one line.
+    pub fn refusal(&self) -> String {
+        let pins: Vec<String> = self.required.iter().map(Requirement::to_string).collect();
+        format!(
+            "ipkeep: pinned to {} (recorded on node {}, where its IPs are held)",
+            pins.join(", "),
+            self.node
+        )
     }
 
     /// 0..=10: [`MAX_SCORE`] on the recorded node (its addresses are held there), else the
