@@ -173,3 +173,57 @@ impl ResolvesServerCert for ReloadingCert {
         )
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pair(name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn served(cert: &ReloadingCert) -> Vec<u8> {
+        let current = cert.current.read().unwrap();
+        current.0.cert[0].to_vec()
+    }
+
+    #[test]
+    fn reloads_changed_files_and_keeps_serving_through_a_bad_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = CertFiles {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+        };
+        let (c1, k1) = pair("one.example");
+        std::fs::write(&files.cert, &c1).unwrap();
+        std::fs::write(&files.key, &k1).unwrap();
+        let cert = ReloadingCert::load(files.clone()).unwrap();
+        let first = served(&cert);
+        assert!(!cert.reload_if_changed().unwrap(), "unchanged files");
+
+        // A key that does not go with the certificate: refused, the old pair stays.
+        let (c2, k2) = pair("two.example");
+        std::fs::write(&files.cert, &c2).unwrap();
+        let err = cert.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("does not match the certificate"), "{err}");
+        assert_eq!(served(&cert), first);
+
+        std::fs::write(&files.key, &k2).unwrap();
+        assert!(cert.reload_if_changed().unwrap());
+        assert_ne!(served(&cert), first);
+
+        std::fs::write(&files.cert, "not pem").unwrap();
+        let err = cert.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("holds no PEM certificate"), "{err}");
+        std::fs::remove_file(&files.key).unwrap();
+        let err = cert.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("failed to read"), "{err}");
+        assert!(ReloadingCert::load(files).is_err());
+    }
+}
