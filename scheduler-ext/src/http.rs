@@ -144,6 +144,7 @@ async fn mutate_pods(State(state): State<AppState>, body: Body) -> Response {
             let response = &reviewed.review.response;
             if reviewed.outcome != "passed" {
                 tracing::info!(
+                    pod = reviewed.pod.as_deref().unwrap_or("?"),
                     uid = %response.uid,
                     outcome = reviewed.outcome,
                     patched = response.patch.is_some(),

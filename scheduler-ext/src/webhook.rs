@@ -33,7 +33,7 @@ struct ReviewIn<'a> {
 struct RequestIn<'a> {
     uid: String,
     #[serde(default)]
-    resource: Resource3,
+    resource: GroupResource,
     #[serde(default)]
     sub_resource: Option<String>,
     #[serde(default)]
@@ -46,7 +46,7 @@ struct RequestIn<'a> {
 }
 
 #[derive(Deserialize, Default)]
-struct Resource3 {
+struct GroupResource {
     #[serde(default)]
     group: String,
     #[serde(default)]
@@ -105,6 +105,8 @@ pub struct Reviewed {
     pub outcome: &'static str,
     /// The skip reason label and what to tell, when a pin was skipped (not on dry runs).
     pub skipped: Option<(&'static str, SkippedPin)>,
+    /// `namespace/name` of the pod, once known (for logs).
+    pub pod: Option<String>,
 }
 
 /// Reviews one AdmissionReview body.
@@ -142,6 +144,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
         },
         outcome: "passed",
         skipped: None,
+        pod: None,
     };
     let is_pod_create = request.operation == "CREATE"
         && request.resource.group.is_empty()
@@ -179,6 +182,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
         return Ok(out);
     };
+    out.pod = Some(format!("{namespace}/{}", managed.pod));
     let mut after = pod.clone();
     affinity::apply(&managed, &mut after);
     let patch = json_patch::diff(&to_json(&pod), &to_json(&after));

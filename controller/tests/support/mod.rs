@@ -257,8 +257,22 @@ pub async fn wait_pps(
     what: &str,
     check: impl Fn(&PersistentPodState) -> bool,
 ) -> PersistentPodState {
+    wait_pps_within(client, name, what, DEFAULT_WAIT, check).await
+}
+
+/// How long [`wait_pps`] waits.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(20);
+
+/// [`wait_pps`] with a deadline of `within`.
+pub async fn wait_pps_within(
+    client: &Client,
+    name: &str,
+    what: &str,
+    within: Duration,
+    check: impl Fn(&PersistentPodState) -> bool,
+) -> PersistentPodState {
     let last = std::sync::Mutex::new(None);
-    let found = eventually_or_none(what, || async {
+    let found = eventually_within(within, || async {
         let pps = get_pps(client, name).await;
         *last.lock().unwrap() = pps.clone();
         pps.filter(|p| check(p))
@@ -286,17 +300,17 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    eventually_or_none(what, f)
+    eventually_within(DEFAULT_WAIT, f)
         .await
         .unwrap_or_else(|| panic!("timed out waiting for: {what}"))
 }
 
-async fn eventually_or_none<T, F, Fut>(_what: &str, mut f: F) -> Option<T>
+async fn eventually_within<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f().await {
             return Some(v);
