@@ -10,7 +10,7 @@ use clap::Parser;
 use ipkeep_controller::http::{self, Health};
 use ipkeep_controller::leader::LeaderSettings;
 use ipkeep_controller::{Settings, run};
-use ipkeep_daemon::{LogFormat, init_logging, shutdown_signal};
+use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
 
 /// Records where each pod of an annotated StatefulSet ran — node, topology labels, pod IPs — in
 /// PersistentPodState objects (ipkeep.dev/v1alpha1), prunes the records by policy, and generates
@@ -49,26 +49,18 @@ struct Args {
     /// are written at most this much later.
     #[arg(long, env = "IPKEEP_DEBOUNCE", default_value = "250ms", value_parser = humantime::parse_duration)]
     debounce: Duration,
-    /// Log format.
-    #[arg(long, env = "IPKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    log_format: LogFormat,
-    /// Log filter, e.g. `info` or `info,ipkeep_controller=debug` ($RUST_LOG syntax).
-    #[arg(long, env = "IPKEEP_LOG", default_value = "info")]
-    log: String,
+    #[command(flatten)]
+    logs: LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.log_format, &args.log)?;
+    args.logs.init()?;
     let client = kube::Client::try_default().await.context(
         "failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)",
     )?;
-    let identity = args
-        .identity
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| format!("ipkeep-controller-{}", std::process::id()));
+    let identity = identity(args.identity, "ipkeep-controller");
     let leader = (!args.no_leader_election).then(|| LeaderSettings {
         namespace: args
             .lease_namespace

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Parser};
-use ipkeep_daemon::{LogFormat, init_logging, shutdown_signal};
+use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
 use ipkeep_scheduler_ext::http::Limits;
 use ipkeep_scheduler_ext::tls::CertFiles;
 use ipkeep_scheduler_ext::{Settings, run};
@@ -59,18 +59,14 @@ struct Args {
     /// This replica's name in Events [default: $POD_NAME, else $HOSTNAME].
     #[arg(long, env = "IPKEEP_IDENTITY")]
     identity: Option<String>,
-    /// Log format.
-    #[arg(long, env = "IPKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
-    log_format: LogFormat,
-    /// Log filter, e.g. `info` or `info,ipkeep_scheduler_ext=debug` ($RUST_LOG syntax).
-    #[arg(long, env = "IPKEEP_LOG", default_value = "info")]
-    log: String,
+    #[command(flatten)]
+    logs: LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.log_format, &args.log)?;
+    args.logs.init()?;
     let client = kube::Client::try_default().await.context(
         "failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)",
     )?;
@@ -78,11 +74,7 @@ async fn main() -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
         _ => None,
     };
-    let identity = args
-        .identity
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| format!("ipkeep-scheduler-ext-{}", std::process::id()));
+    let identity = identity(args.identity, "ipkeep-scheduler-ext");
     let settings = Settings {
         listen: args.listen,
         tls,

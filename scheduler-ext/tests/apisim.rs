@@ -55,6 +55,16 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
+/// `/mutate-pods` requests served so far, all outcomes, from `/metrics`.
+async fn webhook_calls(probe: SocketAddr) -> u64 {
+    let (_, metrics) = http_get(probe, "/metrics").await.unwrap();
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("ipkeep_scheduler_ext_requests_total{endpoint=\"mutate-pods\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 /// Whether a TLS handshake with the server succeeds when only `ca` (PEM) is trusted.
 async fn handshake(addr: SocketAddr, ca: &str) -> bool {
     use rustls::pki_types::pem::PemObject;
@@ -339,15 +349,10 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     unlabelled["metadata"]["labels"] = json!({"app": "db"});
     let p: Pod = create(&client, "prod", unlabelled).await;
     assert!(p.annotations().is_empty());
-    let (_, metrics) = http_get(probe, "/metrics").await.unwrap();
-    let calls: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("ipkeep_scheduler_ext_requests_total{endpoint=\"mutate-pods\""))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-        .sum();
+    let calls = webhook_calls(probe).await;
     assert!(
         calls >= 4,
-        "db-0 (dry runs and real), db-1, db-2: {metrics}"
+        "db-0 (dry runs and real), db-1, db-2: {calls} calls"
     );
     let before = calls;
     let p: Pod = create(&client, "quiet", {
@@ -357,12 +362,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     })
     .await;
     assert!(p.annotations().is_empty());
-    let (_, metrics) = http_get(probe, "/metrics").await.unwrap();
-    let after: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("ipkeep_scheduler_ext_requests_total{endpoint=\"mutate-pods\""))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-        .sum();
+    let after = webhook_calls(probe).await;
     assert_eq!(
         after, before,
         "the opted-out namespace is not sent to the webhook"

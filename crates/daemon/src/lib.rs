@@ -1,5 +1,6 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log and stop the same way: [`init_logging`] and [`shutdown_signal`].
+//! so they log, name themselves and stop the same way: [`LogArgs`], [`identity`] and
+//! [`shutdown_signal`].
 
 use tracing_subscriber::EnvFilter;
 
@@ -10,6 +11,34 @@ pub enum LogFormat {
     Plain,
     /// One JSON object per event, for log collectors.
     Json,
+}
+
+/// The logging flags every binary takes (flatten into its clap `Args`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "IPKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+    /// Log filter ($RUST_LOG syntax), e.g. `info`, or `info,ipkeep_controller=debug` for one
+    /// crate.
+    #[arg(long, env = "IPKEEP_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl LogArgs {
+    /// [`init_logging`] with these flags.
+    pub fn init(&self) -> Result<(), LogError> {
+        init_logging(self.log_format, &self.log)
+    }
+}
+
+/// This replica's name in Leases and Events: `given`, else `$POD_NAME`, else `$HOSTNAME`, else
+/// `<program>-<pid>`.
+pub fn identity(given: Option<String>, program: &str) -> String {
+    given
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("{program}-{}", std::process::id()))
 }
 
 /// A log setting that cannot be used.
