@@ -9,6 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use ipkeep_ipam::{DiskStore, Lease, LeaseState, NetworkDir, RangeSet, Store, allocator};
+
+use crate::plugin::Timings;
+use crate::stores::Stores;
 use serde::Serialize;
 
 use crate::netconf::DEFAULT_DATA_DIR;
@@ -20,6 +23,11 @@ use crate::netconf::DEFAULT_DATA_DIR;
 #[derive(Debug, Parser)]
 #[command(name = "ipkeep", version, about, long_about)]
 pub struct Cli {
+    /// The node agent's socket. When the agent answers there, the command runs inside it (it
+    /// keeps the store open, so it never has to be stopped); otherwise ipkeep opens the store
+    /// itself. Empty: never use the agent.
+    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::agent::proto::DEFAULT_SOCKET)]
+    pub agent_socket: PathBuf,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -91,7 +99,12 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn open(target: &Target) -> anyhow::Result<DiskStore> {
+/// Runs `f` on the target network's store, which must exist.
+fn with_store<S: Stores, R>(
+    stores: &S,
+    target: &Target,
+    f: impl FnOnce(&mut DiskStore) -> anyhow::Result<R>,
+) -> anyhow::Result<R> {
     let dir = NetworkDir::new(&target.data_dir, &target.network)?;
     if !dir.exists() {
         bail!(
@@ -100,8 +113,7 @@ fn open(target: &Target) -> anyhow::Result<DiskStore> {
             target.data_dir.display()
         );
     }
-    let lock = dir.lock(target.lock_timeout)?;
-    Ok(DiskStore::open(lock)?)
+    stores.with(&dir, target.lock_timeout, &mut Timings::default(), f)
 }
 
 fn until_text(lease: &Lease, now: u64) -> String {
@@ -119,7 +131,7 @@ fn until_text(lease: &Lease, now: u64) -> String {
     }
 }
 
-fn report(target: &Target, store: &DiskStore) -> anyhow::Result<ListReport> {
+fn report(target: &Target, store: &mut DiskStore) -> anyhow::Result<ListReport> {
     let leases = store.all()?;
     let sets: Vec<RangeSet> = match store.range_sets()? {
         Some(json) => {
@@ -192,13 +204,12 @@ fn print_table(out: &mut dyn Write, r: &ListReport) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs an admin subcommand, writing its report to `out`.
-pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
+/// Runs an admin subcommand, writing its report to `out`; returns how many addresses it freed.
+pub fn run<S: Stores>(stores: &S, cli: Cli, out: &mut dyn Write) -> anyhow::Result<usize> {
+    let mut released = 0;
     match cli.command {
         AdminCommand::List { target, json } => {
-            let store = open(&target)?;
-            let r = report(&target, &store)?;
-            drop(store);
+            let r = with_store(stores, &target, |store| report(&target, store))?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
             } else {
@@ -217,10 +228,16 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             else {
                 bail!("--pod must be NAMESPACE/NAME, got {pod:?}");
             };
-            let mut store = open(&target)?;
-            let outcome =
-                allocator::release_pod(&mut store, ns, name, ifname.as_deref(), include_active)?;
-            drop(store);
+            let outcome = with_store(stores, &target, |store| {
+                Ok(allocator::release_pod(
+                    store,
+                    ns,
+                    name,
+                    ifname.as_deref(),
+                    include_active,
+                )?)
+            })?;
+            released = outcome.released.len();
             let ips = |ls: &[Lease]| ls.iter().map(|l| l.ip).collect::<Vec<IpAddr>>();
             for ip in ips(&outcome.released) {
                 writeln!(out, "released {ip} (pod {pod})")?;
@@ -240,5 +257,5 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(released)
 }

@@ -5,11 +5,14 @@
 //! holds the `list`/`release` subcommands; `main.rs` only wires real stdio.
 
 pub mod admin;
+pub mod agent;
 pub mod env;
 pub mod error;
 pub mod netconf;
 pub mod plugin;
+pub mod relay;
 pub mod result;
+pub mod stores;
 pub mod version;
 
 pub use error::CniError;

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use ipkeep_cni::{admin, plugin, version};
+use ipkeep_cni::relay::{self, EarlySettings};
+use ipkeep_cni::stores::OpenPerCall;
+use ipkeep_cni::{admin, version};
 use nix::sys::stat::{Mode, umask};
 use tracing::Level;
 
@@ -32,8 +34,17 @@ fn main() -> ExitCode {
     if std::env::args_os().len() > 1 {
         let cli = admin::Cli::parse();
         init_logging(None, None, &vars);
-        return match admin::run(cli, &mut std::io::stdout().lock()) {
-            Ok(()) => ExitCode::SUCCESS,
+        if !cli.agent_socket.as_os_str().is_empty() {
+            let args = std::env::args().skip(1).collect();
+            let timeout = std::time::Duration::from_secs(60);
+            if let Some(answer) = relay::admin_via_agent(&cli.agent_socket, args, timeout) {
+                let _ = std::io::stdout().write_all(answer.stdout.as_bytes());
+                let _ = std::io::stderr().write_all(answer.stderr.as_bytes());
+                return ExitCode::from(u8::try_from(answer.exit_code).unwrap_or(1));
+            }
+        }
+        return match admin::run(&OpenPerCall::default(), cli, &mut std::io::stdout().lock()) {
+            Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 say!("ipkeep: error: {e:#}");
                 ExitCode::FAILURE
@@ -65,28 +76,20 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
         let limit = ipkeep_cni::netconf::MAX_CONFIG_BYTES as u64 + 1;
         let _ = std::io::stdin().lock().take(limit).read_to_end(&mut input);
     }
-    let (file, level) = log_settings(&input);
-    init_logging(file.as_deref(), level.as_deref(), vars);
+    let settings = EarlySettings::read(&input);
+    init_logging(
+        settings.log_file.as_deref(),
+        settings.log_level.as_deref(),
+        vars,
+    );
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let done = plugin::run(
-        vars,
-        &mut input.as_slice(),
-        &mut std::io::stdout().lock(),
-        now,
-    );
+    let done = relay::cni(&settings, vars, &input, &mut std::io::stdout().lock(), now);
     if vars.contains_key("IPKEEP_TIMING") {
         say!("{}", done.timings.line());
     }
     ExitCode::from(u8::try_from(done.exit_code).unwrap_or(1))
-}
-
-/// `ipam.logFile` / `ipam.logLevel`, read leniently: a broken config is reported by the plugin.
-fn log_settings(input: &[u8]) -> (Option<String>, Option<String>) {
-    let value: serde_json::Value = serde_json::from_slice(input).unwrap_or_default();
-    let get = |k: &str| value.get("ipam")?.get(k)?.as_str().map(str::to_string);
-    (get("logFile"), get("logLevel"))
 }
 
 /// Logs go to `ipam.logFile` (default level info) or stderr (default level warn); never to

@@ -84,6 +84,10 @@ pub struct IpamConf {
     /// Longest wait for the network lock (`10s` default).
     #[serde(default)]
     pub lock_timeout: Option<String>,
+    /// The node agent's socket (read by `relay`; default `/run/ipkeep/agent.sock`, empty: never
+    /// use the agent).
+    #[serde(default)]
+    pub agent_socket: Option<String>,
     /// Append logs to this file as well as stderr.
     #[serde(default)]
     pub log_file: Option<String>,

@@ -8,8 +8,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, DiskStore, LeaseState, NetworkDir, PodRef, Retention, Source, Store,
-    allocator,
+    AddRequest, Attachment, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION, PodRef,
+    Retention, Source, Store, allocator,
 };
 use tracing::{info, warn};
 
@@ -17,6 +17,7 @@ use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
 use crate::netconf::{self, Decoded, MAX_CONFIG_BYTES};
 use crate::result::{Dns, IpConfig, IpamResult};
+use crate::stores::Stores;
 use crate::version;
 
 /// Phase durations of one invocation, printed to stderr when `IPKEEP_TIMING` is set, so the
@@ -35,7 +36,7 @@ impl Timings {
         }
     }
 
-    fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
+    pub(crate) fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
         let now = Instant::now();
         self.phases.push((phase, now - since));
         now
@@ -54,6 +55,21 @@ impl Timings {
     }
 }
 
+/// How many addresses one invocation allocated, held and released, for the agent's metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Addresses newly allocated (not returned again to the same attachment).
+    pub allocated: usize,
+    /// Of those, addresses given back to their pod from a holding.
+    pub retained: usize,
+    /// Addresses now held for a deleted pod.
+    pub held: usize,
+    /// Addresses freed by DEL or GC.
+    pub released: usize,
+    /// Holdings freed because they had expired.
+    pub expired: usize,
+}
+
 /// What one invocation produced.
 #[derive(Debug)]
 pub struct Completion {
@@ -61,18 +77,29 @@ pub struct Completion {
     pub exit_code: i32,
     /// Phase timings.
     pub timings: Timings,
+    /// What changed in the store.
+    pub tally: Tally,
+    /// The command, when the environment named a known one.
+    pub command: Option<Command>,
 }
 
-/// Runs one CNI invocation. `now` is unix seconds.
-pub fn run(
+/// Runs one CNI invocation against `stores`. `now` is unix seconds.
+pub fn run<S: Stores>(
+    stores: &S,
     vars: &HashMap<String, String>,
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
     now: u64,
 ) -> Completion {
-    let mut timings = Timings::begin();
+    let mut cx = Context {
+        stores,
+        now,
+        timings: Timings::begin(),
+        tally: Tally::default(),
+    };
     let mut version_for_errors = None;
-    let outcome = dispatch(vars, stdin, now, &mut timings, &mut version_for_errors);
+    let command = env::parse(vars).ok().map(|inv| inv.command);
+    let outcome = dispatch(&mut cx, vars, stdin, &mut version_for_errors);
     let (text, exit_code) = match outcome {
         Ok(out) => (out, 0),
         Err(e) => {
@@ -86,7 +113,33 @@ pub fn run(
             .write_all(text.as_bytes())
             .and_then(|()| stdout.flush());
     }
-    Completion { exit_code, timings }
+    Completion {
+        exit_code,
+        timings: cx.timings,
+        tally: cx.tally,
+        command,
+    }
+}
+
+/// What every command gets besides its input.
+struct Context<'s, S> {
+    stores: &'s S,
+    now: u64,
+    timings: Timings,
+    tally: Tally,
+}
+
+impl<S: Stores> Context<'_, S> {
+    /// Runs `f` on the network's store, with the network's lock timeout.
+    fn with_store<R>(
+        &mut self,
+        decoded: &Decoded,
+        f: impl FnOnce(&mut ipkeep_ipam::DiskStore) -> Result<R, CniError>,
+    ) -> Result<R, CniError> {
+        let dir = network_dir(decoded)?;
+        let timeout = decoded.lock_timeout()?;
+        self.stores.with(&dir, timeout, &mut self.timings, f)
+    }
 }
 
 fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, CniError> {
@@ -103,11 +156,10 @@ fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, CniError> {
     Ok(buf)
 }
 
-fn dispatch(
+fn dispatch<S: Stores>(
+    cx: &mut Context<'_, S>,
     vars: &HashMap<String, String>,
     stdin: &mut dyn Read,
-    now: u64,
-    timings: &mut Timings,
     version_for_errors: &mut Option<String>,
 ) -> Result<Option<String>, CniError> {
     let t = Instant::now();
@@ -117,7 +169,7 @@ fn dispatch(
     }
     let decoded = netconf::decode(&read_stdin(stdin)?)?;
     *version_for_errors = Some(decoded.version.to_string());
-    timings.record("parse", t);
+    cx.timings.record("parse", t);
     let span = tracing::info_span!(
         "cni",
         command = inv.command.as_str(),
@@ -128,10 +180,10 @@ fn dispatch(
     );
     let _enter = span.enter();
     match inv.command {
-        Command::Add => cmd_add(&inv, &decoded, now, timings).map(Some),
-        Command::Del => cmd_del(&inv, &decoded, now, timings).map(|()| None),
-        Command::Check => cmd_check(&inv, &decoded, timings).map(|()| None),
-        Command::Gc => cmd_gc(&decoded, now, timings).map(|()| None),
+        Command::Add => cmd_add(cx, &inv, &decoded).map(Some),
+        Command::Del => cmd_del(cx, &inv, &decoded).map(|()| None),
+        Command::Check => cmd_check(cx, &inv, &decoded).map(|()| None),
+        Command::Gc => cmd_gc(cx, &decoded).map(|()| None),
         Command::Status => cmd_status(&decoded).map(|()| None),
         Command::Version => Ok(Some(version::version_info())),
     }
@@ -144,11 +196,16 @@ fn pod_label(args: &CniArgs) -> String {
     }
 }
 
-fn pod_ref(args: &CniArgs) -> Option<PodRef> {
+fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
+    let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
     Some(PodRef {
         namespace: args.pod_namespace.clone()?,
         name: args.pod_name.clone()?,
         uid: args.pod_uid.clone(),
+        persistent_pod_state: annotations
+            .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+            .filter(|name| !name.is_empty())
+            .cloned(),
     })
 }
 
@@ -159,28 +216,17 @@ fn attachment(inv: &Invocation) -> Attachment {
     }
 }
 
-/// Locks and opens the network's store, recording both phases.
-fn open_store(decoded: &Decoded, timings: &mut Timings) -> Result<DiskStore, CniError> {
-    let dir = network_dir(decoded)?;
-    let t = Instant::now();
-    let lock = dir.lock(decoded.lock_timeout()?)?;
-    let t = timings.record("lock", t);
-    let store = DiskStore::open(lock)?;
-    timings.record("open", t);
-    Ok(store)
-}
-
 fn network_dir(decoded: &Decoded) -> Result<NetworkDir, CniError> {
     NetworkDir::new(&decoded.data_dir()?, &decoded.name)
         .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
 }
 
-fn cmd_add(
+fn cmd_add<S: Stores>(
+    cx: &mut Context<'_, S>,
     inv: &Invocation,
     decoded: &Decoded,
-    now: u64,
-    timings: &mut Timings,
 ) -> Result<String, CniError> {
+    let now = cx.now;
     let plan = decoded.plan()?;
     let dns = match &plan.resolv_conf {
         None => Dns::default(),
@@ -191,7 +237,7 @@ fn cmd_add(
             )
         })?),
     };
-    let pod = pod_ref(&inv.args);
+    let pod = pod_ref(&inv.args, decoded);
     let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
     let (retention, source) = if pod.is_some() {
         Retention::resolve(annotations, plan.retention)
@@ -200,8 +246,6 @@ fn cmd_add(
         (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault)
     };
     let requested = decoded.requested_ips(inv.args.ip)?;
-    let mut store = open_store(decoded, timings)?;
-    let t = Instant::now();
     let req = AddRequest {
         range_sets: &plan.range_sets,
         owner: attachment(inv),
@@ -209,9 +253,24 @@ fn cmd_add(
         retention,
         requested: &requested,
     };
-    let outcome = allocator::add(&mut store, &req, now)?;
-    timings.record("alloc_commit", t);
-    drop(store);
+    let outcome = cx.with_store(decoded, |store| {
+        let t = Instant::now();
+        let outcome = allocator::add(store, &req, now)?;
+        Ok((outcome, t))
+    });
+    let (outcome, t) = outcome?;
+    cx.timings.record("alloc_commit", t);
+    cx.tally.expired += outcome.expired.len();
+    for a in &outcome.assignments {
+        match a.source {
+            Source::Existing => {}
+            Source::Retained { .. } => {
+                cx.tally.allocated += 1;
+                cx.tally.retained += 1;
+            }
+            _ => cx.tally.allocated += 1,
+        }
+    }
     for lease in &outcome.expired {
         info!(ip = %lease.ip, pod = %lease.pod.as_ref().map(ToString::to_string).unwrap_or_default(), "released expired holding");
     }
@@ -242,12 +301,12 @@ fn cmd_add(
     Ok(result.to_json(decoded.version))
 }
 
-fn cmd_del(
+fn cmd_del<S: Stores>(
+    cx: &mut Context<'_, S>,
     inv: &Invocation,
     decoded: &Decoded,
-    now: u64,
-    timings: &mut Timings,
 ) -> Result<(), CniError> {
+    let now = cx.now;
     // DEL is best effort: it needs only the network name and the data directory, so a range
     // configuration that has since become invalid cannot strand addresses.
     let dir = network_dir(decoded)?;
@@ -267,10 +326,13 @@ fn cmd_del(
             .ok()
             .map(|(r, _)| r)
     });
-    let mut store = open_store(decoded, timings)?;
-    let t = Instant::now();
-    let outcome = allocator::del(&mut store, &attachment(inv), retention, now)?;
-    timings.record("alloc_commit", t);
+    let (outcome, t) = cx.with_store(decoded, |store| {
+        let t = Instant::now();
+        Ok((allocator::del(store, &attachment(inv), retention, now)?, t))
+    })?;
+    cx.timings.record("alloc_commit", t);
+    cx.tally.held += outcome.held.len();
+    cx.tally.released += outcome.released.len();
     for l in &outcome.held {
         let until = match l.state {
             LeaseState::Held { until: Some(t) } => {
@@ -287,7 +349,11 @@ fn cmd_del(
     Ok(())
 }
 
-fn cmd_check(inv: &Invocation, decoded: &Decoded, timings: &mut Timings) -> Result<(), CniError> {
+fn cmd_check<S: Stores>(
+    cx: &mut Context<'_, S>,
+    inv: &Invocation,
+    decoded: &Decoded,
+) -> Result<(), CniError> {
     if !decoded.version.allows_check() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
@@ -300,12 +366,14 @@ fn cmd_check(inv: &Invocation, decoded: &Decoded, timings: &mut Timings) -> Resu
     if !dir.exists() {
         return Err(ipkeep_ipam::CheckError::NotFound(owner).into());
     }
-    let store = open_store(decoded, timings)?;
-    allocator::check(&store, &owner, &decoded.previous_ips())?;
-    Ok(())
+    cx.with_store(decoded, |store| {
+        allocator::check(store, &owner, &decoded.previous_ips())?;
+        Ok(())
+    })
 }
 
-fn cmd_gc(decoded: &Decoded, now: u64, timings: &mut Timings) -> Result<(), CniError> {
+fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), CniError> {
+    let now = cx.now;
     if !decoded.version.allows_gc_and_status() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
@@ -317,9 +385,13 @@ fn cmd_gc(decoded: &Decoded, now: u64, timings: &mut Timings) -> Result<(), CniE
     if !dir.exists() {
         return Ok(());
     }
-    let mut store = open_store(decoded, timings)?;
-    let outcome = allocator::gc(&mut store, &valid, now)?;
-    let kept = store.all().map(|all| all.len()).unwrap_or(0);
+    let (outcome, kept) = cx.with_store(decoded, |store| {
+        let outcome = allocator::gc(store, &valid, now)?;
+        Ok((outcome, store.all().map(|all| all.len()).unwrap_or(0)))
+    })?;
+    cx.tally.held += outcome.held.len();
+    cx.tally.released += outcome.released.len();
+    cx.tally.expired += outcome.expired.len();
     info!(
         held = outcome.held.len(),
         released = outcome.released.len(),

@@ -40,6 +40,7 @@ fn pod(name: &str) -> Option<PodRef> {
         namespace: "db".to_string(),
         name: name.to_string(),
         uid: None,
+        persistent_pod_state: None,
     })
 }
 

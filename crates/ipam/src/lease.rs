@@ -35,7 +35,16 @@ pub struct PodRef {
     /// `K8S_POD_UID`, when the runtime passes it (informational: a rebuilt pod has a new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// The PersistentPodState that manages the pod, from its
+    /// [`PERSISTENT_POD_STATE_ANNOTATION`] (set by ipkeep's webhook). The node agent releases a
+    /// holding at once when that PersistentPodState is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_pod_state: Option<String>,
 }
+
+/// Pod annotation naming the PersistentPodState that manages the pod; the scheduler extension
+/// sets it on every pod it manages, the plugin records it with the pod's addresses.
+pub const PERSISTENT_POD_STATE_ANNOTATION: &str = "ipkeep.dev/persistent-pod-state";
 
 impl fmt::Display for PodRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -16,7 +16,9 @@ pub use allocator::{
     AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source,
 };
 pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
-pub use lease::{Attachment, Lease, LeaseState, PodIdentity, PodRef};
+pub use lease::{
+    Attachment, Lease, LeaseState, PERSISTENT_POD_STATE_ANNOTATION, PodIdentity, PodRef,
+};
 pub use range::{Range, RangeError, RangeSet, RangeSpec};
 pub use retention::{Retention, RetentionError, RetentionSource};
 pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError};
