@@ -12,7 +12,7 @@ use ipkeep_ipam::{DiskStore, Lease, LeaseState, NetworkDir, RangeSet, Store, all
 
 use crate::plugin::Timings;
 use crate::stores::Stores;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::netconf::DEFAULT_DATA_DIR;
 
@@ -28,12 +28,15 @@ pub struct Cli {
     /// itself. Empty: never use the agent.
     #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::agent::proto::DEFAULT_SOCKET)]
     pub agent_socket: PathBuf,
+    /// What to do.
     #[command(subcommand)]
-    command: AdminCommand,
+    pub command: AdminCommand,
 }
 
-#[derive(Debug, clap::Args)]
-struct Target {
+/// Which network's store (sent to the agent resolved, so its environment never leaks in).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
     /// Network name (the "name" of the CNI configuration).
     #[arg(long, env = "IPKEEP_NETWORK")]
     network: String,
@@ -45,8 +48,10 @@ struct Target {
     lock_timeout: Duration,
 }
 
-#[derive(Debug, Subcommand)]
-enum AdminCommand {
+/// An admin subcommand, as sent to the agent (`Request::Admin`).
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum AdminCommand {
     /// Show every address of a network: in use (by which container and pod) or held for a
     /// deleted pod (until when), and free counts per range set.
     List {
@@ -131,15 +136,15 @@ fn until_text(lease: &Lease, now: u64) -> String {
     }
 }
 
-fn report(target: &Target, store: &mut DiskStore) -> anyhow::Result<ListReport> {
-    let leases = store.all()?;
+/// Usage of each range set the network was last configured with.
+pub fn range_set_usage(store: &DiskStore, leases: &[Lease]) -> anyhow::Result<Vec<RangeSetUsage>> {
     let sets: Vec<RangeSet> = match store.range_sets()? {
         Some(json) => {
             serde_json::from_str(&json).context("failed to read the recorded range sets")?
         }
         None => Vec::new(),
     };
-    let range_sets = sets
+    Ok(sets
         .iter()
         .map(|set| {
             let inside: Vec<&Lease> = leases
@@ -147,13 +152,42 @@ fn report(target: &Target, store: &mut DiskStore) -> anyhow::Result<ListReport> 
                 .filter(|l| set.range_of(l.ip).is_some())
                 .collect();
             let counts = ipkeep_ipam::LeaseCounts::of(inside.iter().copied());
-            RangeSetReport {
+            RangeSetUsage {
                 ranges: set.to_string(),
-                capacity: set.capacity().to_string(),
+                capacity: set.capacity(),
                 in_use: counts.active,
                 held: counts.held,
-                free: (set.capacity().saturating_sub(inside.len() as u128)).to_string(),
+                free: set.capacity().saturating_sub(inside.len() as u128),
             }
+        })
+        .collect())
+}
+
+/// How one range set is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeSetUsage {
+    /// The range set, as `start-end,…`.
+    pub ranges: String,
+    /// Addresses it can hand out.
+    pub capacity: u128,
+    /// Active leases in it.
+    pub in_use: usize,
+    /// Held leases in it.
+    pub held: usize,
+    /// Addresses nobody has.
+    pub free: u128,
+}
+
+fn report(target: &Target, store: &mut DiskStore) -> anyhow::Result<ListReport> {
+    let leases = store.all()?;
+    let range_sets = range_set_usage(store, &leases)?
+        .into_iter()
+        .map(|u| RangeSetReport {
+            ranges: u.ranges,
+            capacity: u.capacity.to_string(),
+            in_use: u.in_use,
+            held: u.held,
+            free: u.free.to_string(),
         })
         .collect();
     Ok(ListReport {
@@ -205,9 +239,13 @@ fn print_table(out: &mut dyn Write, r: &ListReport) -> anyhow::Result<()> {
 }
 
 /// Runs an admin subcommand, writing its report to `out`; returns how many addresses it freed.
-pub fn run<S: Stores>(stores: &S, cli: Cli, out: &mut dyn Write) -> anyhow::Result<usize> {
+pub fn run<S: Stores>(
+    stores: &S,
+    command: AdminCommand,
+    out: &mut dyn Write,
+) -> anyhow::Result<usize> {
     let mut released = 0;
-    match cli.command {
+    match command {
         AdminCommand::List { target, json } => {
             let r = with_store(stores, &target, |store| report(&target, store))?;
             if json {

@@ -35,15 +35,19 @@ fn main() -> ExitCode {
         let cli = admin::Cli::parse();
         init_logging(None, None, &vars);
         if !cli.agent_socket.as_os_str().is_empty() {
-            let args = std::env::args().skip(1).collect();
             let timeout = std::time::Duration::from_secs(60);
-            if let Some(answer) = relay::admin_via_agent(&cli.agent_socket, args, timeout) {
+            let command = cli.command.clone();
+            if let Some(answer) = relay::admin_via_agent(&cli.agent_socket, command, timeout) {
                 let _ = std::io::stdout().write_all(answer.stdout.as_bytes());
                 let _ = std::io::stderr().write_all(answer.stderr.as_bytes());
                 return ExitCode::from(u8::try_from(answer.exit_code).unwrap_or(1));
             }
         }
-        return match admin::run(&OpenPerCall::default(), cli, &mut std::io::stdout().lock()) {
+        return match admin::run(
+            &OpenPerCall::default(),
+            cli.command,
+            &mut std::io::stdout().lock(),
+        ) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 say!("ipkeep: error: {e:#}");

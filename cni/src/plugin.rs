@@ -36,6 +36,10 @@ impl Timings {
         }
     }
 
+    pub(crate) fn push(&mut self, phase: &'static str, took: Duration) {
+        self.phases.push((phase, took));
+    }
+
     pub(crate) fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
         let now = Instant::now();
         self.phases.push((phase, now - since));

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use crate::admin::AdminCommand;
 use crate::agent::proto::{self, Request};
 use crate::netconf::DEFAULT_LOCK_TIMEOUT;
 use crate::plugin::{self, Completion, Tally, Timings};
@@ -109,10 +110,10 @@ pub fn cni(
 /// What an admin command through the agent produced, or `None` when it did not answer.
 pub fn admin_via_agent(
     socket: &std::path::Path,
-    args: Vec<String>,
+    command: AdminCommand,
     timeout: Duration,
 ) -> Option<proto::Response> {
-    match proto::call(socket, Request::Admin { args }, timeout) {
+    match proto::call(socket, Request::Admin(command), timeout) {
         Ok(answer) => Some(answer),
         Err(e) if e.is_absent() => None,
         Err(e) => {

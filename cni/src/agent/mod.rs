@@ -1,4 +1,157 @@
 //! The node agent `ipkeep-agent`: keeps each network's store open and serves the plugin over a
-//! unix socket, and releases holdings Kubernetes says nobody will use again.
+//! unix socket ([`proto`], [`server`]), sweeps expired holdings on a timer, and releases the
+//! holdings Kubernetes says nobody will use again ([`release`], [`cluster`], [`sweep`]).
 
+pub mod cluster;
+pub mod metrics;
 pub mod proto;
+pub mod release;
+pub mod server;
+pub mod stores;
+pub mod sweep;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use futures::FutureExt;
+use kube::Client;
+
+use self::cluster::Cluster;
+use self::metrics::Metrics;
+use self::release::Grace;
+use self::server::Served;
+use self::stores::AgentStores;
+use self::sweep::Sweeper;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node's name.
+    pub node_name: String,
+    /// The plugins' `ipam.dataDir`; every network store under it is opened at start.
+    pub data_dir: PathBuf,
+    /// The unix socket the plugin connects to.
+    pub socket: PathBuf,
+    /// `/healthz`, `/readyz` and `/metrics`.
+    pub probe_listen: Option<SocketAddr>,
+    /// How often every store is swept.
+    pub sweep_interval: Duration,
+    /// Grace periods before Kubernetes-aware decisions.
+    pub grace: Grace,
+    /// Longest wait for a store a plugin holds.
+    pub lock_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+struct ProbeState {
+    metrics: Arc<Metrics>,
+    cluster: Option<Cluster>,
+}
+
+/// Runs the agent until `shutdown` resolves: then it stops accepting, finishes in-flight
+/// requests, stops sweeping and closes every store. `client` is `None` with
+/// `--no-kubernetes` (store service and timer sweep only).
+pub async fn run(
+    client: Option<Client>,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let shutdown = shutdown.shared();
+    let metrics = Arc::new(Metrics::default());
+    let stores = Arc::new(AgentStores::new(metrics.clone()));
+    let adopted = {
+        let (stores, dir, timeout) = (
+            stores.clone(),
+            settings.data_dir.clone(),
+            settings.lock_timeout,
+        );
+        tokio::task::spawn_blocking(move || stores.adopt(&dir, timeout)).await?
+    };
+    tracing::info!(data_dir = %settings.data_dir.display(), networks = ?adopted, "opened the existing stores");
+    let listener = server::bind(&settings.socket).with_context(|| {
+        format!(
+            "failed to listen on the agent socket {} (--socket)",
+            settings.socket.display()
+        )
+    })?;
+    let cluster = client.map(|client| {
+        let (cluster, writers) = Cluster::new(&settings.node_name);
+        tokio::spawn(cluster::watch(client, cluster.clone(), writers));
+        cluster
+    });
+    if let Some(addr) = settings.probe_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("failed to listen on {addr} (--probe-listen)"))?;
+        let state = ProbeState {
+            metrics: metrics.clone(),
+            cluster: cluster.clone(),
+        };
+        let app = axum::Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics_text))
+            .with_state(state);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .await
+            {
+                tracing::error!(error = %e, "probe server failed");
+            }
+        });
+    }
+    let sweeper = Sweeper {
+        stores: stores.clone(),
+        metrics: metrics.clone(),
+        cluster: cluster.clone(),
+        grace: settings.grace,
+        lock_timeout: settings.lock_timeout,
+    };
+    let sweeping = tokio::spawn(sweeper.run(settings.sweep_interval, shutdown.clone()));
+    tracing::info!(
+        node = %settings.node_name,
+        socket = %settings.socket.display(),
+        probe_listen = ?settings.probe_listen,
+        kubernetes = cluster.is_some(),
+        "serving the ipkeep plugin"
+    );
+    let served = Arc::new(Served {
+        stores: stores.clone(),
+        metrics,
+    });
+    server::serve(listener, served, shutdown).await;
+    let _ = sweeping.await;
+    tokio::task::spawn_blocking(move || stores.close_all()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Ready once serving (it only runs after the socket is bound); the body says whether
+/// Kubernetes-aware release is on yet. The store service never waits for the API server.
+async fn readyz(State(state): State<ProbeState>) -> impl IntoResponse {
+    match &state.cluster {
+        None => "ok (kubernetes: off)",
+        Some(c) if c.synced() => "ok (kubernetes: synced)",
+        Some(_) => "ok (kubernetes: syncing)",
+    }
+}
+
+async fn metrics_text(State(state): State<ProbeState>) -> impl IntoResponse {
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}

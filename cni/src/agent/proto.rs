@@ -9,7 +9,8 @@
 //! ```text
 //! → {"version":1,"cni":{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"…",…},"config":"{…stdin…}"}}
 //! ← {"version":1,"exitCode":0,"stdout":"{…CNI result…}","stderr":""}
-//! → {"version":1,"admin":{"args":["list","--network","k8s-pod-network"]}}
+//! → {"version":1,"admin":{"list":{"target":{"network":"k8s-pod-network",
+//!       "dataDir":"/var/lib/cni/ipkeep","lockTimeout":{"secs":10,"nanos":0}},"json":false}}}
 //! ← {"version":1,"exitCode":1,"stdout":"","stderr":"ipkeep: error: …"}
 //! ← {"version":1,"refused":"shutting down"}          (command not run: serve it yourself)
 //! ```
@@ -26,6 +27,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::admin::AdminCommand;
 
 /// The protocol version this code speaks.
 pub const VERSION: u32 = 1;
@@ -57,11 +60,8 @@ pub enum Request {
         /// The network configuration read from stdin.
         config: String,
     },
-    /// An admin command: `ipkeep`'s arguments after the program name.
-    Admin {
-        /// The arguments, e.g. `["list", "--network", "k8s-pod-network"]`.
-        args: Vec<String>,
-    },
+    /// An admin subcommand, parsed and resolved by the `ipkeep` that sends it.
+    Admin(AdminCommand),
 }
 
 /// The agent's answer.
@@ -212,38 +212,37 @@ mod tests {
             text,
             r#"{"version":1,"cni":{"env":{"CNI_COMMAND":"ADD"},"config":"{}"}}"#
         );
-        let admin: Envelope =
-            serde_json::from_str(r#"{"version":1,"admin":{"args":["list"]}}"#).unwrap();
-        assert_eq!(
-            admin.request,
-            Request::Admin {
-                args: vec!["list".into()]
-            }
+        let admin: Envelope = serde_json::from_str(
+            r#"{"version":1,"admin":{"release":{"target":{"network":"n","dataDir":"/d",
+                "lockTimeout":{"secs":10,"nanos":0}},"pod":"db/kv-0","ifname":null,
+                "includeActive":false}}}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(&admin.request, Request::Admin(AdminCommand::Release { pod, .. }) if pod == "db/kv-0"),
+            "{admin:?}"
         );
         let r: Response = serde_json::from_str(r#"{"version":1,"refused":"busy"}"#).unwrap();
         assert_eq!(r.refused.as_deref(), Some("busy"));
+    }
+
+    fn status() -> Request {
+        Request::Cni {
+            env: BTreeMap::new(),
+            config: String::new(),
+        }
     }
 
     #[test]
     fn a_missing_socket_is_absent_and_a_dead_one_is_not() {
         let tmp = tempfile::tempdir().unwrap();
         let missing = tmp.path().join("none.sock");
-        let err = call(
-            &missing,
-            Request::Admin { args: vec![] },
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
+        let err = call(&missing, status(), Duration::from_secs(1)).unwrap_err();
         assert!(err.is_absent(), "{err}");
         // A socket file nobody listens on any more (the agent was killed).
         let dead = tmp.path().join("dead.sock");
         drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
-        let err = call(
-            &dead,
-            Request::Admin { args: vec![] },
-            Duration::from_secs(1),
-        )
-        .unwrap_err();
+        let err = call(&dead, status(), Duration::from_secs(1)).unwrap_err();
         assert!(
             !err.is_absent() && matches!(err, ClientError::Connect { .. }),
             "{err}"
@@ -261,12 +260,7 @@ mod tests {
             s.read_to_end(&mut buf).unwrap();
             s.write_all(br#"{"version":1,"exitCo"#).unwrap();
         });
-        let err = call(
-            &path,
-            Request::Admin { args: vec![] },
-            Duration::from_secs(5),
-        )
-        .unwrap_err();
+        let err = call(&path, status(), Duration::from_secs(5)).unwrap_err();
         assert!(matches!(err, ClientError::Garbled { .. }), "{err}");
         server.join().unwrap();
     }

@@ -572,3 +572,39 @@ pub fn release_pod<S: Store + ?Sized>(
     }
     Ok(outcome)
 }
+
+/// Frees every holding whose time has come (the agent's timer sweep).
+pub fn release_expired<S: Store + ?Sized>(
+    store: &mut S,
+    now: u64,
+) -> Result<Vec<Lease>, StoreError> {
+    let mut pending = Pending::new(&*store);
+    let expired = pending.sweep_expired(now)?;
+    let commit = pending.into_commit();
+    if !commit.is_empty() {
+        store.commit(commit)?;
+    }
+    Ok(expired)
+}
+
+/// Frees the given holdings, each only if the store still has exactly that lease (a decision
+/// made from a snapshot never frees an address that changed since). Returns what it freed.
+pub fn release_held<S: Store + ?Sized>(
+    store: &mut S,
+    leases: &[Lease],
+) -> Result<Vec<Lease>, StoreError> {
+    let mut pending = Pending::new(&*store);
+    let mut released = Vec::new();
+    for lease in leases {
+        let current = store.lease(lease.ip)?;
+        if !lease.is_active() && current.as_ref() == Some(lease) {
+            pending.replace(lease, None);
+            released.push(lease.clone());
+        }
+    }
+    let commit = pending.into_commit();
+    if !commit.is_empty() {
+        store.commit(commit)?;
+    }
+    Ok(released)
+}

@@ -139,6 +139,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("gc_holds_or_frees_and_never_touches_holdings", gc_semantics),
     ("check", check_semantics),
     ("admin_release", admin_release),
+    ("agent_sweep_and_release", agent_sweep_and_release),
 ];
 
 fn round_robin_exhaustion_and_release(store: &mut dyn Store) {
@@ -541,6 +542,60 @@ fn admin_release(store: &mut dyn Store) {
     let out = allocator::release_pod(c.store, "db", "web-1", Some("eth0"), true).expect("release");
     assert_eq!(out.released.len(), 1);
     assert!(c.store.all().expect("all").is_empty());
+}
+
+fn agent_sweep_and_release(store: &mut dyn Store) {
+    let s = sets(&["10.97.0.0/24"]);
+    let mut c = Case { sets: &s, store };
+    c.add("a", Some("web-0"), Retention::Seconds(60));
+    c.add("b", Some("web-1"), Retention::Forever);
+    c.add("c", Some("web-2"), Retention::Forever);
+    c.add("d", Some("web-3"), Retention::Forever);
+    c.del("a", T0);
+    c.del("b", T0);
+    c.del("c", T0);
+    assert!(
+        allocator::release_expired(c.store, T0 + 59)
+            .expect("sweep")
+            .is_empty()
+    );
+    let swept = allocator::release_expired(c.store, T0 + 60).expect("sweep");
+    assert_eq!(swept.len(), 1);
+    assert_eq!(c.state("10.97.0.2"), None);
+    // A decision from a snapshot frees only leases that did not change since.
+    let snapshot = c.store.all().expect("all");
+    let held_b = snapshot
+        .iter()
+        .find(|l| l.owner.container_id == "b")
+        .cloned();
+    let held_c = snapshot
+        .iter()
+        .find(|l| l.owner.container_id == "c")
+        .cloned();
+    let active_d = snapshot
+        .iter()
+        .find(|l| l.owner.container_id == "d")
+        .cloned();
+    c.add_at("c2", Some("web-2"), Retention::Forever, T0 + 70); // web-2 came back
+    let freed = allocator::release_held(
+        c.store,
+        &[held_b.expect("b"), held_c.expect("c"), active_d.expect("d")],
+    )
+    .expect("release");
+    assert_eq!(
+        freed.len(),
+        1,
+        "only web-1's holding: web-2 is in use again, web-3 active"
+    );
+    assert_eq!(c.state("10.97.0.3"), None);
+    assert_eq!(
+        c.state("10.97.0.4"),
+        Some(("c2".to_string(), LeaseState::Active))
+    );
+    assert_eq!(
+        c.state("10.97.0.5"),
+        Some(("d".to_string(), LeaseState::Active))
+    );
 }
 
 #[test]

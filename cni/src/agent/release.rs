@@ -1,0 +1,363 @@
+//! Which addresses Kubernetes says nobody will use again: pure decisions over a snapshot of
+//! the store and of what the agent knows from the API server. No I/O.
+//!
+//! A **holding** (the address of a deleted pod, kept for its rebuild) is released when
+//! * the PersistentPodState that manages the pod no longer records it (the controller pruned
+//!   the record: scaled down with `WhenScaled`, or the StatefulSet was deleted or replaced),
+//! * the record now names another node (the pod was rebuilt elsewhere after a node loss), or
+//! * that PersistentPodState was deleted (with its StatefulSet, or by hand).
+//!
+//! A holding of a pod no PersistentPodState manages is left to its retention timer, and so is
+//! one whose pod is on this node again (its ADD takes the address back).
+//!
+//! An **active** address whose pod is gone from this node lost its DEL (the node or runtime
+//! was down when the pod was deleted); it gets DEL semantics: held per its retention, or freed.
+//!
+//! Every decision waits for a grace period after the lease's last change, so a cache that is a
+//! moment behind the API server cannot release what was just recorded.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ipkeep_ipam::{Attachment, Lease, LeaseState};
+
+/// The slice of the cluster the decisions read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// This node's name.
+    pub node: String,
+    /// PersistentPodStates by `(namespace, name)`.
+    pub pps: BTreeMap<(String, String), PpsView>,
+    /// Pods bound to this node, `(namespace, name)` → UID.
+    pub pods: BTreeMap<(String, String), Option<String>>,
+}
+
+/// One PersistentPodState, reduced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PpsView {
+    /// The StatefulSet it targets (`None` for other kinds).
+    pub statefulset: Option<String>,
+    /// Recorded pods: pod name → node name.
+    pub records: BTreeMap<String, String>,
+}
+
+/// Why the agent released or re-held an address (the `reason` label of its metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// The PersistentPodState no longer records the pod.
+    RecordPruned,
+    /// The record names another node.
+    RecordedElsewhere,
+    /// The PersistentPodState that managed the pod is gone.
+    StateDeleted,
+    /// The pod is gone but its DEL never came.
+    MissedDel,
+    /// The holding's retention ran out.
+    Expired,
+    /// A CNI DEL.
+    Del,
+    /// A CNI GC.
+    Gc,
+    /// `ipkeep release`.
+    Admin,
+}
+
+impl Reason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::RecordPruned => "record-pruned",
+            Reason::RecordedElsewhere => "recorded-on-another-node",
+            Reason::StateDeleted => "persistent-pod-state-deleted",
+            Reason::MissedDel => "missed-del",
+            Reason::Expired => "expired",
+            Reason::Del => "del",
+            Reason::Gc => "gc",
+            Reason::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Grace periods, in seconds after a lease's last change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grace {
+    /// Before a holding is released on Kubernetes' word.
+    pub release: u64,
+    /// Before an active address of a vanished pod gets DEL semantics.
+    pub missed_del: u64,
+}
+
+/// What a pass should do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Holdings to free, each with its reason.
+    pub release: Vec<(Lease, Reason)>,
+    /// Attachments whose DEL never came.
+    pub missed_del: Vec<Attachment>,
+}
+
+/// The PersistentPodState a lease's pod belongs to: the one its lease names, else one whose
+/// StatefulSet would have named the pod. `Err(())` when the named one is gone.
+fn managing<'v>(lease: &Lease, view: &'v ClusterView) -> Result<Option<&'v PpsView>, ()> {
+    let Some(pod) = &lease.pod else {
+        return Ok(None);
+    };
+    if let Some(name) = &pod.persistent_pod_state {
+        return view
+            .pps
+            .get(&(pod.namespace.clone(), name.clone()))
+            .map(Some)
+            .ok_or(());
+    }
+    Ok(view
+        .pps
+        .range((pod.namespace.clone(), String::new())..)
+        .take_while(|((ns, _), _)| *ns == pod.namespace)
+        .map(|(_, p)| p)
+        .find(|p| {
+            p.records.contains_key(&pod.name)
+                || p.statefulset
+                    .as_deref()
+                    .is_some_and(|s| ordinal_of(&pod.name, s).is_some())
+        }))
+}
+
+/// `Some(n)` when `pod` is `<statefulset>-<n>`.
+pub fn ordinal_of(pod: &str, statefulset: &str) -> Option<u64> {
+    let digits = pod.strip_prefix(statefulset)?.strip_prefix('-')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The verdict on one holding.
+pub fn holding_verdict(lease: &Lease, view: &ClusterView) -> Option<Reason> {
+    let pod = lease.pod.as_ref()?;
+    if view
+        .pods
+        .contains_key(&(pod.namespace.clone(), pod.name.clone()))
+    {
+        return None;
+    }
+    match managing(lease, view) {
+        Err(()) => Some(Reason::StateDeleted),
+        Ok(None) => None,
+        Ok(Some(pps)) => match pps.records.get(&pod.name) {
+            None => Some(Reason::RecordPruned),
+            Some(node) if *node != view.node => Some(Reason::RecordedElsewhere),
+            Some(_) => None,
+        },
+    }
+}
+
+/// Whether an active lease's pod is gone from this node (its DEL never came).
+pub fn lost_its_del(lease: &Lease, view: &ClusterView) -> bool {
+    let Some(pod) = &lease.pod else {
+        // Without a pod name there is nothing to compare with; the runtime's GC covers it.
+        return false;
+    };
+    match view.pods.get(&(pod.namespace.clone(), pod.name.clone())) {
+        None => true,
+        Some(uid) => matches!((uid, &pod.uid), (Some(now), Some(then)) if now != then),
+    }
+}
+
+/// Plans one pass over `leases`.
+pub fn plan(leases: &[Lease], view: &ClusterView, now: u64, grace: Grace) -> Plan {
+    let mut plan = Plan::default();
+    for lease in leases {
+        let age = now.saturating_sub(lease.since);
+        match lease.state {
+            LeaseState::Held { .. } if age >= grace.release => {
+                if let Some(reason) = holding_verdict(lease, view) {
+                    plan.release.push((lease.clone(), reason));
+                }
+            }
+            LeaseState::Active
+                if age >= grace.missed_del
+                    && lost_its_del(lease, view)
+                    && !plan.missed_del.contains(&lease.owner) =>
+            {
+                plan.missed_del.push(lease.owner.clone());
+            }
+            _ => {}
+        }
+    }
+    plan
+}
+
+/// The workload a lease belongs to, for the holdings metric: the StatefulSet of its
+/// PersistentPodState, else the pod name without its ordinal, else the pod name.
+pub fn workload(lease: &Lease, view: &ClusterView) -> String {
+    let Some(pod) = &lease.pod else {
+        return String::new();
+    };
+    if let Ok(Some(PpsView {
+        statefulset: Some(s),
+        ..
+    })) = managing(lease, view)
+    {
+        return s.clone();
+    }
+    match pod.name.rsplit_once('-') {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            base.to_string()
+        }
+        _ => pod.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use ipkeep_ipam::{PodRef, Retention};
+
+    const NOW: u64 = 10_000;
+    const GRACE: Grace = Grace {
+        release: 5,
+        missed_del: 120,
+    };
+
+    fn lease(ip: u8, pod: &str, pps: Option<&str>, held: bool, since: u64) -> Lease {
+        Lease {
+            ip: format!("10.0.0.{ip}").parse().unwrap(),
+            owner: Attachment {
+                container_id: format!("c{ip}"),
+                ifname: "eth0".into(),
+            },
+            pod: Some(PodRef {
+                namespace: "db".into(),
+                name: pod.into(),
+                uid: Some(format!("uid-{pod}")),
+                persistent_pod_state: pps.map(str::to_string),
+            }),
+            retention: Retention::Forever,
+            state: if held {
+                LeaseState::Held { until: None }
+            } else {
+                LeaseState::Active
+            },
+            since,
+        }
+    }
+
+    fn view(records: &[(&str, &str)]) -> ClusterView {
+        ClusterView {
+            node: "n1".into(),
+            pps: BTreeMap::from([(
+                ("db".to_string(), "kv".to_string()),
+                PpsView {
+                    statefulset: Some("kv".into()),
+                    records: records
+                        .iter()
+                        .map(|(p, n)| (p.to_string(), n.to_string()))
+                        .collect(),
+                },
+            )]),
+            pods: BTreeMap::new(),
+        }
+    }
+
+    fn verdicts(leases: &[Lease], v: &ClusterView) -> Vec<(String, Option<&'static str>)> {
+        let p = plan(leases, v, NOW, GRACE);
+        leases
+            .iter()
+            .map(|l| {
+                let name = l.pod.as_ref().unwrap().name.clone();
+                let r = p
+                    .release
+                    .iter()
+                    .find(|(x, _)| x.ip == l.ip)
+                    .map(|(_, r)| r.as_str())
+                    .or_else(|| p.missed_del.contains(&l.owner).then_some("missed-del"));
+                (name, r)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn holdings_follow_the_records() {
+        let v = view(&[("kv-0", "n1"), ("kv-1", "n2")]);
+        let leases = [
+            lease(1, "kv-0", Some("kv"), true, 0),   // recorded here: keep
+            lease(2, "kv-1", Some("kv"), true, 0),   // recorded on n2: release
+            lease(3, "kv-2", Some("kv"), true, 0),   // pruned: release
+            lease(4, "kv-3", None, true, 0),         // no link, name matches kv: pruned
+            lease(5, "other-0", None, true, 0),      // nobody manages it: timer only
+            lease(6, "kv-4", Some("gone"), true, 0), // its state was deleted
+            lease(7, "kv-5", Some("kv"), true, NOW - 2), // too fresh
+            lease(8, "kvx-0", None, true, 0),        // not kv's name pattern
+        ];
+        assert_eq!(
+            verdicts(&leases, &v),
+            vec![
+                ("kv-0".into(), None),
+                ("kv-1".into(), Some("recorded-on-another-node")),
+                ("kv-2".into(), Some("record-pruned")),
+                ("kv-3".into(), Some("record-pruned")),
+                ("other-0".into(), None),
+                ("kv-4".into(), Some("persistent-pod-state-deleted")),
+                ("kv-5".into(), None),
+                ("kvx-0".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pod_back_on_the_node_keeps_its_holding() {
+        let mut v = view(&[]);
+        v.pods
+            .insert(("db".into(), "kv-2".into()), Some("new".into()));
+        assert_eq!(
+            verdicts(&[lease(3, "kv-2", Some("kv"), true, 0)], &v),
+            vec![("kv-2".into(), None)]
+        );
+    }
+
+    #[test]
+    fn active_addresses_of_vanished_pods_lost_their_del() {
+        let mut v = view(&[("kv-0", "n1"), ("kv-1", "n1"), ("kv-2", "n1")]);
+        v.pods
+            .insert(("db".into(), "kv-0".into()), Some("uid-kv-0".into()));
+        v.pods
+            .insert(("db".into(), "kv-1".into()), Some("rebuilt".into()));
+        v.pods.insert(("db".into(), "kv-3".into()), None);
+        let leases = [
+            lease(1, "kv-0", Some("kv"), false, 0),        // its pod runs
+            lease(2, "kv-1", Some("kv"), false, 0),        // same name, another pod: lost
+            lease(3, "kv-2", Some("kv"), false, 0),        // gone: lost
+            lease(4, "kv-3", Some("kv"), false, 0),        // uid unknown: trust the name
+            lease(5, "kv-4", Some("kv"), false, NOW - 60), // within grace
+        ];
+        assert_eq!(
+            verdicts(&leases, &v),
+            vec![
+                ("kv-0".into(), None),
+                ("kv-1".into(), Some("missed-del")),
+                ("kv-2".into(), Some("missed-del")),
+                ("kv-3".into(), None),
+                ("kv-4".into(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn ordinals_and_workloads() {
+        assert_eq!(ordinal_of("kv-12", "kv"), Some(12));
+        assert_eq!(ordinal_of("kv-", "kv"), None);
+        assert_eq!(ordinal_of("kv-1a", "kv"), None);
+        assert_eq!(ordinal_of("kvx-1", "kv"), None);
+        let v = view(&[]);
+        assert_eq!(workload(&lease(1, "kv-3", None, true, 0), &v), "kv");
+        assert_eq!(workload(&lease(1, "web-7", None, true, 0), &v), "web");
+        assert_eq!(workload(&lease(1, "solo", None, true, 0), &v), "solo");
+    }
+}

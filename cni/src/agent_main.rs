@@ -1,0 +1,87 @@
+//! `ipkeep-agent`: parses flags, sets up logging and the API client, then runs
+//! [`ipkeep_cni::agent::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ipkeep_cni::agent::proto::DEFAULT_SOCKET;
+use ipkeep_cni::agent::release::Grace;
+use ipkeep_cni::agent::{Settings, run};
+use ipkeep_cni::netconf::DEFAULT_DATA_DIR;
+use ipkeep_daemon::{LogArgs, shutdown_signal};
+use nix::sys::stat::{Mode, umask};
+
+/// The ipkeep node agent: owns this node's ipkeep stores and serves the `ipkeep` CNI plugin
+/// over a unix socket, so a plugin call skips opening the database (the plugin falls back to
+/// opening it itself whenever the agent does not answer). Frees holdings nobody will use
+/// again: expired ones on a timer, and at once those of pods whose PersistentPodState record
+/// was pruned (scale-down), moved to another node, or deleted with its StatefulSet.
+///
+/// Runs on every node (DaemonSet, see deploy/agent/). Finds the cluster like kubectl:
+/// $KUBECONFIG (or ~/.kube/config), else the in-cluster service account. Every flag can also be
+/// set by the environment variable shown.
+#[derive(Debug, Parser)]
+#[command(name = "ipkeep-agent", version)]
+struct Args {
+    /// This node's name (pods are watched with spec.nodeName=NAME).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The plugins' ipam.dataDir; every network store under it is opened at start.
+    #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// The unix socket the plugin connects to (its ipam.agentSocket).
+    #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Serve /healthz, /readyz and /metrics over plain HTTP on this address.
+    #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = "0.0.0.0:9464")]
+    probe_listen: SocketAddr,
+    /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
+    #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    sweep_interval: Duration,
+    /// How long after a holding's last change Kubernetes' word can release it (covers a
+    /// cache that is a moment behind the API server).
+    #[arg(long, env = "IPKEEP_RELEASE_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
+    release_grace: Duration,
+    /// How long after an address's last change a vanished pod counts as having lost its DEL.
+    #[arg(long, env = "IPKEEP_MISSED_DEL_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
+    missed_del_grace: Duration,
+    /// Longest wait for a store a falling-back plugin holds.
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    lock_timeout: Duration,
+    /// Serve the stores and sweep expired holdings only, without Kubernetes (no API access).
+    #[arg(long, env = "IPKEEP_NO_KUBERNETES")]
+    no_kubernetes: bool,
+    #[command(flatten)]
+    logs: LogArgs,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // Every file the agent creates (lock, database, socket) is for root only.
+    umask(Mode::from_bits_truncate(0o077));
+    let args = Args::parse();
+    args.logs.init()?;
+    let client = if args.no_kubernetes {
+        None
+    } else {
+        Some(kube::Client::try_default().await.context(
+            "failed to find the cluster (set KUBECONFIG, run in a pod with a service account, or pass --no-kubernetes)",
+        )?)
+    };
+    let settings = Settings {
+        node_name: args.node_name,
+        data_dir: args.data_dir,
+        socket: args.socket,
+        probe_listen: Some(args.probe_listen),
+        sweep_interval: args.sweep_interval,
+        grace: Grace {
+            release: args.release_grace.as_secs(),
+            missed_del: args.missed_del_grace.as_secs(),
+        },
+        lock_timeout: args.lock_timeout,
+    };
+    run(client, settings, shutdown_signal()).await
+}
