@@ -164,7 +164,7 @@ async fn webhook_first_creation_gets_retention_only() {
     let pod = patched(REVIEW, &response);
     assert_eq!(
         pod["metadata"]["annotations"],
-        json!({"ipkeep.dev/ip-retention": "2h"})
+        json!({"ipkeep.dev/ip-retention": "2h", "ipkeep.dev/persistent-pod-state": "db"})
     );
     let original: Value =
         serde_json::from_str::<Value>(REVIEW).unwrap()["request"]["object"].clone();

@@ -13,6 +13,10 @@ pub const IP_RETENTION: &str = "ipkeep.dev/ip-retention";
 
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
 pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";
+/// Pod (set by the scheduler extension on every pod it manages): the PersistentPodState that
+/// manages it. The CNI plugin records it with the pod's addresses, so the node agent can release
+/// them as soon as that PersistentPodState is deleted.
+pub const PERSISTENT_POD_STATE: &str = "ipkeep.dev/persistent-pod-state";
 /// Pod (set by the scheduler extension): why a recorded pin was not applied to this pod.
 pub const PIN_SKIPPED: &str = "ipkeep.dev/pin-skipped";
 

@@ -6,7 +6,7 @@
 //! An empty term matches nothing, and stays that way: C is not added to it, since that would
 //! turn "nothing" into C.
 
-use ipkeep_api::annotations::{IP_RETENTION, PIN_SKIPPED, PINNED_BY};
+use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
     PreferredSchedulingTerm,
@@ -146,11 +146,12 @@ fn expression(r: &Requirement) -> NodeSelectorRequirement {
     }
 }
 
-/// Writes `managed` into `pod`: the retention annotation (unless the pod sets its own), and
-/// the pin or the reason it was skipped. Applying it twice changes nothing the second time, so
-/// the webhook is safe to reinvoke.
+/// Writes `managed` into `pod`: the managing PersistentPodState's name, the retention
+/// annotation (unless the pod sets its own), and the pin or the reason it was skipped.
+/// Applying it twice changes nothing the second time, so the webhook is safe to reinvoke.
 pub fn apply(managed: &Managed, pod: &mut Pod) {
     let annotations = pod.metadata.annotations.get_or_insert_default();
+    annotations.insert(PERSISTENT_POD_STATE.to_string(), managed.pps.clone());
     if let Some(retention) = &managed.retention {
         annotations
             .entry(IP_RETENTION.to_string())

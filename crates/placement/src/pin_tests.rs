@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::{IP_RETENTION, PIN_SKIPPED, PINNED_BY};
+use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
 
 use crate::affinity;
@@ -484,6 +484,14 @@ fn decisions_and_patched_pods_for_every_shape() {
             .unwrap()
             .pointer("/nodeAffinity")
             .cloned();
+        if let Decision::Manage(m) = &decision {
+            assert_eq!(
+                annotations.get(PERSISTENT_POD_STATE),
+                Some(&m.pps),
+                "{}: every managed pod names its PersistentPodState",
+                r.name
+            );
+        }
         match (&r.want, &decision) {
             (Want::Pass(label), Decision::Pass(reason)) => {
                 assert_eq!(reason.label(), *label, "{}", r.name);
