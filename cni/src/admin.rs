@@ -27,7 +27,7 @@ pub struct Cli {
     /// keeps the store open, so it never has to be stopped); otherwise ipkeep opens the store
     /// itself. Empty: never use the agent.
     #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::agent::proto::DEFAULT_SOCKET)]
-    pub agent_socket: PathBuf,
+    pub agent_socket: String,
     /// What to do.
     #[command(subcommand)]
     pub command: AdminCommand,

@@ -54,8 +54,30 @@ struct Args {
     /// Serve the stores and sweep expired holdings only, without Kubernetes (no API access).
     #[arg(long, env = "IPKEEP_NO_KUBERNETES")]
     no_kubernetes: bool,
+    /// Also stop (gracefully) when stdin reaches end of file: for supervisors and tests that
+    /// hold a pipe to the agent, so it never outlives them.
+    #[arg(long, hide = true)]
+    exit_on_stdin_close: bool,
     #[command(flatten)]
     logs: LogArgs,
+}
+
+/// SIGTERM/SIGINT, or with `--exit-on-stdin-close` the end of stdin, whichever comes first.
+async fn shutdown(stdin_too: bool) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    if stdin_too {
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
+            let _ = tx.send(());
+        });
+    } else {
+        std::mem::forget(tx);
+    }
+    tokio::select! {
+        () = shutdown_signal() => {}
+        _ = rx => tracing::info!("stdin closed; stopping"),
+    }
 }
 
 #[tokio::main]
@@ -83,5 +105,6 @@ async fn main() -> anyhow::Result<()> {
         },
         lock_timeout: args.lock_timeout,
     };
-    run(client, settings, shutdown_signal()).await
+    let exit_on_stdin_close = args.exit_on_stdin_close;
+    run(client, settings, shutdown(exit_on_stdin_close)).await
 }

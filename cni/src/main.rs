@@ -11,7 +11,6 @@ use ipkeep_cni::relay::{self, EarlySettings};
 use ipkeep_cni::stores::OpenPerCall;
 use ipkeep_cni::{admin, version};
 use nix::sys::stat::{Mode, umask};
-use tracing::Level;
 
 /// Like `eprintln!`, but a closed stderr is ignored instead of aborting the plugin after it
 /// has already done its work.
@@ -33,11 +32,13 @@ fn main() -> ExitCode {
     }
     if std::env::args_os().len() > 1 {
         let cli = admin::Cli::parse();
-        init_logging(None, None, &vars);
-        if !cli.agent_socket.as_os_str().is_empty() {
+        init_logging(&EarlySettings::default(), &vars);
+        if !cli.agent_socket.is_empty() {
             let timeout = std::time::Duration::from_secs(60);
             let command = cli.command.clone();
-            if let Some(answer) = relay::admin_via_agent(&cli.agent_socket, command, timeout) {
+            if let Some(answer) =
+                relay::admin_via_agent(cli.agent_socket.as_ref(), command, timeout)
+            {
                 let _ = std::io::stdout().write_all(answer.stdout.as_bytes());
                 let _ = std::io::stderr().write_all(answer.stderr.as_bytes());
                 return ExitCode::from(u8::try_from(answer.exit_code).unwrap_or(1));
@@ -81,11 +82,7 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
         let _ = std::io::stdin().lock().take(limit).read_to_end(&mut input);
     }
     let settings = EarlySettings::read(&input);
-    init_logging(
-        settings.log_file.as_deref(),
-        settings.log_level.as_deref(),
-        vars,
-    );
+    init_logging(&settings, vars);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -98,22 +95,9 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
 
 /// Logs go to `ipam.logFile` (default level info) or stderr (default level warn); never to
 /// stdout, which carries only the CNI protocol. `IPKEEP_LOG` overrides the level.
-fn init_logging(file: Option<&str>, level: Option<&str>, vars: &HashMap<String, String>) {
-    let level = vars
-        .get("IPKEEP_LOG")
-        .map(String::as_str)
-        .or(level)
-        .and_then(|l| l.parse::<Level>().ok())
-        .unwrap_or(if file.is_some() {
-            Level::INFO
-        } else {
-            Level::WARN
-        });
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_target(false)
-        .with_ansi(false);
-    let opened = file.and_then(|path| {
+fn init_logging(settings: &EarlySettings, vars: &HashMap<String, String>) {
+    let builder = settings.log_builder(vars.get("IPKEEP_LOG").map(String::as_str));
+    let opened = settings.log_file.as_deref().and_then(|path| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -53,6 +53,32 @@ impl EarlySettings {
     }
 }
 
+impl EarlySettings {
+    /// The log level: `IPKEEP_LOG` from the plugin's environment, else `ipam.logLevel`, else
+    /// info with a log file and warn without.
+    pub fn level(&self, ipkeep_log: Option<&str>) -> tracing::Level {
+        ipkeep_log
+            .or(self.log_level.as_deref())
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(if self.log_file.is_some() {
+                tracing::Level::INFO
+            } else {
+                tracing::Level::WARN
+            })
+    }
+
+    /// The plugin's log format (the agent formats a command's logs the same way).
+    pub fn log_builder(
+        &self,
+        ipkeep_log: Option<&str>,
+    ) -> tracing_subscriber::fmt::SubscriberBuilder {
+        tracing_subscriber::fmt()
+            .with_max_level(self.level(ipkeep_log))
+            .with_target(false)
+            .with_ansi(false)
+    }
+}
+
 /// How long the plugin waits for the agent's answer: the lock timeout (what the command may
 /// wait for the store either way) plus a margin for the work itself.
 fn agent_timeout(settings: &EarlySettings) -> Duration {
@@ -87,6 +113,8 @@ pub fn cni(
                 let _ = stdout
                     .write_all(answer.stdout.as_bytes())
                     .and_then(|()| stdout.flush());
+                // The command's log lines, formatted by the agent as this process would have.
+                write_log(settings, &answer.stderr);
                 let mut timings = Timings::default();
                 timings.record("agent", started);
                 return Completion {
@@ -105,6 +133,24 @@ pub fn cni(
     }
     let stores = OpenPerCall { count_fallback };
     plugin::run(&stores, vars, &mut &input[..], stdout, now)
+}
+
+/// Appends already formatted log lines where this process logs: `ipam.logFile`, else stderr.
+fn write_log(settings: &EarlySettings, text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    let file = settings.log_file.as_ref().and_then(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    });
+    let _ = match file {
+        Some(mut f) => f.write_all(text.as_bytes()),
+        None => std::io::stderr().write_all(text.as_bytes()),
+    };
 }
 
 /// What an admin command through the agent produced, or `None` when it did not answer.

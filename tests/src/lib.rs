@@ -14,30 +14,39 @@ pub const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
 /// built on first use if `cargo test` has not built it already.
 pub fn ipkeep_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("IPKEEP_BIN") {
-            return PathBuf::from(p);
-        }
-        let exe = std::env::current_exe().expect("current_exe");
-        // target/<profile>/deps/<test> → target/<profile>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test binary lives in target/<profile>/deps");
-        let bin = profile_dir.join("ipkeep");
-        let release = profile_dir.file_name().is_some_and(|n| n == "release");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "ipkeep-cni", "--bin", "ipkeep"]);
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build for the ipkeep binary");
-        assert!(status.success(), "cargo build of ipkeep failed");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
-    .clone()
+    BIN.get_or_init(|| workspace_bin("ipkeep", "IPKEEP_BIN"))
+        .clone()
+}
+
+/// The `ipkeep-agent` binary, like [`ipkeep_bin`] (`IPKEEP_AGENT_BIN` overrides).
+pub fn agent_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| workspace_bin("ipkeep-agent", "IPKEEP_AGENT_BIN"))
+        .clone()
+}
+
+fn workspace_bin(name: &str, override_var: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(override_var) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> → target/<profile>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join(name);
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "ipkeep-cni", "--bin", name]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build for an ipkeep binary");
+    assert!(status.success(), "cargo build of {name} failed");
+    assert!(bin.exists(), "{} missing after build", bin.display());
+    bin
 }
 
 /// A reference plugin from Debian, or `None` (with a loud message) when it is not installed.
@@ -127,8 +136,14 @@ impl<'a> Invocation<'a> {
         cmd
     }
 
-    /// Starts the plugin and writes `config` to its stdin.
+    /// Starts the plugin and writes `config` to its stdin. In a `*_via_agent` test binary,
+    /// `ipkeep` is pointed at the shared agent (see [`via_agent`]).
     pub fn spawn(&self, plugin: &Path, config: &str) -> Child {
+        let config = if via_agent() && plugin == ipkeep_bin() {
+            with_agent_socket(config, agent::shared().socket())
+        } else {
+            config.to_string()
+        };
         let mut child = self.command(plugin).spawn().expect("spawn plugin");
         let mut stdin = child.stdin.take().expect("stdin");
         // A plugin that exits early (bad env) may close stdin first; that is its answer.
@@ -295,9 +310,51 @@ impl Rng {
     }
 }
 
+/// `ipkeep` run by hand (admin subcommands): through the shared agent in a `*_via_agent`
+/// test binary, directly otherwise.
+pub fn admin_command() -> Command {
+    let mut cmd = Command::new(ipkeep_bin());
+    cmd.arg("--agent-socket");
+    if via_agent() {
+        cmd.arg(agent::shared().socket());
+    } else {
+        cmd.arg("");
+    }
+    cmd
+}
+
+/// Whether this test binary runs its suite through the node agent: the `differential` and
+/// `retention` suites are compiled a second time as `*_via_agent` targets (see Cargo.toml),
+/// and then every `ipkeep` invocation and admin command goes through one shared agent. Both
+/// paths must give the same answers.
+pub fn via_agent() -> bool {
+    static VIA: OnceLock<bool> = OnceLock::new();
+    *VIA.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .is_some_and(|n| n.contains("_via_agent"))
+    })
+}
+
+/// `config` with `ipam.agentSocket` set to `socket` (unchanged when it is not a JSON object with
+/// an `ipam` object: broken configurations are tested as they are).
+pub fn with_agent_socket(config: &str, socket: &Path) -> String {
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(config) else {
+        return config.to_string();
+    };
+    match value.get_mut("ipam").and_then(|i| i.as_object_mut()) {
+        Some(ipam) => {
+            ipam.insert("agentSocket".into(), socket.display().to_string().into());
+            value.to_string()
+        }
+        None => config.to_string(),
+    }
+}
+
 /// Reads `ipkeep list --json` for a network.
 pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
-    let out = Command::new(ipkeep_bin())
+    let out = admin_command()
         .args(["list", "--json", "--network", network, "--data-dir"])
         .arg(data_dir)
         .output()
@@ -310,4 +367,5 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("list JSON")
 }
 
+pub mod agent;
 pub mod demo;

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, list_json};
+use ipkeep_tests::{Invocation, PluginOutput, admin_command, ipkeep_bin, list_json};
 
 fn conf(data: &Path, annotations: &str, retention: &str) -> String {
     format!(
@@ -214,7 +214,7 @@ fn admin_list_and_release() {
     add("a", "web-0", &c);
     del("a", "web-0", &c);
     add("b", "web-1", &c);
-    let table = Command::new(ipkeep_bin())
+    let table = admin_command()
         .args(["list", "--network", "ret", "--data-dir"])
         .arg(dir.path())
         .output()
@@ -230,7 +230,7 @@ fn admin_list_and_release() {
         "{text}"
     );
     let release = |pod: &str, extra: &[&str]| {
-        let out = Command::new(ipkeep_bin())
+        let out = admin_command()
             .args(["release", "--network", "ret", "--pod", pod, "--data-dir"])
             .arg(dir.path())
             .args(extra)
@@ -254,7 +254,7 @@ fn admin_list_and_release() {
     );
     let (ok, _, err) = release("web-1", &[]);
     assert!(!ok && err.contains("NAMESPACE/NAME"), "{err}");
-    let missing = Command::new(ipkeep_bin())
+    let missing = admin_command()
         .args(["list", "--network", "nope", "--data-dir"])
         .arg(dir.path())
         .output()

@@ -100,6 +100,7 @@ pub async fn run(
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics_text))
             .with_state(state);
+        tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
         let stop = shutdown.clone();
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app)

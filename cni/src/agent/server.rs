@@ -20,6 +20,39 @@ use super::release::Reason;
 use super::stores::AgentStores;
 use crate::admin;
 use crate::plugin;
+use crate::relay::EarlySettings;
+
+/// Log lines of one command, in memory.
+#[derive(Debug, Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        let bytes = self.0.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut b) = self.0.lock() {
+            b.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = CapturedLog;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
 
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,13 +195,26 @@ pub fn execute(served: &Served, request: Request) -> (Response, &'static str) {
         Request::Cni { env, config } => {
             let vars: HashMap<String, String> = env.into_iter().collect();
             let mut stdout = Vec::new();
-            let done = plugin::run(
-                &*served.stores,
-                &vars,
-                &mut config.as_bytes(),
-                &mut stdout,
-                unix_now(),
-            );
+            // The command logs exactly as the plugin process would (its level, its format);
+            // the lines go back to the plugin, which writes them to its ipam.logFile or stderr.
+            let log = CapturedLog::default();
+            let subscriber = EarlySettings::read(config.as_bytes())
+                .log_builder(None)
+                .with_writer(log.clone())
+                .finish();
+            let done = tracing::subscriber::with_default(subscriber, || {
+                plugin::run(
+                    &*served.stores,
+                    &vars,
+                    &mut config.as_bytes(),
+                    &mut stdout,
+                    unix_now(),
+                )
+            });
+            let stderr = log.text();
+            if done.exit_code != 0 {
+                warn!(command = done.command.map_or("invalid", |c| c.as_str()), log = %stderr.trim_end(), "plugin command failed");
+            }
             let released_by = match done.command {
                 Some(crate::env::Command::Gc) => Reason::Gc,
                 _ => Reason::Del,
@@ -180,7 +226,7 @@ pub fn execute(served: &Served, request: Request) -> (Response, &'static str) {
                 refused: None,
                 exit_code: done.exit_code,
                 stdout: String::from_utf8_lossy(&stdout).into_owned(),
-                stderr: String::new(),
+                stderr,
             };
             (response, command)
         }

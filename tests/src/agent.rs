@@ -1,0 +1,206 @@
+//! Running the real `ipkeep-agent` for tests: started without Kubernetes unless told
+//! otherwise, on a private socket, stopped when dropped (or, for the shared one, when the test
+//! process exits: the agent stops when its stdin closes).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::agent_bin;
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    child: Child,
+    // Held open: the agent stops when it closes.
+    _stdin: ChildStdin,
+    socket: PathBuf,
+    data_dir: PathBuf,
+    extra: Vec<String>,
+    envs: Vec<(String, String)>,
+    probe: Option<std::net::SocketAddr>,
+    log: std::sync::Arc<Mutex<Vec<String>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// How to start an agent.
+#[derive(Debug, Default, Clone)]
+pub struct AgentOptions {
+    /// Extra flags (e.g. `--node-name n1`, grace periods). Without `--node-name`, the agent
+    /// runs with `--no-kubernetes --node-name test`.
+    pub args: Vec<String>,
+    /// Extra environment (e.g. `KUBECONFIG`).
+    pub envs: Vec<(String, String)>,
+}
+
+impl Agent {
+    /// Starts an agent serving `data_dir` on a socket in a fresh temporary directory.
+    pub fn start(data_dir: &Path, options: AgentOptions) -> Agent {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("agent.sock");
+        let mut agent = Self::spawn(
+            socket,
+            data_dir.to_path_buf(),
+            options.args,
+            options.envs,
+            Some(dir),
+        );
+        agent.wait_ready();
+        agent
+    }
+
+    fn spawn(
+        socket: PathBuf,
+        data_dir: PathBuf,
+        extra: Vec<String>,
+        envs: Vec<(String, String)>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Agent {
+        let probe = free_port();
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("--socket")
+            .arg(&socket)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--probe-listen")
+            .arg(probe.to_string())
+            .arg("--exit-on-stdin-close")
+            .args(&extra)
+            .env_remove("KUBECONFIG")
+            .env("IPKEEP_LOG", "info")
+            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if !extra.iter().any(|a| a == "--node-name") {
+            cmd.args(["--no-kubernetes", "--node-name", "test"]);
+        }
+        let mut child = cmd.spawn().expect("spawn ipkeep-agent");
+        let stdin = child.stdin.take().expect("stdin");
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("IPKEEP_TEST_AGENT_LOG").is_some() {
+                    eprintln!("agent: {line}");
+                }
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        Agent {
+            child,
+            _stdin: stdin,
+            socket,
+            data_dir,
+            extra,
+            envs,
+            probe: Some(probe),
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while UnixStream::connect(&self.socket).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "ipkeep-agent exited with {status}:\n{}",
+                    self.log().join("\n")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ipkeep-agent did not listen on {} within 30 s:\n{}",
+                self.socket.display(),
+                self.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The socket the plugin should use (`ipam.agentSocket`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The agent's stderr so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// `/metrics`, as text.
+    pub fn metrics(&self) -> String {
+        let Some(addr) = self.probe else {
+            return String::new();
+        };
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+        std::io::Write::write_all(
+            &mut stream,
+            b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n",
+        )
+        .expect("send");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut text).expect("read /metrics");
+        text
+    }
+
+    /// SIGKILL, no clean-up: the socket file stays, as after a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for a graceful exit; returns whether it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+
+    /// Starts it again on the same socket and data directory.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = self._dir.take();
+        let mut next = Self::spawn(
+            self.socket.clone(),
+            self.data_dir.clone(),
+            self.extra.clone(),
+            self.envs.clone(),
+            dir,
+        );
+        next.wait_ready();
+        *self = next;
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// The agent shared by a `*_via_agent` test binary. It serves every data directory its
+/// requests name; it stops when the test process exits.
+pub fn shared() -> &'static Agent {
+    static SHARED: OnceLock<Agent> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        Agent::start(&dir, AgentOptions::default())
+    })
+}
