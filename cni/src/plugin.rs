@@ -29,7 +29,7 @@ pub struct Timings {
 }
 
 impl Timings {
-    fn begin() -> Self {
+    pub(crate) fn begin() -> Self {
         Timings {
             started: Some(Instant::now()),
             phases: Vec::new(),

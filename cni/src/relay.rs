@@ -99,10 +99,16 @@ pub fn cni(
         .as_ref()
         .filter(|_| !is_version)
         .zip(std::str::from_utf8(input).ok());
-    // Counted only when an agent was there to answer: a socket file nobody listens on is what
-    // a restarting or killed agent leaves (it never removes it); no file means no agent.
+    let Some((socket, config)) = via_agent else {
+        return plugin::run(&OpenPerCall::default(), vars, &mut &input[..], stdout, now);
+    };
+    // A falling-back plugin waits for the network's flock in short slices and asks the agent
+    // again in between: an agent that came back holds the flock for good, so waiting the whole
+    // lock timeout for it would only fail.
+    let deadline = Instant::now() + settings.lock_timeout;
     let mut count_fallback = false;
-    if let Some((socket, config)) = via_agent {
+    loop {
+        let mut timings = Timings::begin();
         let started = Instant::now();
         let request = Request::Cni {
             env: proto::cni_env(vars),
@@ -115,7 +121,6 @@ pub fn cni(
                     .and_then(|()| stdout.flush());
                 // The command's log lines, formatted by the agent as this process would have.
                 write_log(settings, &answer.stderr);
-                let mut timings = Timings::default();
                 timings.record("agent", started);
                 return Completion {
                     exit_code: answer.exit_code,
@@ -124,16 +129,38 @@ pub fn cni(
                     command: None,
                 };
             }
-            Err(e) if e.is_absent() => debug!(error = %e, "no agent; running the command here"),
+            Err(e) if e.is_absent() => {
+                debug!(error = %e, "no agent; running the command here");
+                return plugin::run(&OpenPerCall::default(), vars, &mut &input[..], stdout, now);
+            }
             Err(e) => {
-                warn!(error = %e, "running the command here instead");
+                // Counted only when an agent was there to answer: a socket file nobody
+                // listens on is what a restarting or killed agent leaves (it never removes
+                // it); no file means no agent.
+                if !count_fallback {
+                    warn!(error = %e, "running the command here instead");
+                }
                 count_fallback = true;
             }
         }
+        let last_try = Instant::now() >= deadline;
+        let stores = OpenPerCall {
+            count_fallback,
+            max_wait: (!last_try).then_some(FALLBACK_LOCK_SLICE),
+            ..OpenPerCall::default()
+        };
+        let mut out = Vec::new();
+        let done = plugin::run(&stores, vars, &mut &input[..], &mut out, now);
+        if !stores.lock_busy.get() || last_try {
+            let _ = stdout.write_all(&out).and_then(|()| stdout.flush());
+            return done;
+        }
+        debug!("the network is locked (by a returning agent?); asking the agent again");
     }
-    let stores = OpenPerCall { count_fallback };
-    plugin::run(&stores, vars, &mut &input[..], stdout, now)
 }
+
+/// How long a falling-back plugin waits for the flock before asking the agent again.
+const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
 
 /// Appends already formatted log lines where this process logs: `ipam.logFile`, else stderr.
 fn write_log(settings: &EarlySettings, text: &str) {

@@ -31,10 +31,15 @@ pub trait Stores {
 }
 
 /// The plugin process's way: `flock` the network, open the database, run, close, unlock.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 pub struct OpenPerCall {
     /// Count this command in the network's [`FALLBACK_COUNT_FILE`] (the agent did not answer).
     pub count_fallback: bool,
+    /// Wait at most this long for the `flock`, whatever the configured timeout (a falling-back
+    /// plugin retries the agent in between, since a restarted agent holds the lock for good).
+    pub max_wait: Option<Duration>,
+    /// Set when the wait for the `flock` ran out.
+    pub lock_busy: std::cell::Cell<bool>,
 }
 
 impl Stores for OpenPerCall {
@@ -46,7 +51,12 @@ impl Stores for OpenPerCall {
         f: impl FnOnce(&mut DiskStore) -> Result<R, E>,
     ) -> Result<R, E> {
         let t = Instant::now();
-        let lock = dir.lock(timeout)?;
+        let timeout = self.max_wait.map_or(timeout, |m| m.min(timeout));
+        let lock = dir.lock(timeout).inspect_err(|e| {
+            if matches!(e, StoreError::LockTimeout { .. }) {
+                self.lock_busy.set(true);
+            }
+        })?;
         let t = timings.record("lock", t);
         if self.count_fallback {
             // Best effort: a counter that cannot be written must not fail the pod.
@@ -97,6 +107,7 @@ mod tests {
         assert_eq!(fallback_count(&dir), 0);
         let stores = OpenPerCall {
             count_fallback: true,
+            ..OpenPerCall::default()
         };
         for _ in 0..3 {
             stores

@@ -32,6 +32,7 @@ use ipkeep_ipam::{
     Attachment, Commit, DiskStore, Lease, LeaseState, NetworkDir, RangeSet, RangeSpec, Retention,
     Store,
 };
+use ipkeep_tests::agent::{Agent, AgentOptions};
 use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, reference_plugin};
 use tempfile::TempDir;
 
@@ -52,6 +53,8 @@ struct Plugin {
     name: &'static str,
     bin: PathBuf,
     kind: Kind,
+    /// ipkeep through this agent socket (`IPKEEP_BENCH_AGENT=1`).
+    agent_socket: Option<PathBuf>,
 }
 
 impl Plugin {
@@ -60,7 +63,7 @@ impl Plugin {
             Kind::Ipkeep => "ipkeep",
             Kind::HostLocal => "host-local",
         };
-        serde_json::json!({
+        let mut conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": NETWORK,
             "ipam": {
@@ -68,8 +71,11 @@ impl Plugin {
                 "dataDir": data_dir.to_str().expect("data dir is UTF-8"),
                 "ranges": [[{ "subnet": SUBNET }]],
             },
-        })
-        .to_string()
+        });
+        if let Some(socket) = &self.agent_socket {
+            conf["ipam"]["agentSocket"] = socket.to_str().expect("socket is UTF-8").into();
+        }
+        conf.to_string()
     }
 }
 
@@ -441,8 +447,22 @@ fn prefill_host_local(data_dir: &Path, n: usize) {
 }
 
 /// How many addresses a plugin's store holds.
-fn lease_count(kind: Kind, data_dir: &Path) -> usize {
-    match kind {
+fn lease_count(plugin: &Plugin, data_dir: &Path) -> usize {
+    match plugin.kind {
+        // The agent holds the store open: ask it.
+        Kind::Ipkeep if plugin.agent_socket.is_some() => {
+            let socket = plugin.agent_socket.as_deref().expect("socket");
+            let out = std::process::Command::new(&plugin.bin)
+                .arg("--agent-socket")
+                .arg(socket)
+                .args(["list", "--json", "--network", NETWORK, "--data-dir"])
+                .arg(data_dir)
+                .output()
+                .expect("ipkeep list");
+            assert!(out.status.success(), "ipkeep list: {out:?}");
+            let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            list["leases"].as_array().map_or(0, Vec::len)
+        }
         Kind::Ipkeep => open_ipkeep_store(data_dir)
             .all()
             .expect("read leases")
@@ -582,18 +602,34 @@ fn main() {
         return;
     };
     let scale = scale();
+    // With IPKEEP_BENCH_AGENT=1, ipkeep goes through a running ipkeep-agent (release build).
+    let agent = std::env::var_os("IPKEEP_BENCH_AGENT").map(|_| {
+        let dir = fresh_dir("agent");
+        let agent = Agent::start(dir.path(), AgentOptions::default());
+        (agent, dir)
+    });
+    let agent_socket = agent.as_ref().map(|(a, _)| a.socket().to_path_buf());
     let plugins = [
         Plugin {
             name: "ipkeep",
             bin: ipkeep_bin(),
             kind: Kind::Ipkeep,
+            agent_socket: agent_socket.clone(),
         },
         Plugin {
             name: "host-local",
             bin: host_local,
             kind: Kind::HostLocal,
+            agent_socket: None,
         },
     ];
+    println!(
+        "ipkeep path: {}",
+        match &agent_socket {
+            Some(s) => format!("through ipkeep-agent at {}", s.display()),
+            None => "plugin process opens the store itself".into(),
+        }
+    );
     let load_start = load();
     println!("ipkeep:     {}", plugins[0].bin.display());
     println!("host-local: {}", plugins[1].bin.display());
@@ -642,7 +678,7 @@ fn main() {
         let dirs = [fresh_dir("seq-ipkeep"), fresh_dir("seq-hl")];
         let runs = sequential(&plugins, &[dirs[0].path(), dirs[1].path()], cycles, "seq");
         for (p, d) in plugins.iter().zip(&dirs) {
-            assert_eq!(lease_count(p.kind, d.path()), 0, "{} left leases", p.name);
+            assert_eq!(lease_count(p, d.path()), 0, "{} left leases", p.name);
         }
         let s = Scenario {
             name: "sequential".into(),
@@ -661,7 +697,7 @@ fn main() {
         let runs = plugins.each_ref().map(|p| {
             let dir = fresh_dir(&format!("par-{}", p.name));
             let run = parallel(p, dir.path(), cycles);
-            assert_eq!(lease_count(p.kind, dir.path()), 0, "{} left leases", p.name);
+            assert_eq!(lease_count(p, dir.path()), 0, "{} left leases", p.name);
             run
         });
         let s = Scenario {
@@ -703,7 +739,7 @@ fn main() {
         let runs = sequential(&plugins, &[dirs[0].path(), dirs[1].path()], cycles, label);
         for (p, d) in plugins.iter().zip(&dirs) {
             assert_eq!(
-                lease_count(p.kind, d.path()),
+                lease_count(p, d.path()),
                 entries,
                 "{} store after {label}",
                 p.name

@@ -24,6 +24,10 @@ pub struct Cluster {
     pods: Store<Pod>,
     pps: Store<PersistentPodState>,
     synced: Arc<AtomicBool>,
+    /// Per watch: false from a watch error until its relist completes. A cache that may have
+    /// missed events is never used for a decision (a pod created meanwhile would look gone).
+    pods_current: Arc<AtomicBool>,
+    pps_current: Arc<AtomicBool>,
     /// Woken on every change, so a release follows within a pass.
     pub changed: Arc<Notify>,
 }
@@ -46,6 +50,8 @@ impl Cluster {
                 pods,
                 pps,
                 synced: Arc::default(),
+                pods_current: Arc::new(AtomicBool::new(true)),
+                pps_current: Arc::new(AtomicBool::new(true)),
                 changed: Arc::default(),
             },
             Writers {
@@ -55,9 +61,11 @@ impl Cluster {
         )
     }
 
-    /// Whether both caches have synced at least once.
+    /// Whether both caches have synced and neither watch has failed since its last relist.
     pub fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+            && self.pods_current.load(Ordering::Acquire)
+            && self.pps_current.load(Ordering::Acquire)
     }
 
     /// The current view, or `None` before the first sync.
@@ -123,24 +131,18 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
     .default_backoff()
     .modify(trim_pps)
     .reflect(writers.pps);
-    let changed = cluster.changed.clone();
     let pods = pods.for_each(|event| {
-        let changed = changed.clone();
-        async move {
-            match event {
-                Ok(_) => changed.notify_one(),
-                Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying"),
-            }
-        }
+        track(event, &cluster.pods_current, &cluster.changed, "pod");
+        std::future::ready(())
     });
     let pps = pps.for_each(|event| {
-        let changed = changed.clone();
-        async move {
-            match event {
-                Ok(_) => changed.notify_one(),
-                Err(e) => tracing::warn!(error = %e, "PersistentPodState watch failed; retrying"),
-            }
-        }
+        track(
+            event,
+            &cluster.pps_current,
+            &cluster.changed,
+            "PersistentPodState",
+        );
+        std::future::ready(())
     });
     let ready = {
         let cluster = cluster.clone();
@@ -156,6 +158,32 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
         }
     };
     futures::join!(pods, pps, ready);
+}
+
+/// Marks a watch current again once a relist completes (or a watch event arrives, which only
+/// happens after one), not current on an error, and wakes the sweep on every change.
+fn track<K>(
+    event: Result<watcher::Event<K>, watcher::Error>,
+    current: &AtomicBool,
+    changed: &Notify,
+    what: &str,
+) {
+    match event {
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+        Ok(_) => {
+            if !current.swap(true, Ordering::AcqRel) {
+                tracing::info!("{what} watch is current again");
+            }
+            changed.notify_one();
+        }
+        Err(e) => {
+            if current.swap(false, Ordering::AcqRel) {
+                tracing::warn!(error = %e, "{what} watch failed; Kubernetes-aware release paused until it relists");
+            } else {
+                tracing::debug!(error = %e, "{what} watch still failing");
+            }
+        }
+    }
 }
 
 /// Keeps a pod's identity only.

@@ -79,7 +79,8 @@ pub struct Response {
     /// What it would have written to stdout.
     #[serde(default)]
     pub stdout: String,
-    /// What it would have written to stderr (admin commands only; CNI logs go to the agent's).
+    /// What it would have written to stderr: an admin command's errors, or a CNI command's log
+    /// lines (formatted for the plugin's `ipam.logFile` or stderr).
     #[serde(default)]
     pub stderr: String,
 }

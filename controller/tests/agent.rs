@@ -1,0 +1,205 @@
+//! The node agent against the in-memory API server with the real controller: holdings on its
+//! node are released within seconds when the controller prunes their record (scale down,
+//! `WhenScaled`) or the StatefulSet and its PersistentPodState are deleted; a rebuilt pod whose
+//! record stays keeps its address; pods on other nodes do not count as on this node.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use ipkeep_tests::agent::{Agent, AgentOptions};
+use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
+use serde_json::json;
+use support::*;
+
+fn conf(data: &Path, socket: &Path) -> String {
+    let base = format!(
+        r#"{{"cniVersion":"1.0.0","name":"k8s","runtimeConfig":{{"io.kubernetes.cri.pod-annotations":{{"ipkeep.dev/persistent-pod-state":"kv","ipkeep.dev/ip-retention":"forever"}}}},"ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.90.0.0/24"}}]]}}}}"#,
+        data.display()
+    );
+    with_agent_socket(&base, socket)
+}
+
+fn cni(cmd: &str, cid: &str, pod: &str, conf: &str) -> Vec<String> {
+    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME={pod}");
+    let out = Invocation::new(cmd, cid)
+        .args(&args)
+        .run(&ipkeep_bin(), conf);
+    assert!(out.ok(), "{cmd} {cid}: {out:?}");
+    if cmd == "ADD" { out.ips() } else { Vec::new() }
+}
+
+/// `(ip, pod, state)` of every lease, through the agent.
+fn leases(data: &Path, socket: &Path) -> Vec<(String, String, String)> {
+    let out = std::process::Command::new(ipkeep_bin())
+        .arg("--agent-socket")
+        .arg(socket)
+        .args(["list", "--json", "--network", "k8s", "--data-dir"])
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["ip"].as_str().unwrap().to_string(),
+                l["pod"]["name"].as_str().unwrap_or("").to_string(),
+                l["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn wait_leases(
+    data: &Path,
+    socket: &Path,
+    what: &str,
+    check: impl Fn(&[(String, String, String)]) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = leases(data, socket);
+        if check(&now) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 30 s; leases {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_releases_what_kubernetes_says_nobody_will_use() {
+    let c = cluster().await;
+    let controller = start_controller(&c.client, None, "c1");
+    let data = tempfile::tempdir().unwrap();
+    let kubeconfig = data.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    let agent = Agent::start(
+        data.path(),
+        AgentOptions {
+            args: [
+                "--node-name",
+                "n1",
+                "--sweep-interval",
+                "1s",
+                "--release-grace",
+                "1s",
+                "--missed-del-grace",
+                "2s",
+            ]
+            .map(String::from)
+            .to_vec(),
+            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
+        },
+    );
+    let socket = agent.socket().to_path_buf();
+    let conf = conf(data.path(), &socket);
+    let sts = create_sts(
+        &c.client,
+        "kv",
+        3,
+        0,
+        &annotations(&[
+            ("ipkeep.dev/auto-generate-persistent-pod-state", "true"),
+            (
+                "ipkeep.dev/required-persistent-topology",
+                "kubernetes.io/hostname",
+            ),
+            ("ipkeep.dev/ip-retention", "forever"),
+        ]),
+    )
+    .await;
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        let ip = cni("ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
+        run_pod(&c.client, &sts, i, "n1", &ip).await;
+        ips.push(ip);
+    }
+    wait_pps(&c.client, "kv", "3 records", |p| records(p).len() == 3).await;
+
+    // A pod bound to another node is not "on this node": its address here lost its DEL.
+    let web = cni("ADD", "w0", "web-0", &conf).remove(0);
+    let other = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
+    run_pod(&c.client, &other, 0, "n2", "10.91.0.9").await;
+    wait_leases(data.path(), &socket, "web-0's address no longer active here", |l| {
+        !l.iter().any(|(ip, _, st)| *ip == web && st == "active")
+    })
+    .await;
+
+    // Rebuild kv-1: its record stays, so its holding stays and it gets its address back.
+    cni("DEL", "s1", "kv-1", &conf);
+    remove_pod(&c.client, "kv-1").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        leases(data.path(), &socket)
+            .iter()
+            .any(|(ip, pod, st)| *ip == ips[1] && pod == "kv-1" && st == "held"),
+        "a recorded pod's holding is kept"
+    );
+    assert_eq!(cni("ADD", "s1b", "kv-1", &conf), vec![ips[1].clone()]);
+    run_pod(&c.client, &sts, 1, "n1", &ips[1]).await;
+
+    // Scale down: the controller prunes kv-2's record, the agent releases its holding.
+    patch_sts(&c.client, "kv", json!({"spec": {"replicas": 2}})).await;
+    cni("DEL", "s2", "kv-2", &conf);
+    remove_pod(&c.client, "kv-2").await;
+    wait_pps(&c.client, "kv", "kv-2 pruned", |p| {
+        !records(p).contains_key("kv-2")
+    })
+    .await;
+    wait_leases(data.path(), &socket, "kv-2's holding released", |l| {
+        !l.iter().any(|(ip, _, _)| *ip == ips[2])
+    })
+    .await;
+    // Scale up again: WhenScaled let the address go, so kv-2 starts afresh.
+    patch_sts(&c.client, "kv", json!({"spec": {"replicas": 3}})).await;
+    let fresh = cni("ADD", "s2b", "kv-2", &conf).remove(0);
+    assert_ne!(
+        fresh, ips[2],
+        "round robin moved on; the old holding was released"
+    );
+    run_pod(&c.client, &sts, 2, "n1", &fresh).await;
+
+    // Delete the StatefulSet: its pods go, the PersistentPodState is collected with it, and
+    // every holding of kv is released.
+    for (cid, pod) in [("s0", "kv-0"), ("s1b", "kv-1"), ("s2b", "kv-2")] {
+        cni("DEL", cid, pod, &conf);
+    }
+    let sts_api: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        kube::Api::namespaced(c.client.clone(), NS);
+    sts_api
+        .delete("kv", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    for pod in ["kv-0", "kv-1", "kv-2"] {
+        remove_pod(&c.client, pod).await;
+    }
+    wait_leases(data.path(), &socket, "every kv holding released", |l| {
+        l.iter().all(|(_, pod, _)| !pod.starts_with("kv-"))
+    })
+    .await;
+    let metrics = agent.metrics();
+    for reason in ["record-pruned", "missed-del"] {
+        assert!(
+            metrics.contains(&format!(
+                r#"ipkeep_agent_releases_total{{reason="{reason}"}}"#
+            )),
+            "{reason} counted:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.contains("ipkeep_agent_kubernetes_synced 1"),
+        "{metrics}"
+    );
+    drop(agent);
+    controller.stop().await.unwrap();
+}
