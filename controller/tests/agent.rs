@@ -130,9 +130,12 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     let web = cni("ADD", "w0", "web-0", &conf).remove(0);
     let other = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
     run_pod(&c.client, &other, 0, "n2", "10.91.0.9").await;
-    wait_leases(data.path(), &socket, "web-0's address no longer active here", |l| {
-        !l.iter().any(|(ip, _, st)| *ip == web && st == "active")
-    })
+    wait_leases(
+        data.path(),
+        &socket,
+        "web-0's address no longer active here",
+        |l| !l.iter().any(|(ip, _, st)| *ip == web && st == "active"),
+    )
     .await;
 
     // Rebuild kv-1: its record stays, so its holding stays and it gets its address back.
