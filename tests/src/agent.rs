@@ -204,3 +204,24 @@ pub fn shared() -> &'static Agent {
         Agent::start(&dir, AgentOptions::default())
     })
 }
+
+/// Guards a `*_via_agent` suite: its commands really reach the shared agent (a plugin that
+/// silently fell back would pass the suite too).
+pub fn assert_commands_reach_the_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = format!(
+        r#"{{"cniVersion":"1.0.0","name":"probe","ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.77.0.0/29"}}]]}}}}"#,
+        dir.path().display()
+    );
+    let out = crate::Invocation::new("ADD", "probe-1").run(&crate::ipkeep_bin(), &conf);
+    assert!(out.ok(), "{out:?}");
+    let metrics = shared().metrics();
+    assert!(
+        metrics.contains(r#"ipkeep_agent_requests_total{command="ADD",outcome="ok"}"#),
+        "{metrics}"
+    );
+    assert!(
+        !dir.path().join("probe").join("fallbacks").exists(),
+        "the plugin fell back instead of using the agent"
+    );
+}

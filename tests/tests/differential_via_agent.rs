@@ -4,25 +4,8 @@
 #[path = "differential.rs"]
 mod suite;
 
-/// Guards the suite above: its commands really reach the agent (a plugin that silently fell
-/// back would pass it too).
+/// The suite above really goes through the agent.
 #[test]
 fn commands_reach_the_agent() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let conf = format!(
-        r#"{{"cniVersion":"1.0.0","name":"probe","ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.77.0.0/29"}}]]}}}}"#,
-        dir.path().display()
-    );
-    let out =
-        ipkeep_tests::Invocation::new("ADD", "probe-1").run(&ipkeep_tests::ipkeep_bin(), &conf);
-    assert!(out.ok(), "{out:?}");
-    let metrics = ipkeep_tests::agent::shared().metrics();
-    assert!(
-        metrics.contains(r#"ipkeep_agent_requests_total{command="ADD",outcome="ok"}"#),
-        "{metrics}"
-    );
-    assert!(
-        !dir.path().join("probe").join("fallbacks").exists(),
-        "the plugin fell back instead of using the agent"
-    );
+    ipkeep_tests::agent::assert_commands_reach_the_agent();
 }
