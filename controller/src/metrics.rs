@@ -37,6 +37,8 @@ pub struct Metrics {
     pub records_pruned: Counter,
     /// Pins released to preferred-only by the node-loss policy.
     pub node_loss_fallbacks: Counter,
+    /// Pending pods deleted because the pin they were created with fell back.
+    pub stranded_pods_deleted: Counter,
     /// Records held by all PersistentPodStates in the cache (set at scrape time).
     pub records: Gauge,
     /// 1 while this replica holds the leader lease.
@@ -59,6 +61,7 @@ impl Default for Metrics {
             records_written: Counter::default(),
             records_pruned: Counter::default(),
             node_loss_fallbacks: Counter::default(),
+            stranded_pods_deleted: Counter::default(),
             records: Gauge::default(),
             leader: Gauge::default(),
         };
@@ -87,6 +90,11 @@ impl Default for Metrics {
             "node_loss_fallbacks",
             "Pins released to preferred-only because their node was lost",
             m.node_loss_fallbacks.clone(),
+        );
+        registry.register(
+            "stranded_pods_deleted",
+            "Pending pods deleted because the pin they were created with fell back to preferred terms",
+            m.stranded_pods_deleted.clone(),
         );
         registry.register(
             "records",

@@ -11,8 +11,9 @@ use ipkeep_placement::condition::{self, DesiredCondition, READY};
 use ipkeep_placement::record::{self, RecordChange, RecordInput};
 use ipkeep_placement::spec;
 use ipkeep_placement::view::{NodeView, PodView, TargetView};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
@@ -36,7 +37,13 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     let namespace = pps.namespace().ok_or(Error::MissingMeta("namespace"))?;
     let uid = pps.uid().ok_or(Error::MissingMeta("uid"))?;
     let previous = ctx.newest_status(&uid, pps.status.as_ref());
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    // Whole seconds, as the API server stores `metav1.Time`: our remembered copy of the status
+    // must compare equal to what the cache later shows, or `newest_status` would keep using the
+    // copy and overwrite any change made to the status since (a record removed by hand).
+    let now = Time(
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
+            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
+    );
     let generation = pps.meta().generation;
 
     let config = match spec::check(&pps.spec) {
@@ -142,11 +149,66 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     write_status(&pps, &ctx, &previous, status.clone()).await?;
     publish_changes(&pps, &ctx, &plan.changes).await;
     announce_conditions(&pps, &ctx, &previous, &status).await;
+    let has_required = pps
+        .spec
+        .required_persistent_topology
+        .as_ref()
+        .is_some_and(|t| !t.node_topology_keys.is_empty());
+    let pps_name = pps.name_any();
+    let stranded = record::stranded_pods(
+        &pps_name,
+        has_required,
+        config.node_loss_after,
+        &status.pod_states,
+        &pods,
+    );
+    for pod in stranded {
+        delete_stranded(&pps, &ctx, &namespace, pod).await?;
+    }
     Ok(plan
         .requeue_after
         .map_or_else(Action::await_change, |after| {
             Action::requeue(after + Duration::from_millis(100))
         }))
+}
+
+/// Deletes a pod left Pending by a pin that has fallen back (see
+/// [`record::stranded_pods`]); its StatefulSet creates it again and the webhook pins the new pod
+/// by preferred terms only. The UID precondition makes sure only that very pod goes.
+async fn delete_stranded(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    namespace: &str,
+    pod: &PodView,
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name, &params).await {
+        Ok(_) => {}
+        // Gone already, or replaced by a pod with another UID: nothing stranded is left.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+        Err(source) => {
+            return Err(Error::Api {
+                action: "delete",
+                what: format!("stranded pod {namespace}/{}", pod.name),
+                source,
+            });
+        }
+    }
+    ctx.metrics.stranded_pods_deleted.inc();
+    warn!(pod = %pod.name, "deleted a pod left Pending by a pin that fell back; its StatefulSet creates it again");
+    let note = format!(
+        "deleted pod {} (uid {}): it was Pending, pinned to a lost node before the pin fell back to preferred terms; its StatefulSet creates it again without that pin",
+        pod.name, pod.uid
+    );
+    publish(pps, ctx, EventType::Warning, "StrandedPodDeleted", &note).await;
+    Ok(())
 }
 
 /// What the controller does after a failed reconcile: count it and retry with backoff.

@@ -500,3 +500,41 @@ async fn bad_input_gets_a_clear_condition_not_a_crash_loop() {
     assert!(!ctl.is_finished());
     ctl.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_record_removed_by_hand_stays_removed() {
+    let c = cluster().await;
+    let ctl = start_controller(&c.client, None, "solo");
+    let sts = create_sts(&c.client, "mq", 2, 0, &auto("kubernetes.io/hostname", "")).await;
+    run_pod(&c.client, &sts, 0, "n1", "10.5.0.1").await;
+    run_pod(&c.client, &sts, 1, "n2", "10.5.0.2").await;
+    wait_pps(&c.client, "mq", "two records", |p| records(p).len() == 2).await;
+
+    // mq-1 is gone and its record kept for the rebuild; the operator removes it by hand (what
+    // the WaitingForNode message tells them to do when a node will not come back).
+    remove_pod(&c.client, "mq-1").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    pps_api(&c.client)
+        .patch_status(
+            "mq",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"podStates": {"mq-1": null}}})),
+        )
+        .await
+        .unwrap();
+    // Another change makes the controller write the status again: the edit must survive it,
+    // not be overwritten by the controller's remembered copy.
+    set_pod_ready(&c.client, "mq-0", "10.5.0.9", true).await;
+    let pps = wait_pps(&c.client, "mq", "mq-0 refreshed", |p| {
+        records(p)
+            .get("mq-0")
+            .is_some_and(|r| r.pod_ips == ["10.5.0.9"])
+    })
+    .await;
+    assert!(
+        !records(&pps).contains_key("mq-1"),
+        "the hand edit was overwritten: {:?}",
+        records(&pps).keys()
+    );
+    ctl.stop().await.unwrap();
+}

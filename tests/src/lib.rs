@@ -14,18 +14,37 @@ pub const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
 /// built on first use if `cargo test` has not built it already.
 pub fn ipkeep_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("ipkeep", "IPKEEP_BIN"))
+    BIN.get_or_init(|| workspace_bin("ipkeep", "IPKEEP_BIN", &["ipkeep-cni"]))
         .clone()
 }
 
 /// The `ipkeep-agent` binary, like [`ipkeep_bin`] (`IPKEEP_AGENT_BIN` overrides).
 pub fn agent_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("ipkeep-agent", "IPKEEP_AGENT_BIN"))
+    BIN.get_or_init(|| workspace_bin("ipkeep-agent", "IPKEEP_AGENT_BIN", &["ipkeep-cni"]))
         .clone()
 }
 
-fn workspace_bin(name: &str, override_var: &str) -> PathBuf {
+/// The `ipkeep-demo` binary (`IPKEEP_DEMO_BIN` overrides), built together with every binary it
+/// starts, so none of them is stale.
+pub fn demo_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        workspace_bin(
+            "ipkeep-demo",
+            "IPKEEP_DEMO_BIN",
+            &[
+                "ipkeep-e2e",
+                "ipkeep-cni",
+                "ipkeep-controller",
+                "ipkeep-scheduler-ext",
+            ],
+        )
+    })
+    .clone()
+}
+
+fn workspace_bin(name: &str, override_var: &str, packages: &[&str]) -> PathBuf {
     if let Some(p) = std::env::var_os(override_var) {
         return PathBuf::from(p);
     }
@@ -39,7 +58,10 @@ fn workspace_bin(name: &str, override_var: &str) -> PathBuf {
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "ipkeep-cni", "--bin", name]);
+    cmd.args(["build", "--quiet", "--bins"]);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
     if release {
         cmd.arg("--release");
     }

@@ -10,6 +10,12 @@ pub const PREFERRED_TOPOLOGY: &str = "ipkeep.dev/preferred-persistent-topology";
 /// StatefulSet (copied into `spec.ipRetention`) and pod (read by the CNI plugin): how long a
 /// deleted pod's addresses stay held for it, e.g. `30m`, `24h`, `forever`; `0` turns it off.
 pub const IP_RETENTION: &str = "ipkeep.dev/ip-retention";
+/// StatefulSet (copied into `spec.nodeLossPolicy.action` of a generated PersistentPodState):
+/// `FallbackToPreferred` (default) or `Wait`.
+pub const NODE_LOSS_ACTION: &str = "ipkeep.dev/node-loss-action";
+/// StatefulSet (copied into `spec.nodeLossPolicy.after` of a generated PersistentPodState): how
+/// long a recorded node is missing or NotReady before the action applies, e.g. `5m`.
+pub const NODE_LOSS_AFTER: &str = "ipkeep.dev/node-loss-after";
 
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
 pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use ipkeep_api::annotations::{self as keys, lookup};
 use ipkeep_api::{
-    DEFAULT_IP_RETENTION, NodeLossPolicy, NodeTopologyTerm, PersistentPodStateSpec,
+    DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodStateSpec,
     PreferredTopologyTerm, RetentionPolicy, TargetReference,
 };
 
@@ -24,6 +24,11 @@ pub enum AutoGenerateError {
     )]
     NoTopology,
     /// The resulting spec is invalid (a bad key or retention value).
+    #[error(
+        "{key} is {0:?}; use FallbackToPreferred or Wait",
+        key = keys::NODE_LOSS_ACTION
+    )]
+    NodeLossAction(String),
     #[error("the annotations give an invalid PersistentPodState: {0}")]
     Invalid(#[from] SpecError),
 }
@@ -80,13 +85,31 @@ pub fn generated_spec(
             }]
         },
         persistent_pod_state_retention_policy: RetentionPolicy::default(),
-        node_loss_policy: NodeLossPolicy::default(),
+        node_loss_policy: node_loss_policy(annotations)?,
         ip_retention: lookup(annotations, keys::IP_RETENTION, None)
             .map_or(DEFAULT_IP_RETENTION, str::trim)
             .to_string(),
     };
     spec::check(&spec)?;
     Ok(Some(spec))
+}
+
+/// `spec.nodeLossPolicy` from the node-loss annotations; each one absent takes its default.
+fn node_loss_policy(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<NodeLossPolicy, AutoGenerateError> {
+    let mut policy = NodeLossPolicy::default();
+    if let Some(action) = lookup(annotations, keys::NODE_LOSS_ACTION, None).map(str::trim) {
+        policy.action = match action {
+            "FallbackToPreferred" => NodeLossAction::FallbackToPreferred,
+            "Wait" => NodeLossAction::Wait,
+            other => return Err(AutoGenerateError::NodeLossAction(other.to_string())),
+        };
+    }
+    if let Some(after) = lookup(annotations, keys::NODE_LOSS_AFTER, None) {
+        policy.after = after.trim().to_string();
+    }
+    Ok(policy)
 }
 
 #[cfg(test)]
@@ -190,6 +213,40 @@ mod tests {
         assert!(matches!(
             generated_spec("db", Some(&a)),
             Err(AutoGenerateError::Invalid(SpecError::BadDuration { .. }))
+        ));
+    }
+
+    #[test]
+    fn node_loss_policy_from_annotations() {
+        let base = [
+            (keys::AUTO_GENERATE, "true"),
+            (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
+        ];
+        let spec = |extra: &[(&str, &str)]| {
+            let mut a = ann(&base);
+            a.extend(ann(extra));
+            generated_spec("db", Some(&a))
+        };
+        assert_eq!(
+            spec(&[]).unwrap().unwrap().node_loss_policy,
+            NodeLossPolicy::default()
+        );
+        let p = spec(&[
+            (keys::NODE_LOSS_ACTION, " Wait "),
+            (keys::NODE_LOSS_AFTER, "30s"),
+        ])
+        .unwrap()
+        .unwrap()
+        .node_loss_policy;
+        assert_eq!((p.action, p.after.as_str()), (NodeLossAction::Wait, "30s"));
+        let err = spec(&[(keys::NODE_LOSS_ACTION, "wait")]).unwrap_err();
+        assert!(
+            err.to_string().contains("FallbackToPreferred or Wait"),
+            "{err}"
+        );
+        assert!(matches!(
+            spec(&[(keys::NODE_LOSS_AFTER, "soon")]),
+            Err(AutoGenerateError::Invalid(_))
         ));
     }
 }

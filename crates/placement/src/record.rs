@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use ipkeep_api::annotations::PINNED_BY;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RetentionPolicy};
 
@@ -288,6 +289,45 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
         lost,
         requeue_after,
     }
+}
+
+/// Pods left Pending by a pin the node-loss policy has since released.
+///
+/// A pod created while its record still pinned it to the lost node carries that required affinity
+/// in its (immutable) spec, so it stays Pending even after the record falls back to preferred
+/// terms. Such a pod is stranded when it is unbound, not terminating, pinned by this
+/// PersistentPodState (`pinned_by`), its record is preferred-only, the spec has required topology
+/// and the pod was created before the fallback (`node_lost_at + after`). Deleting it lets the
+/// StatefulSet controller create it again, and the webhook then pins it by preferred terms only.
+/// A pod created after the fallback is never listed, so this cannot loop.
+pub fn stranded_pods<'a>(
+    pinned_by: &str,
+    has_required: bool,
+    after: Duration,
+    records: &BTreeMap<String, PodState>,
+    pods: &'a BTreeMap<String, PodView>,
+) -> Vec<&'a PodView> {
+    if !has_required {
+        return Vec::new();
+    }
+    records
+        .iter()
+        .filter(|(_, r)| r.preferred_only)
+        .filter_map(|(name, record)| {
+            let pod = pods.get(name)?;
+            let lost_at = record.node_lost_at.as_ref()?;
+            let created_ms = pod.created_ms?;
+            let fell_back_ms = lost_at
+                .0
+                .as_millisecond()
+                .saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+            let stranded = pod.node_name.is_none()
+                && !pod.terminating
+                && pod.annotations.get(PINNED_BY).map(String::as_str) == Some(pinned_by)
+                && created_ms < fell_back_ms;
+            stranded.then_some(pod)
+        })
+        .collect()
 }
 
 /// The `NodeLost` condition for a plan.

@@ -37,6 +37,7 @@ fn pod(name: &str, node: &str, ready: bool) -> PodView {
         terminating: false,
         ips: vec![format!("10.0.0.{}", name.len())],
         annotations: BTreeMap::new(),
+        created_ms: None,
     }
 }
 
@@ -309,4 +310,66 @@ fn not_ready_node_counts_from_its_transition_and_wait_keeps_the_pin() {
     let cond = node_lost_condition(&p.lost, c.config.node_loss_after);
     assert_eq!(cond.reason, "WaitingForNode");
     assert!(cond.message.contains("stays Pending"), "{}", cond.message);
+}
+
+#[test]
+fn stranded_pods_are_the_pending_ones_pinned_before_the_fallback() {
+    let lost_at = t(0);
+    let after = Duration::from_secs(300);
+    let record = |preferred_only: bool| PodState {
+        node_name: "gone".into(),
+        node_lost_at: Some(lost_at.clone()),
+        preferred_only,
+        ..Default::default()
+    };
+    // (case, record preferred-only, node, terminating, pinned-by, created at, stranded)
+    let cases: [(&str, bool, &str, bool, &str, i64, bool); 7] = [
+        (
+            "pending, pinned before the fallback",
+            true,
+            "",
+            false,
+            "db",
+            10,
+            true,
+        ),
+        (
+            "created after the fallback",
+            true,
+            "",
+            false,
+            "db",
+            301,
+            false,
+        ),
+        (
+            "still in the grace period",
+            false,
+            "",
+            false,
+            "db",
+            10,
+            false,
+        ),
+        ("bound", true, "n1", false, "db", 10, false),
+        ("terminating", true, "", true, "db", 10, false),
+        ("pinned by another", true, "", false, "other", 10, false),
+        ("not pinned", true, "", false, "", 10, false),
+    ];
+    for (case, preferred_only, node, terminating, pinned_by, created, want) in cases {
+        let mut p = pod("db-0", node, false);
+        p.terminating = terminating;
+        p.created_ms = Some(t(created).0.as_millisecond());
+        if !pinned_by.is_empty() {
+            p.annotations.insert(PINNED_BY.into(), pinned_by.into());
+        }
+        let pods = BTreeMap::from([("db-0".to_string(), p)]);
+        let records = BTreeMap::from([("db-0".to_string(), record(preferred_only))]);
+        let got = stranded_pods("db", true, after, &records, &pods);
+        assert_eq!(!got.is_empty(), want, "{case}");
+        assert!(
+            stranded_pods("db", false, after, &records, &pods).is_empty(),
+            "{case}: nothing is stranded without required topology"
+        );
+    }
 }

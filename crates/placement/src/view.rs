@@ -26,6 +26,8 @@ pub struct PodView {
     pub ips: Vec<String>,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
+    /// `metadata.creationTimestamp`, in milliseconds since the Unix epoch.
+    pub created_ms: Option<i64>,
 }
 
 impl PodView {
@@ -61,6 +63,11 @@ impl PodView {
             terminating: pod.metadata.deletion_timestamp.is_some(),
             ips,
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+            created_ms: pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_millisecond()),
         }
     }
 

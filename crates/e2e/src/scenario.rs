@@ -1,0 +1,704 @@
+//! The story the demonstration tells, with its expectations:
+//!
+//! 1. a 3-replica annotated StatefulSet (deploy/examples/statefulset.yaml) starts; ipkeep
+//!    records each pod's node and IPs;
+//! 2. a pod is deleted → it comes back on the same node with the same IP;
+//! 3. a node is deleted (local system only: never done to a real cluster) → the rebuilt pod is
+//!    pinned to the lost node and Pending, `NodeLost` is reported, and after `node-loss-after`
+//!    the pin falls back to preferred terms, the stranded pod is replaced and starts elsewhere
+//!    with a new IP;
+//! 4. scale down → the record of the removed ordinal is pruned, and its held address released
+//!    by the node agent;
+//! 5. scale up → a new pod, a new record.
+//!
+//! With [`Options::restarts`] every ipkeep component is restarted twice mid-scenario (SIGKILL
+//! before step 2, SIGTERM before step 4), and the story must still hold. On the local system the
+//! end state is audited: every node's store holds exactly its pods' addresses, nothing held.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use ipkeep_api::PersistentPodState;
+use ipkeep_api::annotations::{NODE_LOSS_AFTER, PINNED_BY};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::procs::Stop;
+use crate::report::{Place, Report};
+use crate::sim::statefulset::is_ready;
+use crate::system::{LocalSystem, deploy_documents};
+
+/// How long any one thing may take before the scenario gives up.
+const PATIENCE: Duration = Duration::from_secs(90);
+/// The node-loss grace the demonstration gives its StatefulSet (the default is 5m).
+const NODE_LOSS_AFTER_DEMO: &str = "5s";
+
+/// How the scenario runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The namespace to create and use.
+    pub namespace: String,
+    /// Restart every component mid-scenario.
+    pub restarts: bool,
+}
+
+/// Where the scenario runs.
+pub enum Target<'a> {
+    /// The local system: simulators, node-level checks, node deletion.
+    Local(&'a mut LocalSystem),
+    /// A real cluster with ipkeep installed: API-level checks only; no node is touched.
+    Cluster(Client),
+}
+
+impl std::fmt::Debug for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Target::Local(_) => "Local",
+            Target::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+struct Run<'a, 'r> {
+    target: Target<'a>,
+    client: Client,
+    namespace: String,
+    sts: String,
+    report: &'r mut Report,
+}
+
+/// A pod as the scenario sees it.
+#[derive(Debug, Clone)]
+struct PodSnap {
+    uid: String,
+    place: Place,
+    ready: bool,
+    pending_why: Option<String>,
+    pinned_by: Option<String>,
+}
+
+impl PodSnap {
+    fn of(pod: &Pod) -> Self {
+        let status = pod.status.as_ref();
+        let pending_why = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            })
+            .and_then(|c| c.message.clone());
+        Self {
+            uid: pod.uid().unwrap_or_default(),
+            place: Place {
+                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                ip: status.and_then(|s| s.pod_ip.clone()),
+            },
+            ready: is_ready(pod) && pod.metadata.deletion_timestamp.is_none(),
+            pending_why,
+            pinned_by: pod.annotations().get(PINNED_BY).cloned(),
+        }
+    }
+}
+
+/// Runs the scenario on `target`, narrating to `report`. An `Err` is a step that could not be
+/// carried out (a timeout, an API error); failed expectations are in the report.
+pub async fn run(target: Target<'_>, options: &Options, report: &mut Report) -> Result<()> {
+    let client = match &target {
+        Target::Local(system) => system.client(),
+        Target::Cluster(client) => client.clone(),
+    };
+    let mut run = Run {
+        target,
+        client,
+        namespace: options.namespace.clone(),
+        sts: String::new(),
+        report,
+    };
+    run.start().await?;
+    if options.restarts {
+        run.restart_components(Stop::Kill).await?;
+    }
+    run.delete_pod(0).await?;
+    if matches!(run.target, Target::Local(_)) {
+        run.lose_node(2).await?;
+    } else {
+        run.report.say("(node loss is shown on the local system only: this never deletes a node of a real cluster)");
+    }
+    if options.restarts {
+        run.restart_components(Stop::Graceful).await?;
+    }
+    run.scale_down().await?;
+    run.scale_up().await?;
+    run.audit().await?;
+    Ok(())
+}
+
+impl Run<'_, '_> {
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn pps_api(&self) -> Api<PersistentPodState> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn pod_name(&self, ordinal: i32) -> String {
+        format!("{}-{ordinal}", self.sts)
+    }
+
+    /// Polls `check` until it returns `Some`, failing after [`PATIENCE`] (or at once if a
+    /// local component died).
+    async fn wait<T, F, Fut>(&mut self, what: &str, mut check: F) -> Result<T>
+    where
+        F: FnMut(Client, String) -> Fut,
+        Fut: Future<Output = Result<Option<T>>>,
+    {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            if let Target::Local(system) = &mut self.target {
+                system.check_running()?;
+            }
+            if let Some(v) = check(self.client.clone(), self.namespace.clone()).await? {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out after {PATIENCE:?} waiting for {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn snap(&self, name: &str) -> Result<Option<PodSnap>> {
+        Ok(self.pods().get_opt(name).await?.as_ref().map(PodSnap::of))
+    }
+
+    async fn wait_ready(&mut self, name: &str, not_uid: Option<&str>) -> Result<PodSnap> {
+        let name = name.to_string();
+        let not_uid = not_uid.map(str::to_string);
+        self.wait(&format!("pod {name} Ready"), |client, ns| {
+            let (name, not_uid) = (name.clone(), not_uid.clone());
+            async move {
+                let pod = Api::<Pod>::namespaced(client, &ns).get_opt(&name).await?;
+                Ok(pod.map(|p| PodSnap::of(&p)).filter(|s| {
+                    s.ready && s.place.ip.is_some() && not_uid.as_deref() != Some(s.uid.as_str())
+                }))
+            }
+        })
+        .await
+    }
+
+    /// The records of the PersistentPodState (pod → (node, IPs)).
+    async fn records(&self) -> Result<BTreeMap<String, (String, Vec<String>)>> {
+        let Some(pps) = self.pps_api().get_opt(&self.sts).await? else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(pps
+            .status
+            .unwrap_or_default()
+            .pod_states
+            .into_iter()
+            .map(|(pod, r)| (pod, (r.node_name, r.pod_ips)))
+            .collect())
+    }
+
+    async fn wait_recorded(&mut self, name: &str, place: &Place) -> Result<()> {
+        let want = (
+            place.node.clone().unwrap_or_default(),
+            place.ip.clone().into_iter().collect::<Vec<_>>(),
+        );
+        let (sts, name) = (self.sts.clone(), name.to_string());
+        self.wait(
+            &format!("the record of {name} to say {} {:?}", want.0, want.1),
+            |client, ns| {
+                let (sts, name, want) = (sts.clone(), name.clone(), want.clone());
+                async move {
+                    let pps = Api::<PersistentPodState>::namespaced(client, &ns)
+                        .get_opt(&sts)
+                        .await?;
+                    let record = pps
+                        .and_then(|p| p.status)
+                        .and_then(|s| s.pod_states.get(&name).cloned());
+                    Ok(record
+                        .filter(|r| {
+                            r.node_name == want.0 && want.1.iter().all(|ip| r.pod_ips.contains(ip))
+                        })
+                        .map(drop))
+                }
+            },
+        )
+        .await
+    }
+
+    async fn events(&self, reason: &str) -> Result<Vec<String>> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.message)
+            .collect())
+    }
+
+    /// Step 1: the namespace and the example StatefulSet; every pod Ready and recorded.
+    async fn start(&mut self) -> Result<()> {
+        self.report.step("start: a 3-replica StatefulSet annotated for ipkeep (deploy/examples/statefulset.yaml)");
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": self.namespace}}))?;
+        match Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e).context("create the namespace"),
+        }
+        let mut sts_doc: Option<Value> = None;
+        for doc in deploy_documents("examples/statefulset.yaml")? {
+            match doc["kind"].as_str() {
+                Some("StatefulSet") => sts_doc = Some(doc),
+                Some("Service") => {
+                    let svc: Service = serde_json::from_value(doc)?;
+                    let api: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
+                    // The local API server may not serve Services; the demonstration needs none.
+                    let _ = api.create(&PostParams::default(), &svc).await;
+                }
+                _ => {}
+            }
+        }
+        let mut doc = sts_doc.context("deploy/examples/statefulset.yaml has no StatefulSet")?;
+        if matches!(self.target, Target::Local(_)) {
+            doc["metadata"]["annotations"][NODE_LOSS_AFTER] = json!(NODE_LOSS_AFTER_DEMO);
+            self.report.say(&format!(
+                "the demonstration sets {NODE_LOSS_AFTER}: {NODE_LOSS_AFTER_DEMO} on it (default 5m) so node loss resolves quickly"
+            ));
+        }
+        let sts: StatefulSet = serde_json::from_value(doc)?;
+        self.sts = sts.name_any();
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        Api::<StatefulSet>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &sts)
+            .await
+            .context("create the StatefulSet")?;
+        self.report.say(&format!(
+            "created StatefulSet {}/{} with {replicas} replicas",
+            self.namespace, self.sts
+        ));
+        let mut nodes = BTreeSet::new();
+        for ordinal in 0..replicas {
+            let name = self.pod_name(ordinal);
+            let snap = self.wait_ready(&name, None).await?;
+            self.wait_recorded(&name, &snap.place).await?;
+            let (node, ip) = (
+                snap.place.node.clone().unwrap_or_default(),
+                snap.place.ip.clone().unwrap_or_default(),
+            );
+            self.report.say(&format!(
+                "{name} Ready on {node} with {ip}; recorded in PersistentPodState {}",
+                self.sts
+            ));
+            nodes.insert(node);
+            self.report.row(
+                "start",
+                &name,
+                Place::default(),
+                snap.place,
+                "recorded node, zone and IP",
+            );
+        }
+        if matches!(self.target, Target::Local(_)) {
+            let spread = nodes.len() == usize::try_from(replicas).unwrap_or(0);
+            self.report.expect(
+                spread,
+                format!("the {replicas} pods run on {replicas} different nodes"),
+            );
+        }
+        Ok(())
+    }
+
+    async fn restart_components(&mut self, how: Stop) -> Result<()> {
+        let Target::Local(system) = &mut self.target else {
+            return Ok(());
+        };
+        let verb = if how == Stop::Kill {
+            "SIGKILL"
+        } else {
+            "SIGTERM"
+        };
+        self.report
+            .step(&format!("restart every ipkeep component ({verb})"));
+        let restarted = system.restart_all(how).await?;
+        self.report.say(&format!(
+            "restarted and ready again: {}",
+            restarted.join(", ")
+        ));
+        Ok(())
+    }
+
+    /// Step 2: delete a pod; it returns on the same node with the same IP.
+    async fn delete_pod(&mut self, ordinal: i32) -> Result<()> {
+        let name = self.pod_name(ordinal);
+        self.report.step(&format!(
+            "delete pod {name}: it must come back on the same node with the same IP"
+        ));
+        let before = self.snap(&name).await?.context("the pod is missing")?;
+        self.pods().delete(&name, &DeleteParams::default()).await?;
+        self.report.say(&format!(
+            "deleted {name} (was on {} with {})",
+            show(&before.place.node),
+            show(&before.place.ip)
+        ));
+        let after = self.wait_ready(&name, Some(&before.uid)).await?;
+        self.report.say(&format!(
+            "{name} re-created and Ready on {} with {}",
+            show(&after.place.node),
+            show(&after.place.ip)
+        ));
+        let pinned = after.pinned_by.as_deref() == Some(self.sts.as_str());
+        self.report.expect(
+            pinned,
+            format!(
+                "the webhook pinned the new {name} ({PINNED_BY}: {})",
+                show(&after.pinned_by)
+            ),
+        );
+        self.report.expect(
+            after.place.node == before.place.node,
+            format!("{name} is back on {}", show(&before.place.node)),
+        );
+        self.report.expect(
+            after.place.ip == before.place.ip,
+            format!("{name} has its IP {} again", show(&before.place.ip)),
+        );
+        self.report.row(
+            "delete pod",
+            &name,
+            before.place,
+            after.place,
+            "pinned to its recorded node; the IP was held while it was away and handed back",
+        );
+        Ok(())
+    }
+
+    /// Step 3 (local only): the node of `ordinal` is lost.
+    async fn lose_node(&mut self, ordinal: i32) -> Result<()> {
+        let name = self.pod_name(ordinal);
+        let before = self.snap(&name).await?.context("the pod is missing")?;
+        let node = before.place.node.clone().context("the pod is not bound")?;
+        self.report.step(&format!(
+            "node {node} is lost (the machine is gone and its Node deleted)"
+        ));
+        if let Target::Local(system) = &mut self.target {
+            system.delete_node(&node).await?;
+        }
+        self.report.say(&format!(
+            "deleted Node {node}; pod GC force-deletes {name}, the StatefulSet re-creates it"
+        ));
+        let old_uid = before.uid.clone();
+        let (sts, pod_name) = (self.sts.clone(), name.clone());
+        let why = self
+            .wait(
+                &format!("the re-created {name} to be Pending, pinned to {node}"),
+                |client, ns| {
+                    let (pod_name, old_uid) = (pod_name.clone(), old_uid.clone());
+                    async move {
+                        let pod = Api::<Pod>::namespaced(client, &ns)
+                            .get_opt(&pod_name)
+                            .await?;
+                        Ok(pod
+                            .map(|p| PodSnap::of(&p))
+                            .filter(|s| s.uid != old_uid)
+                            .and_then(|s| s.pending_why))
+                    }
+                },
+            )
+            .await?;
+        self.report.say(&format!(
+            "{name} is Pending, pinned to the lost node: {why}"
+        ));
+        let condition = self
+            .wait("the NodeLost condition", |client, ns| {
+                let sts = sts.clone();
+                async move {
+                    let pps = Api::<PersistentPodState>::namespaced(client, &ns)
+                        .get_opt(&sts)
+                        .await?;
+                    Ok(pps.and_then(|p| p.status).and_then(|s| {
+                        s.conditions
+                            .into_iter()
+                            .find(|c| c.type_ == "NodeLost" && c.status == "True")
+                    }))
+                }
+            })
+            .await?;
+        self.report.say(&format!(
+            "PersistentPodState {}: NodeLost=True ({}): {}",
+            self.sts, condition.reason, condition.message
+        ));
+        let after = self.wait_ready(&name, Some(&before.uid)).await?;
+        self.report.say(&format!(
+            "{name} Ready on {} with {} after the pin fell back to preferred terms",
+            show(&after.place.node),
+            show(&after.place.ip)
+        ));
+        let fell_back = self.events("FellBackToPreferred").await?;
+        let replaced = self.events("StrandedPodDeleted").await?;
+        for e in fell_back.iter().chain(&replaced) {
+            self.report.say(&format!("event: {e}"));
+        }
+        self.report.expect(
+            !fell_back.is_empty(),
+            "the controller reported FellBackToPreferred",
+        );
+        self.report.expect(
+            !replaced.is_empty(),
+            "the controller replaced the stranded Pending pod",
+        );
+        self.report.expect(
+            after.place.node.as_deref().is_some_and(|n| n != node),
+            format!("{name} now runs on another node"),
+        );
+        self.report.expect(
+            after.place.ip != before.place.ip,
+            format!("{name} has a new IP (node-local IPAM cannot move it)"),
+        );
+        self.wait_recorded(&name, &after.place).await?;
+        self.report.say(&format!(
+            "the record of {name} moved to {}",
+            show(&after.place.node)
+        ));
+        self.report.row(
+            "lose node",
+            &name,
+            before.place,
+            after.place,
+            format!("NodeLost; after {NODE_LOSS_AFTER_DEMO} fell back to preferred (zone), replaced the stranded pod; new node, new IP"),
+        );
+        Ok(())
+    }
+
+    async fn scale(&self, replicas: i32) -> Result<()> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), &self.namespace);
+        api.patch(
+            &self.sts,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .context("scale the StatefulSet")?;
+        Ok(())
+    }
+
+    /// Step 4: scale down by one; the record goes and the node releases the held address.
+    async fn scale_down(&mut self) -> Result<()> {
+        let sts: StatefulSet = Api::namespaced(self.client.clone(), &self.namespace)
+            .get(&self.sts)
+            .await?;
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let name = self.pod_name(replicas - 1);
+        self.report.step(&format!(
+            "scale down to {}: the record of {name} is pruned and its address released",
+            replicas - 1
+        ));
+        let before = self.snap(&name).await?.context("the pod is missing")?;
+        self.scale(replicas - 1).await?;
+        self.report
+            .say(&format!("scaled {} to {}", self.sts, replicas - 1));
+        let pod_name = name.clone();
+        self.wait(&format!("{name} to be gone"), |client, ns| {
+            let pod_name = pod_name.clone();
+            async move {
+                Ok(Api::<Pod>::namespaced(client, &ns)
+                    .get_opt(&pod_name)
+                    .await?
+                    .is_none()
+                    .then_some(()))
+            }
+        })
+        .await?;
+        let sts_name = self.sts.clone();
+        let pod_name = name.clone();
+        self.wait(
+            &format!("the record of {name} to be pruned"),
+            |client, ns| {
+                let (sts_name, pod_name) = (sts_name.clone(), pod_name.clone());
+                async move {
+                    let pps = Api::<PersistentPodState>::namespaced(client, &ns)
+                        .get_opt(&sts_name)
+                        .await?;
+                    Ok(pps
+                        .and_then(|p| p.status)
+                        .is_some_and(|s| !s.pod_states.contains_key(&pod_name))
+                        .then_some(()))
+                }
+            },
+        )
+        .await?;
+        self.report.say(&format!(
+            "PersistentPodState {}: record of {name} pruned (policy WhenScaled)",
+            self.sts
+        ));
+        let mut did = "record pruned".to_string();
+        if let (Target::Local(system), Some(node), Some(ip)) =
+            (&self.target, &before.place.node, &before.place.ip)
+        {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            let released = loop {
+                let leases = system.leases(node).await?;
+                if !leases.iter().any(|(l, _, _)| l == ip) {
+                    break true;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            let metrics = system.agent_metrics(node).await.unwrap_or_default();
+            let count = crate::http::metric_sum(
+                &metrics,
+                "ipkeep_agent_releases_total",
+                &[("reason", "record-pruned")],
+            );
+            self.report.say(&format!(
+                "agent on {node}: ipkeep_agent_releases_total{{reason=\"record-pruned\"}} = {count}"
+            ));
+            self.report.expect(
+                released,
+                format!(
+                    "the agent on {node} released {ip} (held for {name} until the record went)"
+                ),
+            );
+            did = format!("record pruned; agent on {node} released the held {ip}");
+        }
+        self.report
+            .row("scale down", &name, before.place, Place::default(), did);
+        Ok(())
+    }
+
+    /// Step 5: scale up by one; a new pod and a new record.
+    async fn scale_up(&mut self) -> Result<()> {
+        let sts: StatefulSet = Api::namespaced(self.client.clone(), &self.namespace)
+            .get(&self.sts)
+            .await?;
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let name = self.pod_name(replicas);
+        self.report.step(&format!(
+            "scale up to {}: {name} starts afresh and is recorded",
+            replicas + 1
+        ));
+        self.scale(replicas + 1).await?;
+        let after = self.wait_ready(&name, None).await?;
+        self.wait_recorded(&name, &after.place).await?;
+        self.report.say(&format!(
+            "{name} Ready on {} with {}; recorded",
+            show(&after.place.node),
+            show(&after.place.ip)
+        ));
+        self.report.expect(
+            after.pinned_by.is_none(),
+            format!("the new {name} was not pinned (no record survived the scale-down)"),
+        );
+        self.report.row(
+            "scale up",
+            &name,
+            Place::default(),
+            after.place,
+            "no record, so no pin; recorded once Ready",
+        );
+        Ok(())
+    }
+
+    /// The end state: records match the pods, and (locally) every node's store holds exactly
+    /// its pods' addresses.
+    async fn audit(&mut self) -> Result<()> {
+        self.report
+            .step("audit: records and node stores against the pods");
+        let pods = self.pods().list(&ListParams::default()).await?.items;
+        let records = self.records().await?;
+        for pod in &pods {
+            let s = PodSnap::of(pod);
+            let want = (
+                s.place.node.clone().unwrap_or_default(),
+                s.place.ip.clone().into_iter().collect::<Vec<_>>(),
+            );
+            let name = pod.name_any();
+            let got = records.get(&name);
+            self.report.expect(
+                got.is_some_and(|(n, ips)| {
+                    *n == want.0 && want.1.iter().all(|ip| ips.contains(ip))
+                }),
+                format!(
+                    "the record of {name} matches it ({} {})",
+                    want.0,
+                    want.1.join(",")
+                ),
+            );
+        }
+        self.report.expect(
+            records.len() == pods.len(),
+            format!("{} records for {} pods", records.len(), pods.len()),
+        );
+        let Target::Local(system) = &self.target else {
+            return Ok(());
+        };
+        let mut by_node: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for pod in &pods {
+            let s = PodSnap::of(pod);
+            if let (Some(n), Some(ip)) = (s.place.node, s.place.ip) {
+                by_node.entry(n).or_default().insert(ip);
+            }
+        }
+        let live_nodes: Vec<String> =
+            Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect();
+        let mut findings = Vec::new();
+        for node in &live_nodes {
+            let leases = system.leases(node).await?;
+            let active: BTreeSet<String> = leases
+                .iter()
+                .filter(|l| l.2 == "active")
+                .map(|l| l.0.clone())
+                .collect();
+            let held: Vec<String> = leases
+                .iter()
+                .filter(|l| l.2 == "held")
+                .map(|l| format!("{} ({})", l.0, l.1))
+                .collect();
+            let want = by_node.get(node).cloned().unwrap_or_default();
+            findings.push((
+                node.clone(),
+                active == want && held.is_empty(),
+                format!(
+                    "{node}: store has active {:?} held {:?}; pods there have {:?}",
+                    active, held, want
+                ),
+            ));
+            let fallbacks = system.fallbacks(node);
+            findings.push((
+                node.clone(),
+                fallbacks == 0,
+                format!(
+                    "{node}: every plugin command went through the agent ({fallbacks} fell back)"
+                ),
+            ));
+        }
+        for (_, ok, text) in findings {
+            self.report.expect(ok, text);
+        }
+        Ok(())
+    }
+}
+
+fn show(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("-")
+}
