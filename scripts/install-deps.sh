@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the demonstration and the tests need on a Debian machine: the reference CNI
 # plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
-# ping and arping for traffic. Skips apt entirely when everything is already there.
+# ping and arping for traffic, and Python's venv for scripts/validate-deploy.sh (which puts its
+# pinned validators in a virtualenv). Skips apt entirely when everything is already there.
 set -euo pipefail
 
 need=()
@@ -9,6 +10,9 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v arping >/dev/null || need+=(iputils-arping)
+# Debian's python3 creates virtualenvs only with python3-venv (ensurepip); other Pythons (pyenv)
+# have it built in.
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -44,7 +44,9 @@ pub fn demo_bin() -> PathBuf {
     .clone()
 }
 
-fn workspace_bin(name: &str, override_var: &str, packages: &[&str]) -> PathBuf {
+/// Builds `packages`' binaries (so none is stale) with the profile this test runs under, and
+/// returns the path of `name`; `override_var` names a variable that overrides the path.
+pub fn workspace_bin(name: &str, override_var: &str, packages: &[&str]) -> PathBuf {
     if let Some(p) = std::env::var_os(override_var) {
         return PathBuf::from(p);
     }
@@ -64,6 +66,25 @@ fn workspace_bin(name: &str, override_var: &str, packages: &[&str]) -> PathBuf {
     }
     if release {
         cmd.arg("--release");
+    }
+    // Cargo sets these for the test process only. Passed on, they make this build differ from
+    // the one scripts/test.sh ran (ring's build script reruns when CARGO_MANIFEST_DIR changes),
+    // and half the tree would be rebuilt here and again by the next plain cargo command.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let per_test = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
+            || key == "CARGO_PRIMARY_PACKAGE"
+            || key == "CARGO_TARGET_TMPDIR";
+        if per_test {
+            cmd.env_remove(key.as_ref());
+        }
     }
     let status = cmd.status().expect("run cargo build for an ipkeep binary");
     assert!(status.success(), "cargo build of {name} failed");

@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+#
+# One image with every ipkeep binary in /usr/local/bin: ipkeep (the CNI plugin, copied onto
+# each node by the agent DaemonSet's init container), ipkeep-agent, ipkeep-controller and
+# ipkeep-scheduler-ext. Every manifest in deploy/ uses it as ghcr.io/ipkeep/ipkeep:<version>
+# and picks the binary with `command`.
+#
+#   docker build -t ghcr.io/ipkeep/ipkeep:0.1.0 .
+#
+# The runtime stage is Debian slim, not distroless, on purpose: the agent's init container
+# (deploy/agent/daemonset.yaml) runs /bin/sh, cp, chmod and mv, and the scheduler extension's
+# preStop hook runs sleep. The image runs as the unprivileged user 65532 by default; the agent's
+# DaemonSet runs it as root (the node's IPAM store belongs to root).
+#
+# The ipkeep plugin binary runs on the host, not in this image, so it must run with the
+# host's C library: it is built against Debian 12 (bookworm)'s glibc 2.36, which covers hosts
+# with glibc 2.36 or newer. Build on an older base for older nodes.
+
+ARG RUST_IMAGE=rust:1-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${RUST_IMAGE} AS build
+WORKDIR /src
+COPY . .
+# The cache mounts keep the registry and the target directory between builds; the binaries are
+# copied out of the cached target directory in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --locked --release \
+      -p ipkeep-cni -p ipkeep-controller -p ipkeep-scheduler-ext \
+      --bin ipkeep --bin ipkeep-agent --bin ipkeep-controller --bin ipkeep-scheduler-ext \
+ && mkdir -p /out \
+ && for bin in ipkeep ipkeep-agent ipkeep-controller ipkeep-scheduler-ext; do \
+      install -m 0755 "target/release/$bin" "/out/$bin"; \
+    done
+
+FROM ${RUNTIME_IMAGE}
+# ca-certificates: for a kubeconfig that points at an API server with a public certificate
+# (in a cluster, the service account's CA is used).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 65532 nonroot \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin nonroot
+COPY --from=build /out/ /usr/local/bin/
+USER 65532:65532
+# No ENTRYPOINT: each workload names its binary (command: ["ipkeep-controller"], ...).
+CMD ["ipkeep-controller", "--help"]
