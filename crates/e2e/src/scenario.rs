@@ -653,14 +653,7 @@ impl Run<'_, '_> {
                 by_node.entry(n).or_default().insert(ip);
             }
         }
-        let live_nodes: Vec<String> =
-            Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .map(ResourceExt::name_any)
-                .collect();
+        let live_nodes = crate::sim::node_names(&self.client).await?;
         let mut findings = Vec::new();
         for node in &live_nodes {
             let leases = system.leases(node).await?;

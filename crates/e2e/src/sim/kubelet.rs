@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -152,20 +152,7 @@ impl Kubelet {
     }
 
     async fn finish_deletion(&self, pod: &Pod) -> Result<()> {
-        let api: Api<Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&pod.name_any(), &params).await {
-            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        super::delete_at_once(&self.client, pod).await.map(drop)
     }
 
     async fn failed(&self, pod: &Pod, why: &str) {

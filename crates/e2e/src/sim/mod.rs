@@ -13,6 +13,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 
 /// Where the simulators say what they did (`<logs>/simulators.log`).
@@ -65,4 +68,35 @@ where
             tokio::time::sleep(every).await;
         }
     })
+}
+
+/// The names of the nodes that exist.
+pub async fn node_names(client: &Client) -> anyhow::Result<Vec<String>> {
+    Ok(Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
+/// Deletes exactly this pod (UID precondition) without a grace period, as a kubelet does once
+/// its containers are gone and PodGC does for a pod of a missing node. `Ok(false)`: the API
+/// server refused (already gone, or another pod by now).
+pub async fn delete_at_once(client: &Client, pod: &Pod) -> anyhow::Result<bool> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }

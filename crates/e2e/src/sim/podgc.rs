@@ -3,21 +3,15 @@
 //! kubelet is left to finish a graceful deletion.
 
 use anyhow::Result;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
 use super::SimLog;
 
 /// One pass: force-deletes pods bound to missing nodes.
 pub async fn collect_orphans(client: &Client, log: &SimLog) -> Result<()> {
-    let nodes: Vec<String> = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let nodes = super::node_names(client).await?;
     let pods = Api::<Pod>::all(client.clone())
         .list(&ListParams::default())
         .await?;
@@ -29,16 +23,7 @@ pub async fn collect_orphans(client: &Client, log: &SimLog) -> Result<()> {
             continue;
         }
         let namespace = pod.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        if api.delete(&pod.name_any(), &params).await.is_ok() {
+        if super::delete_at_once(client, &pod).await? {
             log.line(
                 "podgc",
                 &format!(
