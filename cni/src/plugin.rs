@@ -244,8 +244,15 @@ fn cmd_add<S: Stores>(
     let pod = pod_ref(&inv.args, decoded);
     let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
     let (retention, source) = if pod.is_some() {
-        Retention::resolve(annotations, plan.retention)
-            .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))?
+        let policy = ipkeep_ipam::RetentionPolicy {
+            default: plan.retention,
+            max_unmanaged: Retention::Forever,
+        };
+        let r = policy.resolve(annotations);
+        if let Some(why) = &r.adjusted {
+            warn!("{why}");
+        }
+        (r.retention, r.source)
     } else {
         (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault)
     };
@@ -318,18 +325,25 @@ fn cmd_del<S: Stores>(
         info!("nothing to release: the network has no store yet");
         return Ok(());
     }
-    let retention = decoded.conf.runtime_config.pod_annotations.as_ref().and_then(|ann| {
-        let default = decoded
-            .ipam()
-            .ok()
-            .and_then(|i| i.retention.as_deref())
-            .and_then(|r| Retention::parse("ipam.retention", r).ok())
-            .unwrap_or(Retention::Off);
-        Retention::resolve(Some(ann), default)
-            .inspect_err(|e| warn!(error = %e, "ignoring unreadable retention at DEL; using the one recorded at ADD"))
-            .ok()
-            .map(|(r, _)| r)
-    });
+    let retention = decoded
+        .conf
+        .runtime_config
+        .pod_annotations
+        .as_ref()
+        .and_then(|ann| {
+            let default = decoded
+                .ipam()
+                .ok()
+                .and_then(|i| i.retention.as_deref())
+                .and_then(|r| Retention::parse("ipam.retention", r).ok())
+                .unwrap_or(Retention::Off);
+            let policy = ipkeep_ipam::RetentionPolicy {
+                default,
+                max_unmanaged: Retention::Forever,
+            };
+            let r = policy.resolve(Some(ann));
+            r.adjusted.is_none().then_some(r.retention)
+        });
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
         Ok((allocator::del(store, &attachment(inv), retention, now)?, t))

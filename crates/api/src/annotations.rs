@@ -9,7 +9,8 @@ pub const REQUIRED_TOPOLOGY: &str = "ipkeep.dev/required-persistent-topology";
 pub const PREFERRED_TOPOLOGY: &str = "ipkeep.dev/preferred-persistent-topology";
 /// StatefulSet (copied into `spec.ipRetention`) and pod (read by the CNI plugin): how long a
 /// deleted pod's addresses stay held for it, e.g. `30m`, `24h`, `forever`; `0` turns it off.
-pub const IP_RETENTION: &str = "ipkeep.dev/ip-retention";
+/// Its grammar is [`ipkeep_values::retention`].
+pub use ipkeep_values::keys::IP_RETENTION;
 /// StatefulSet (copied into `spec.nodeLossPolicy.action` of a generated PersistentPodState):
 /// `FallbackToPreferred` (default) or `Wait`.
 pub const NODE_LOSS_ACTION: &str = "ipkeep.dev/node-loss-action";
@@ -20,9 +21,12 @@ pub const NODE_LOSS_AFTER: &str = "ipkeep.dev/node-loss-after";
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
 pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";
 /// Pod (set by the scheduler extension on every pod it manages): the PersistentPodState that
-/// manages it. The CNI plugin records it with the pod's addresses, so the node agent can release
-/// them as soon as that PersistentPodState is deleted.
-pub const PERSISTENT_POD_STATE: &str = "ipkeep.dev/persistent-pod-state";
+/// manages it. The CNI plugin records it with the pod's addresses (and honours the pod's
+/// retention annotations in full only with it), so the node agent can release them as soon as
+/// that PersistentPodState is deleted.
+pub use ipkeep_values::keys::PERSISTENT_POD_STATE;
+/// Pod label with the pod's StatefulSet ordinal (Kubernetes 1.28 and later).
+pub use ipkeep_values::keys::POD_INDEX_LABEL;
 /// Pod (set by the scheduler extension): why a recorded pin was not applied to this pod.
 pub const PIN_SKIPPED: &str = "ipkeep.dev/pin-skipped";
 

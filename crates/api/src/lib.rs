@@ -12,6 +12,7 @@ pub mod annotations;
 mod pps;
 pub mod preflight;
 
+pub use ipkeep_values;
 pub use k8s_openapi;
 pub use kube;
 pub use pps::*;

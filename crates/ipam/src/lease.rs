@@ -42,9 +42,7 @@ pub struct PodRef {
     pub persistent_pod_state: Option<String>,
 }
 
-/// Pod annotation naming the PersistentPodState that manages the pod; the scheduler extension
-/// sets it on every pod it manages, the plugin records it with the pod's addresses.
-pub const PERSISTENT_POD_STATE_ANNOTATION: &str = "ipkeep.dev/persistent-pod-state";
+pub use crate::retention::PERSISTENT_POD_STATE_ANNOTATION;
 
 impl fmt::Display for PodRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

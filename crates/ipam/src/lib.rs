@@ -20,7 +20,7 @@ pub use lease::{
     Attachment, Lease, LeaseState, PERSISTENT_POD_STATE_ANNOTATION, PodIdentity, PodRef,
 };
 pub use range::{Range, RangeError, RangeSet, RangeSpec};
-pub use retention::{Retention, RetentionError, RetentionSource};
+pub use retention::{Resolved, Retention, RetentionError, RetentionPolicy, RetentionSource};
 pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError};
 
 #[cfg(test)]

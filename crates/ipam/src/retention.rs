@@ -1,32 +1,27 @@
-//! How long a deleted pod's addresses stay held for it, and where that duration comes from.
+//! Which retention a pod gets: its annotations, within the limits the network's operator set.
 //!
-//! Precedence (first match wins): the pod annotation [`IP_RETENTION_ANNOTATION`], OpenKruise's
-//! [`KRUISE_RESERVED_IP_ANNOTATION`] (integer minutes), then the network's `ipam.retention`.
+//! Precedence (first match wins): the pod annotation `ipkeep.dev/ip-retention`, OpenKruise's
+//! `io.kubernetes.cri/reserved-ip-duration` (whole minutes), then the network's `ipam.retention`.
 //! Annotations arrive through `runtimeConfig["io.kubernetes.cri.pod-annotations"]`.
+//!
+//! Pod annotations are written by whoever creates the pod, so they are trusted only as far as
+//! the operator allows:
+//! * a pod that carries the `ipkeep.dev/persistent-pod-state` link (stamped by the scheduler
+//!   extension on every pod a PersistentPodState manages) gets what its annotations say;
+//! * any other pod gets at most `ipam.maxUnmanagedRetention` (default `0`: such annotations are
+//!   ignored, as host-local would);
+//! * an annotation that cannot be read never blocks the pod: the network's default applies and
+//!   the reason is reported for the log.
+//!
+//! The values' grammar is `ipkeep_values::retention`, shared with the controller and webhook.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// ipkeep's pod annotation: a duration (`30m`, `24h`, `1h30m`), `forever`, or `0` for off.
-pub const IP_RETENTION_ANNOTATION: &str = "ipkeep.dev/ip-retention";
-/// OpenKruise's pod annotation: whole minutes, `0` for off.
-pub const KRUISE_RESERVED_IP_ANNOTATION: &str = "io.kubernetes.cri/reserved-ip-duration";
-
-/// How long addresses are held after the pod's DEL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Retention {
-    /// Released at DEL, like host-local.
-    #[default]
-    Off,
-    /// Held for this many seconds after DEL.
-    Seconds(u64),
-    /// Held until an admin releases them.
-    Forever,
-}
+pub use ipkeep_values::keys::{
+    IP_RETENTION as IP_RETENTION_ANNOTATION, KRUISE_RESERVED_IP as KRUISE_RESERVED_IP_ANNOTATION,
+    PERSISTENT_POD_STATE as PERSISTENT_POD_STATE_ANNOTATION,
+};
+pub use ipkeep_values::retention::{MAX_SECONDS, Retention, RetentionError};
 
 /// Where a pod's retention came from (for logs and `ipkeep list`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,113 +34,83 @@ pub enum RetentionSource {
     NetworkDefault,
 }
 
-/// A retention value that cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {origin} value {value:?}: {reason}")]
-pub struct RetentionError {
-    /// Which key carried the value.
-    pub origin: String,
-    /// The value as given.
-    pub value: String,
-    /// What is expected instead.
-    pub reason: &'static str,
+/// The network's retention rules, from its `ipam` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetentionPolicy {
+    /// `ipam.retention`: for every named pod whose annotations say nothing (default off).
+    pub default: Retention,
+    /// `ipam.maxUnmanagedRetention`: the most an annotation gets on a pod without the
+    /// PersistentPodState link (default off).
+    pub max_unmanaged: Retention,
 }
 
-const DURATION_HINT: &str =
-    "expected a duration such as 30m, 24h or 1h30m, \"forever\", or 0 to turn retention off";
+/// A pod's retention and how it was arrived at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// What the pod gets.
+    pub retention: Retention,
+    /// Where it came from.
+    pub source: RetentionSource,
+    /// Why the pod got less than, or something else than, its annotations asked for (for a
+    /// warning naming the pod); `None` when it got exactly what they say.
+    pub adjusted: Option<String>,
+}
 
-impl Retention {
-    /// Parses the duration syntax shared by the annotation and `ipam.retention`.
-    pub fn parse(origin: &str, text: &str) -> Result<Retention, RetentionError> {
-        let err = |reason| RetentionError {
-            origin: origin.to_string(),
-            value: text.to_string(),
-            reason,
+impl RetentionPolicy {
+    /// Resolves a pod's retention from its annotations (if the runtime passed them). Never fails:
+    /// an unreadable annotation falls back to the network default with `adjusted` saying why.
+    pub fn resolve(&self, annotations: Option<&BTreeMap<String, String>>) -> Resolved {
+        let default = Resolved {
+            retention: self.default,
+            source: RetentionSource::NetworkDefault,
+            adjusted: None,
         };
-        let trimmed = text.trim();
-        if trimmed.eq_ignore_ascii_case("forever") {
-            return Ok(Retention::Forever);
-        }
-        if trimmed.bytes().all(|b| b == b'0') && !trimmed.is_empty() {
-            return Ok(Retention::Off);
-        }
-        if trimmed.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(err(
-                "a bare number has no unit; write 30m, 24h, ... (0 alone means off)",
-            ));
-        }
-        let duration = humantime::parse_duration(trimmed).map_err(|_| err(DURATION_HINT))?;
-        Ok(Retention::from_duration(duration))
-    }
-
-    /// Parses OpenKruise's integer-minutes annotation.
-    pub fn parse_kruise_minutes(text: &str) -> Result<Retention, RetentionError> {
-        let minutes: u64 = text.trim().parse().map_err(|_| RetentionError {
-            origin: KRUISE_RESERVED_IP_ANNOTATION.to_string(),
-            value: text.to_string(),
-            reason: "expected a whole number of minutes, 0 for off",
-        })?;
-        Ok(Retention::from_duration(Duration::from_secs(
-            minutes.saturating_mul(60),
-        )))
-    }
-
-    fn from_duration(duration: Duration) -> Retention {
-        // Sub-second retention rounds up: a pod that asked to be held must be held a little.
-        let secs = duration
-            .as_secs()
-            .saturating_add(u64::from(duration.subsec_nanos() > 0));
-        if secs == 0 {
-            Retention::Off
+        let Some(annotations) = annotations else {
+            return default;
+        };
+        let asked = if let Some(v) = annotations.get(IP_RETENTION_ANNOTATION) {
+            let origin = format!("annotation {IP_RETENTION_ANNOTATION}");
+            (Retention::parse(&origin, v), RetentionSource::Annotation)
+        } else if let Some(v) = annotations.get(KRUISE_RESERVED_IP_ANNOTATION) {
+            let origin = format!("annotation {KRUISE_RESERVED_IP_ANNOTATION}");
+            (
+                Retention::parse_kruise_minutes(&origin, v),
+                RetentionSource::KruiseAnnotation,
+            )
         } else {
-            Retention::Seconds(secs)
-        }
-    }
-
-    /// Whether addresses are held at all.
-    pub fn is_on(self) -> bool {
-        self != Retention::Off
-    }
-
-    /// When a holding that starts at `now` (unix seconds) ends; `None` means never.
-    pub fn hold_until(self, now: u64) -> Option<u64> {
-        match self {
-            Retention::Off => Some(now),
-            Retention::Seconds(s) => Some(now.saturating_add(s)),
-            Retention::Forever => None,
-        }
-    }
-
-    /// Resolves a pod's retention from its annotations (if the runtime passed them) and the
-    /// network default.
-    pub fn resolve(
-        annotations: Option<&BTreeMap<String, String>>,
-        network_default: Retention,
-    ) -> Result<(Retention, RetentionSource), RetentionError> {
-        if let Some(annotations) = annotations {
-            if let Some(v) = annotations.get(IP_RETENTION_ANNOTATION) {
-                let r = Retention::parse(&format!("annotation {IP_RETENTION_ANNOTATION}"), v)?;
-                return Ok((r, RetentionSource::Annotation));
+            return default;
+        };
+        let (asked, source) = match asked {
+            (Ok(r), source) => (r, source),
+            (Err(e), _) => {
+                return Resolved {
+                    adjusted: Some(format!(
+                        "{e}; using the network's retention {} instead",
+                        self.default
+                    )),
+                    ..default
+                };
             }
-            if let Some(v) = annotations.get(KRUISE_RESERVED_IP_ANNOTATION) {
-                return Ok((
-                    Retention::parse_kruise_minutes(v)?,
-                    RetentionSource::KruiseAnnotation,
-                ));
-            }
+        };
+        let managed = annotations
+            .get(PERSISTENT_POD_STATE_ANNOTATION)
+            .is_some_and(|v| !v.trim().is_empty());
+        let capped = asked.at_most(self.max_unmanaged);
+        if managed || capped == asked {
+            return Resolved {
+                retention: asked,
+                source,
+                adjusted: None,
+            };
         }
-        Ok((network_default, RetentionSource::NetworkDefault))
-    }
-}
-
-impl fmt::Display for Retention {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Retention::Off => f.write_str("0"),
-            Retention::Seconds(s) => {
-                write!(f, "{}", humantime::format_duration(Duration::from_secs(*s)))
-            }
-            Retention::Forever => f.write_str("forever"),
+        Resolved {
+            retention: capped,
+            source,
+            adjusted: Some(format!(
+                "the pod asks for retention {asked} but no PersistentPodState manages it (no {PERSISTENT_POD_STATE_ANNOTATION} annotation); \
+                 limited to ipam.maxUnmanagedRetention {}",
+                self.max_unmanaged
+            )),
         }
     }
 }
@@ -154,72 +119,91 @@ impl fmt::Display for Retention {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_durations_forever_and_zero() {
-        let ok = [
-            ("30m", Retention::Seconds(1800)),
-            ("24h", Retention::Seconds(86400)),
-            ("1h30m", Retention::Seconds(5400)),
-            (" 90s ", Retention::Seconds(90)),
-            ("2days", Retention::Seconds(172_800)),
-            ("forever", Retention::Forever),
-            ("Forever", Retention::Forever),
-            ("0", Retention::Off),
-            ("0s", Retention::Off),
-            ("500ms", Retention::Seconds(1)),
-            // found by the fuzzer: the largest duration humantime accepts must not overflow
-            ("18446744073709551615s 1ns", Retention::Seconds(u64::MAX)),
-        ];
-        for (text, want) in ok {
-            assert_eq!(Retention::parse("test", text), Ok(want), "{text}");
-        }
-        for bad in ["", "abc", "10", "-5m", "5 parsecs"] {
-            let err = Retention::parse("ipam.retention", bad).expect_err(bad);
-            assert!(err.to_string().contains("ipam.retention"), "{err}");
-        }
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
-    #[test]
-    fn kruise_minutes() {
-        assert_eq!(
-            Retention::parse_kruise_minutes("5"),
-            Ok(Retention::Seconds(300))
-        );
-        assert_eq!(Retention::parse_kruise_minutes("0"), Ok(Retention::Off));
-        assert!(Retention::parse_kruise_minutes("5m").is_err());
-    }
+    const LINK: (&str, &str) = (PERSISTENT_POD_STATE_ANNOTATION, "kv");
 
     #[test]
     fn precedence_is_annotation_then_kruise_then_network() {
-        let mut ann = BTreeMap::new();
-        let default = Retention::Seconds(60);
+        let p = RetentionPolicy {
+            default: Retention::Seconds(60),
+            max_unmanaged: Retention::Off,
+        };
+        let r = |a: &[(&str, &str)]| {
+            let got = p.resolve(Some(&ann(a)));
+            (got.retention, got.source)
+        };
+        assert_eq!(p.resolve(None).retention, Retention::Seconds(60));
         assert_eq!(
-            Retention::resolve(None, default),
-            Ok((default, RetentionSource::NetworkDefault))
+            r(&[]),
+            (Retention::Seconds(60), RetentionSource::NetworkDefault)
         );
         assert_eq!(
-            Retention::resolve(Some(&ann), default),
-            Ok((default, RetentionSource::NetworkDefault))
+            r(&[LINK, (KRUISE_RESERVED_IP_ANNOTATION, "10")]),
+            (Retention::Seconds(600), RetentionSource::KruiseAnnotation)
         );
-        ann.insert(KRUISE_RESERVED_IP_ANNOTATION.to_string(), "10".to_string());
         assert_eq!(
-            Retention::resolve(Some(&ann), default),
-            Ok((Retention::Seconds(600), RetentionSource::KruiseAnnotation))
+            r(&[
+                LINK,
+                (KRUISE_RESERVED_IP_ANNOTATION, "10"),
+                (IP_RETENTION_ANNOTATION, "0")
+            ]),
+            (Retention::Off, RetentionSource::Annotation)
         );
-        ann.insert(IP_RETENTION_ANNOTATION.to_string(), "0".to_string());
-        assert_eq!(
-            Retention::resolve(Some(&ann), default),
-            Ok((Retention::Off, RetentionSource::Annotation))
-        );
-        ann.insert(IP_RETENTION_ANNOTATION.to_string(), "soon".to_string());
-        assert!(Retention::resolve(Some(&ann), default).is_err());
     }
 
     #[test]
-    fn hold_until() {
-        assert_eq!(Retention::Seconds(10).hold_until(100), Some(110));
-        assert_eq!(Retention::Forever.hold_until(100), None);
-        assert_eq!(Retention::Seconds(u64::MAX).hold_until(100), Some(u64::MAX));
-        assert_eq!(Retention::Seconds(90).to_string(), "1m 30s");
+    fn an_unreadable_annotation_falls_back_to_the_network_default() {
+        let p = RetentionPolicy {
+            default: Retention::Seconds(60),
+            max_unmanaged: Retention::Forever,
+        };
+        for bad in ["soon", "10000y", "00"] {
+            let got = p.resolve(Some(&ann(&[LINK, (IP_RETENTION_ANNOTATION, bad)])));
+            assert_eq!(got.retention, Retention::Seconds(60), "{bad}");
+            assert_eq!(got.source, RetentionSource::NetworkDefault);
+            let why = got.adjusted.expect("says why");
+            assert!(
+                why.contains(IP_RETENTION_ANNOTATION) && why.contains("1m"),
+                "{why}"
+            );
+        }
+    }
+
+    #[test]
+    fn unmanaged_pods_get_at_most_the_operator_limit() {
+        let off = RetentionPolicy::default();
+        let got = off.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "forever")])));
+        assert_eq!(got.retention, Retention::Off);
+        assert!(got.adjusted.expect("why").contains("maxUnmanagedRetention"));
+        let got = off.resolve(Some(&ann(&[(KRUISE_RESERVED_IP_ANNOTATION, "99999")])));
+        assert_eq!(got.retention, Retention::Off);
+        let hour = RetentionPolicy {
+            default: Retention::Off,
+            max_unmanaged: Retention::Seconds(3600),
+        };
+        let got = hour.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "30m")])));
+        assert_eq!(
+            (got.retention, got.adjusted),
+            (Retention::Seconds(1800), None)
+        );
+        let got = hour.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "36500d")])));
+        assert_eq!(got.retention, Retention::Seconds(3600));
+        let got = hour.resolve(Some(&ann(&[LINK, (IP_RETENTION_ANNOTATION, "forever")])));
+        assert_eq!((got.retention, got.adjusted), (Retention::Forever, None));
+        let got = hour.resolve(Some(&ann(&[
+            (PERSISTENT_POD_STATE_ANNOTATION, " "),
+            (IP_RETENTION_ANNOTATION, "forever"),
+        ])));
+        assert_eq!(
+            got.retention,
+            Retention::Seconds(3600),
+            "a blank link is no link"
+        );
     }
 }

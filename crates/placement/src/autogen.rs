@@ -212,7 +212,7 @@ mod tests {
         ]);
         assert!(matches!(
             generated_spec("db", Some(&a)),
-            Err(AutoGenerateError::Invalid(SpecError::BadDuration { .. }))
+            Err(AutoGenerateError::Invalid(SpecError::BadRetention(_)))
         ));
     }
 

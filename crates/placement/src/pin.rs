@@ -187,7 +187,7 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let retention = check_ip_retention(&pps.spec.ip_retention)
         .ok()
-        .map(|()| pps.spec.ip_retention.trim().to_string());
+        .map(|_| pps.spec.ip_retention.trim().to_string());
     let managed = |pin| {
         Decision::Manage(Managed {
             pps: pps.metadata.name.clone().unwrap_or_default(),

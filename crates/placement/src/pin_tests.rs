@@ -329,7 +329,7 @@ fn rows() -> Vec<Row> {
                 "/spec/ipRetention",
                 json!("soon"),
             )),
-            Want::Skipped("invalid-spec", "ipRetention \"soon\""),
+            Want::Skipped("invalid-spec", "ipRetention value \"soon\""),
         ),
         row(
             "preferred weight 0 (schema bypassed): skipped, never an invalid pod",

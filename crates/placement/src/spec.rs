@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use ipkeep_api::ipkeep_values::{Retention, RetentionError};
 use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
 
 use crate::keys::check_label_key;
@@ -50,6 +51,9 @@ pub enum SpecError {
         /// Additional accepted words.
         extra: &'static str,
     },
+    /// `ipRetention` outside the retention grammar.
+    #[error("{0}")]
+    BadRetention(#[from] RetentionError),
 }
 
 /// A checked spec.
@@ -127,22 +131,9 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
     })
 }
 
-/// Checks an `ipRetention` value with the syntax the CNI plugin reads: a duration, `forever`, or
-/// `0` for off.
-pub fn check_ip_retention(value: &str) -> Result<(), SpecError> {
-    let v = value.trim();
-    let ok = v == "0" || v.eq_ignore_ascii_case("forever") || {
-        !v.bytes().all(|b| b.is_ascii_digit()) && humantime::parse_duration(v).is_ok()
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(SpecError::BadDuration {
-            field: "ipRetention",
-            value: value.to_string(),
-            extra: ", forever, or 0 for off",
-        })
-    }
+/// Checks an `ipRetention` value with the one retention grammar the CNI plugin also reads.
+pub fn check_ip_retention(value: &str) -> Result<Retention, SpecError> {
+    Ok(Retention::parse("ipRetention", value)?)
 }
 
 #[cfg(test)]
@@ -211,7 +202,7 @@ mod tests {
             (
                 "/spec/ipRetention",
                 "soon".into(),
-                "ipRetention \"soon\" is not a duration",
+                "invalid ipRetention value \"soon\"",
             ),
             ("/spec/ipRetention", "30".into(), "ipRetention"),
             (
@@ -233,9 +224,9 @@ mod tests {
     #[test]
     fn ip_retention_syntax_matches_the_cni() {
         for ok in ["0", "forever", "30m", "24h", "1h30m", "90s"] {
-            assert_eq!(check_ip_retention(ok), Ok(()), "{ok}");
+            assert!(check_ip_retention(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "30", "-1h", "later"] {
+        for bad in ["", "30", "-1h", "later", "00", "2days", "10000y"] {
             assert!(check_ip_retention(bad).is_err(), "{bad}");
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::{Node, Pod};
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -157,20 +158,10 @@ impl TargetView {
 
     /// Whether `pod_name` is one of [`Self::wanted_pod_names`].
     pub fn wants(&self, pod_name: &str) -> bool {
-        let Some(ordinal) = pod_name
-            .strip_prefix(self.name.as_str())
-            .and_then(|rest| rest.strip_prefix('-'))
-        else {
-            return false;
-        };
-        let canonical = ordinal == "0" || !ordinal.starts_with('0');
-        match ordinal.parse::<i64>() {
-            Ok(o) if canonical && ordinal.bytes().all(|b| b.is_ascii_digit()) => {
-                let start = i64::from(self.ordinals_start);
-                (start..start + i64::from(self.replicas)).contains(&o)
-            }
-            _ => false,
-        }
+        ordinal::from_name(pod_name, &self.name).is_some_and(|o| {
+            let start = i64::from(self.ordinals_start);
+            (start..start + i64::from(self.replicas)).contains(&i64::from(o))
+        })
     }
 }
 

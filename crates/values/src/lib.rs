@@ -1,0 +1,19 @@
+//! The values ipkeep's parts exchange through pod annotations, labels and configuration, each
+//! with exactly one grammar, so the webhook, the controller, the CNI plugin and the node agent can
+//! never disagree about what a value means:
+//!
+//! * [`retention`]: how long a deleted pod's addresses are held (`30m`, `24h`, `forever`, `0`),
+//!   and OpenKruise's whole-minutes spelling;
+//! * [`ordinal`]: which ordinal a StatefulSet pod has (`db-2`, or its `apps.kubernetes.io/pod-index`
+//!   label);
+//! * [`time`]: unix timestamps printed for people, for any value;
+//! * [`keys`]: the annotation and label keys that carry them.
+//!
+//! Pure values: no I/O, no clock, no Kubernetes client.
+
+pub mod keys;
+pub mod ordinal;
+pub mod retention;
+pub mod time;
+
+pub use retention::{Retention, RetentionError};
