@@ -27,7 +27,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --locked --release \
-      -p ipkeep-cni -p ipkeep-controller -p ipkeep-scheduler-ext \
+      -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext \
       --bin ipkeep --bin ipkeep-agent --bin ipkeep-controller --bin ipkeep-scheduler-ext \
  && mkdir -p /out \
  && for bin in ipkeep ipkeep-agent ipkeep-controller ipkeep-scheduler-ext; do \

@@ -19,6 +19,6 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "demo: not root, so no network namespaces: the ipkeep IPAM plugin will run on its own" >&2
 fi
-cargo build --release --quiet --locked -p ipkeep-e2e -p ipkeep-cni -p ipkeep-controller \
+cargo build --release --quiet --locked -p ipkeep-e2e -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller \
   -p ipkeep-scheduler-ext --bins
 exec target/release/ipkeep-demo "$@"

@@ -21,7 +21,7 @@ pub fn ipkeep_bin() -> PathBuf {
 /// The `ipkeep-agent` binary, like [`ipkeep_bin`] (`IPKEEP_AGENT_BIN` overrides).
 pub fn agent_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| workspace_bin("ipkeep-agent", "IPKEEP_AGENT_BIN", &["ipkeep-cni"]))
+    BIN.get_or_init(|| workspace_bin("ipkeep-agent", "IPKEEP_AGENT_BIN", &["ipkeep-agent"]))
         .clone()
 }
 
@@ -36,6 +36,7 @@ pub fn demo_bin() -> PathBuf {
             &[
                 "ipkeep-e2e",
                 "ipkeep-cni",
+                "ipkeep-agent",
                 "ipkeep-controller",
                 "ipkeep-scheduler-ext",
             ],

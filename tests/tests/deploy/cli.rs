@@ -24,7 +24,7 @@ pub fn binary(name: &str) -> PathBuf {
 fn build(name: &str) -> PathBuf {
     let (package, var) = match name {
         "ipkeep" => ("ipkeep-cni", "IPKEEP_BIN"),
-        "ipkeep-agent" => ("ipkeep-cni", "IPKEEP_AGENT_BIN"),
+        "ipkeep-agent" => ("ipkeep-agent", "IPKEEP_AGENT_BIN"),
         "ipkeep-controller" => ("ipkeep-controller", "IPKEEP_CONTROLLER_BIN"),
         _ => ("ipkeep-scheduler-ext", "IPKEEP_SCHEDULER_EXT_BIN"),
     };

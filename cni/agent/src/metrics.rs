@@ -7,9 +7,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::plugin::Tally;
+use ipkeep_cni::plugin::Tally;
 
-use super::release::Reason;
+use crate::release::Reason;
 
 /// One served request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

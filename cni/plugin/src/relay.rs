@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::admin::AdminCommand;
-use crate::agent::proto::{self, Request};
 use crate::netconf::DEFAULT_LOCK_TIMEOUT;
 use crate::plugin::{self, Completion, Tally, Timings};
+use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
 
 /// What the plugin reads from its configuration before the real parse (leniently: a broken

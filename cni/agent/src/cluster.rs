@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
-use super::release::{ClusterView, PpsView};
+use crate::release::{ClusterView, PpsView};
 
 /// The two caches.
 #[derive(Clone, Debug)]

@@ -5,11 +5,11 @@
 //! holds the `list`/`release` subcommands; `main.rs` only wires real stdio.
 
 pub mod admin;
-pub mod agent;
 pub mod env;
 pub mod error;
 pub mod netconf;
 pub mod plugin;
+pub mod proto;
 pub mod relay;
 pub mod result;
 pub mod stores;

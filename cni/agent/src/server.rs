@@ -14,13 +14,13 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::metrics::Metrics;
-use super::proto::{Envelope, MAX_REQUEST_BYTES, Request, Response, VERSION};
-use super::release::Reason;
-use super::stores::AgentStores;
-use crate::admin;
-use crate::plugin;
-use crate::relay::EarlySettings;
+use crate::metrics::Metrics;
+use crate::release::Reason;
+use crate::stores::AgentStores;
+use ipkeep_cni::admin;
+use ipkeep_cni::plugin;
+use ipkeep_cni::proto::{Envelope, MAX_REQUEST_BYTES, Request, Response, VERSION};
+use ipkeep_cni::relay::EarlySettings;
 
 /// Log lines of one command, in memory.
 #[derive(Debug, Clone, Default)]
@@ -216,7 +216,7 @@ pub fn execute(served: &Served, request: Request) -> (Response, &'static str) {
                 warn!(command = done.command.map_or("invalid", |c| c.as_str()), log = %stderr.trim_end(), "plugin command failed");
             }
             let released_by = match done.command {
-                Some(crate::env::Command::Gc) => Reason::Gc,
+                Some(ipkeep_cni::env::Command::Gc) => Reason::Gc,
                 _ => Reason::Del,
             };
             served.metrics.tally(&done.tally, released_by);

@@ -26,7 +26,7 @@ pub struct Cli {
     /// The node agent's socket. When the agent answers there, the command runs inside it (it
     /// keeps the store open, so it never has to be stopped); otherwise ipkeep opens the store
     /// itself. Empty: never use the agent.
-    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::agent::proto::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::proto::DEFAULT_SOCKET)]
     pub agent_socket: String,
     /// What to do.
     #[command(subcommand)]

@@ -9,12 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ipkeep_ipam::{Lease, Store, StoreError, allocator};
 use tracing::{info, warn};
 
-use super::cluster::Cluster;
-use super::metrics::{Metrics, NetworkGauges};
-use super::release::{self, ClusterView, Grace, Reason};
-use super::stores::{AgentStores, Slot};
-use crate::admin::range_set_usage;
-use crate::stores::fallback_count;
+use crate::cluster::Cluster;
+use crate::metrics::{Metrics, NetworkGauges};
+use crate::release::{self, ClusterView, Grace, Reason};
+use crate::stores::{AgentStores, Slot};
+use ipkeep_cni::admin::range_set_usage;
+use ipkeep_cni::stores::fallback_count;
 
 /// Everything a pass needs.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
 //! `ipkeep-agent`: parses flags, sets up logging and the API client, then runs
-//! [`ipkeep_cni::agent::run`].
+//! [`ipkeep_agent::run`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ipkeep_cni::agent::proto::DEFAULT_SOCKET;
-use ipkeep_cni::agent::release::Grace;
-use ipkeep_cni::agent::{Settings, run};
+use ipkeep_agent::release::Grace;
+use ipkeep_agent::{Settings, run};
 use ipkeep_cni::netconf::DEFAULT_DATA_DIR;
+use ipkeep_cni::proto::DEFAULT_SOCKET;
 use ipkeep_daemon::{LogArgs, shutdown_signal};
 use nix::sys::stat::{Mode, umask};
 

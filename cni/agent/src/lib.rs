@@ -4,7 +4,6 @@
 
 pub mod cluster;
 pub mod metrics;
-pub mod proto;
 pub mod release;
 pub mod server;
 pub mod stores;
@@ -24,12 +23,12 @@ use axum::routing::get;
 use futures::FutureExt;
 use kube::Client;
 
-use self::cluster::Cluster;
-use self::metrics::Metrics;
-use self::release::Grace;
-use self::server::Served;
-use self::stores::AgentStores;
-use self::sweep::Sweeper;
+use crate::cluster::Cluster;
+use crate::metrics::Metrics;
+use crate::release::Grace;
+use crate::server::Served;
+use crate::stores::AgentStores;
+use crate::sweep::Sweeper;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]

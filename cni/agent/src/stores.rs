@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, validate_network_name};
 
-use super::metrics::Metrics;
-use crate::plugin::Timings;
-use crate::stores::Stores;
+use crate::metrics::Metrics;
+use ipkeep_cni::plugin::Timings;
+use ipkeep_cni::stores::Stores;
 
 /// One network's store.
 #[derive(Debug)]

@@ -36,7 +36,7 @@ impl Timings {
         }
     }
 
-    pub(crate) fn push(&mut self, phase: &'static str, took: Duration) {
+    pub fn push(&mut self, phase: &'static str, took: Duration) {
         self.phases.push((phase, took));
     }
 
