@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ipkeep_ipam::store::LeaseChange;
 use ipkeep_ipam::{
     Attachment, Commit, DiskStore, Lease, LeaseState, NetworkDir, RangeSet, RangeSpec, Retention,
-    Store,
+    Store, StoreRead,
 };
 use ipkeep_tests::agent::{Agent, AgentOptions};
 use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, reference_plugin};
@@ -375,7 +375,7 @@ fn open_ipkeep_store(data_dir: &Path) -> DiskStore {
         .expect("network name")
         .lock(Duration::from_secs(30))
         .expect("lock the bench network");
-    DiskStore::open(lock).expect("open the bench store")
+    DiskStore::open(lock, &Default::default()).expect("open the bench store")
 }
 
 /// Writes `n` active leases straight into ipkeep's store, in a few large commits.
@@ -406,6 +406,7 @@ fn prefill_ipkeep(data_dir: &Path, n: usize) {
                         retention: Retention::Off,
                         state: LeaseState::Active,
                         since: now,
+                        netns: None,
                     }),
                 }
             })
@@ -421,6 +422,7 @@ fn prefill_ipkeep(data_dir: &Path, n: usize) {
                 range_sets: last.then(|| {
                     serde_json::to_string(std::slice::from_ref(&set)).expect("range sets JSON")
                 }),
+                clock: None,
             })
             .expect("pre-fill commit");
     }

@@ -7,6 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
+
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -195,14 +196,22 @@ fn free_port() -> std::net::SocketAddr {
     l.local_addr().expect("addr")
 }
 
-/// The agent shared by a `*_via_agent` test binary. It serves every data directory its
-/// requests name; it stops when the test process exits.
-pub fn shared() -> &'static Agent {
-    static SHARED: OnceLock<Agent> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir").keep();
-        Agent::start(&dir, AgentOptions::default())
-    })
+/// The agent serving `data_dir` in a `*_via_agent` test binary: one per data directory (an
+/// agent serves its own `--data-dir` only), started on first use and stopped when the test
+/// process exits.
+pub fn for_data_dir(data_dir: &Path) -> &'static Agent {
+    static AGENTS: OnceLock<Mutex<std::collections::HashMap<PathBuf, &'static Agent>>> =
+        OnceLock::new();
+    let key = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let mut agents = AGENTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    agents
+        .entry(key)
+        .or_insert_with(|| Box::leak(Box::new(Agent::start(data_dir, AgentOptions::default()))))
 }
 
 /// Guards a `*_via_agent` suite: its commands really reach the shared agent (a plugin that
@@ -215,7 +224,7 @@ pub fn assert_commands_reach_the_agent() {
     );
     let out = crate::Invocation::new("ADD", "probe-1").run(&crate::ipkeep_bin(), &conf);
     assert!(out.ok(), "{out:?}");
-    let metrics = shared().metrics();
+    let metrics = for_data_dir(dir.path()).metrics();
     assert!(
         metrics.contains(r#"ipkeep_agent_requests_total{command="ADD",outcome="ok"}"#),
         "{metrics}"

@@ -184,7 +184,8 @@ impl<'a> Invocation<'a> {
     /// `ipkeep` is pointed at the shared agent (see [`via_agent`]).
     pub fn spawn(&self, plugin: &Path, config: &str) -> Child {
         let config = if via_agent() && plugin == ipkeep_bin() {
-            with_agent_socket(config, agent::shared().socket())
+            let agent = agent::for_data_dir(&data_dir_of(config));
+            with_agent_socket(config, agent.socket())
         } else {
             config.to_string()
         };
@@ -354,13 +355,22 @@ impl Rng {
     }
 }
 
-/// `ipkeep` run by hand (admin subcommands): through the shared agent in a `*_via_agent`
+/// The `ipam.dataDir` a configuration names (the default when it names none or is broken).
+pub fn data_dir_of(config: &str) -> PathBuf {
+    serde_json::from_str::<serde_json::Value>(config)
+        .ok()
+        .and_then(|v| v.get("ipam")?.get("dataDir")?.as_str().map(PathBuf::from))
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/var/lib/cni/ipkeep"))
+}
+
+/// `ipkeep` run by hand (admin subcommands) on `data_dir`: through its agent in a `*_via_agent`
 /// test binary, directly otherwise.
-pub fn admin_command() -> Command {
+pub fn admin_command(data_dir: &Path) -> Command {
     let mut cmd = Command::new(ipkeep_bin());
     cmd.arg("--agent-socket");
     if via_agent() {
-        cmd.arg(agent::shared().socket());
+        cmd.arg(agent::for_data_dir(data_dir).socket());
     } else {
         cmd.arg("");
     }
@@ -369,8 +379,8 @@ pub fn admin_command() -> Command {
 
 /// Whether this test binary runs its suite through the node agent: the `differential` and
 /// `retention` suites are compiled a second time as `*_via_agent` targets (see Cargo.toml),
-/// and then every `ipkeep` invocation and admin command goes through one shared agent. Both
-/// paths must give the same answers.
+/// and then every `ipkeep` invocation and admin command goes through the agent of its data
+/// directory. Both paths must give the same answers.
 pub fn via_agent() -> bool {
     static VIA: OnceLock<bool> = OnceLock::new();
     *VIA.get_or_init(|| {
@@ -398,7 +408,7 @@ pub fn with_agent_socket(config: &str, socket: &Path) -> String {
 
 /// Reads `ipkeep list --json` for a network.
 pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
-    let out = admin_command()
+    let out = admin_command(data_dir)
         .args(["list", "--json", "--network", network, "--data-dir"])
         .arg(data_dir)
         .output()

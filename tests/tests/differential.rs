@@ -540,7 +540,7 @@ fn difference_private_state_in_its_own_default_directory() {
     );
     let out = Invocation::new("ADD", "d1").run(&pair.ipkeep, &conf);
     let dir = Path::new("/var/lib/cni/ipkeep").join(&name);
-    let existed = dir.join("leases.db").is_dir();
+    let existed = dir.join("leases.redb").is_file();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.ok(), "{out:?}");
     assert!(

@@ -1,14 +1,16 @@
-//! What the agent knows from Kubernetes, kept in kube-rs reflector caches: the pods bound to
-//! its node (field selector `spec.nodeName`) and every PersistentPodState, reduced to what
-//! release decisions read. Watches retry in the background; until both caches have synced,
-//! no Kubernetes-aware decision is made (the store keeps serving regardless).
+//! What the agent knows from Kubernetes, kept in kube-rs reflector caches: its own Node, the
+//! pods bound to it (field selector `spec.nodeName`) and every PersistentPodState, reduced to
+//! what release decisions read. Watches retry in the background. No Kubernetes-aware decision
+//! is made until all three caches have synced, while any watch is relisting after an error,
+//! or while the Node named by `--node-name` does not exist: a wrong node name would otherwise
+//! make every running pod look gone. The store keeps serving regardless.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -17,17 +19,45 @@ use tokio::sync::Notify;
 
 use crate::release::{ClusterView, PpsView};
 
-/// The two caches.
+/// The annotation a mirror Pod carries with its static pod's UID, which is the UID the
+/// container runtime (and so the CNI plugin) knows the pod by.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Whether Kubernetes-aware release can run, and if not, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Caches not synced yet, or a watch is relisting after an error.
+    Syncing,
+    /// Synced, but no Node has this agent's `--node-name`.
+    NodeUnknown,
+    /// Decisions run.
+    Ready,
+}
+
+impl Readiness {
+    /// For `/readyz` and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Readiness::Syncing => "syncing",
+            Readiness::NodeUnknown => "node unknown (check --node-name)",
+            Readiness::Ready => "synced",
+        }
+    }
+}
+
+/// The three caches.
 #[derive(Clone, Debug)]
 pub struct Cluster {
     node: String,
+    nodes: Store<Node>,
     pods: Store<Pod>,
     pps: Store<PersistentPodState>,
     synced: Arc<AtomicBool>,
     /// Per watch: false from a watch error until its relist completes. A cache that may have
     /// missed events is never used for a decision (a pod created meanwhile would look gone).
-    pods_current: Arc<AtomicBool>,
-    pps_current: Arc<AtomicBool>,
+    current: [Arc<AtomicBool>; 3],
+    /// Whether the last readiness check found the Node (for a log line when that changes).
+    node_seen: Arc<AtomicBool>,
     /// Woken on every change, so a release follows within a pass.
     pub changed: Arc<Notify>,
 }
@@ -35,6 +65,7 @@ pub struct Cluster {
 /// The cache writers, for [`watch`].
 #[allow(missing_debug_implementations)] // reflector writers are not Debug
 pub struct Writers {
+    nodes: Writer<Node>,
     pods: Writer<Pod>,
     pps: Writer<PersistentPodState>,
 }
@@ -42,33 +73,55 @@ pub struct Writers {
 impl Cluster {
     /// Empty caches for `node`.
     pub fn new(node: &str) -> (Self, Writers) {
+        let (nodes, nodes_writer) = reflector::store();
         let (pods, pods_writer) = reflector::store();
         let (pps, pps_writer) = reflector::store();
         (
             Cluster {
                 node: node.to_string(),
+                nodes,
                 pods,
                 pps,
                 synced: Arc::default(),
-                pods_current: Arc::new(AtomicBool::new(true)),
-                pps_current: Arc::new(AtomicBool::new(true)),
+                current: std::array::from_fn(|_| Arc::new(AtomicBool::new(true))),
+                node_seen: Arc::new(AtomicBool::new(true)),
                 changed: Arc::default(),
             },
             Writers {
+                nodes: nodes_writer,
                 pods: pods_writer,
                 pps: pps_writer,
             },
         )
     }
 
-    /// Whether both caches have synced and neither watch has failed since its last relist.
-    pub fn synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
-            && self.pods_current.load(Ordering::Acquire)
-            && self.pps_current.load(Ordering::Acquire)
+    /// Whether decisions can run, and if not, why.
+    pub fn readiness(&self) -> Readiness {
+        let current = self.current.iter().all(|c| c.load(Ordering::Acquire));
+        if !self.synced.load(Ordering::Acquire) || !current {
+            return Readiness::Syncing;
+        }
+        let known = self.nodes.state().iter().any(|n| n.name_any() == self.node);
+        if self.node_seen.swap(known, Ordering::AcqRel) != known {
+            if known {
+                tracing::info!(node = %self.node, "found this node's Node object; Kubernetes-aware release is on");
+            } else {
+                tracing::error!(node = %self.node, "no Node named by --node-name exists; Kubernetes-aware release is off until it does (every pod would look gone)");
+            }
+        }
+        if known {
+            Readiness::Ready
+        } else {
+            Readiness::NodeUnknown
+        }
     }
 
-    /// The current view, or `None` before the first sync.
+    /// Whether decisions can run.
+    pub fn synced(&self) -> bool {
+        self.readiness() == Readiness::Ready
+    }
+
+    /// The current view, or `None` while decisions cannot run.
     pub fn view(&self) -> Option<ClusterView> {
         if !self.synced() {
             return None;
@@ -80,7 +133,7 @@ impl Cluster {
             .map(|p| {
                 (
                     (p.namespace().unwrap_or_default(), p.name_any()),
-                    p.metadata.uid.clone(),
+                    runtime_uid(p),
                 )
             })
             .collect();
@@ -114,12 +167,29 @@ impl Cluster {
     }
 }
 
-/// Runs both watches until the process ends, marking the caches synced once both have listed.
+/// The UID the container runtime knows a pod by: a mirror Pod's static pod UID, else its own.
+pub fn runtime_uid(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MIRROR_ANNOTATION))
+        .filter(|uid| !uid.is_empty())
+        .cloned()
+        .or_else(|| pod.metadata.uid.clone())
+}
+
+/// Runs the watches until the process ends, marking the caches synced once all have listed.
 pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
-    let selector = format!("spec.nodeName={}", cluster.node);
+    let nodes = watcher(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={}", cluster.node)),
+    )
+    .default_backoff()
+    .modify(trim_node)
+    .reflect(writers.nodes);
     let pods = watcher(
         Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(&selector),
+        watcher::Config::default().fields(&format!("spec.nodeName={}", cluster.node)),
     )
     .default_backoff()
     .modify(trim_pod)
@@ -131,33 +201,34 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
     .default_backoff()
     .modify(trim_pps)
     .reflect(writers.pps);
+    let [nodes_current, pods_current, pps_current] = &cluster.current;
+    let nodes = nodes.for_each(|event| {
+        track(event, nodes_current, &cluster.changed, "node");
+        std::future::ready(())
+    });
     let pods = pods.for_each(|event| {
-        track(event, &cluster.pods_current, &cluster.changed, "pod");
+        track(event, pods_current, &cluster.changed, "pod");
         std::future::ready(())
     });
     let pps = pps.for_each(|event| {
-        track(
-            event,
-            &cluster.pps_current,
-            &cluster.changed,
-            "PersistentPodState",
-        );
+        track(event, pps_current, &cluster.changed, "PersistentPodState");
         std::future::ready(())
     });
     let ready = {
         let cluster = cluster.clone();
         async move {
             // Only fails when a writer is dropped, which only happens at shutdown.
+            let nodes = cluster.nodes.wait_until_ready().await;
             let pods = cluster.pods.wait_until_ready().await;
             let pps = cluster.pps.wait_until_ready().await;
-            if pods.is_ok() && pps.is_ok() {
+            if nodes.is_ok() && pods.is_ok() && pps.is_ok() {
                 cluster.synced.store(true, Ordering::Release);
                 cluster.changed.notify_one();
-                tracing::info!(node = %cluster.node, "pod and PersistentPodState caches synced; Kubernetes-aware release is on");
+                tracing::info!(node = %cluster.node, readiness = cluster.readiness().as_str(), "node, pod and PersistentPodState caches synced");
             }
         }
     };
-    futures::join!(pods, pps, ready);
+    futures::join!(nodes, pods, pps, ready);
 }
 
 /// Marks a watch current again once a relist completes (or a watch event arrives, which only
@@ -186,11 +257,25 @@ fn track<K>(
     }
 }
 
-/// Keeps a pod's identity only.
+/// Keeps a node's name only.
+fn trim_node(node: &mut Node) {
+    let name = node.metadata.name.take();
+    *node = Node::default();
+    node.metadata.name = name;
+}
+
+/// Keeps a pod's identity only: name, namespace, UID and a mirror Pod's static pod UID.
 fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    meta.annotations = meta
+        .annotations
+        .take()
+        .map(|mut a| {
+            a.retain(|k, _| k == MIRROR_ANNOTATION);
+            a
+        })
+        .filter(|a| !a.is_empty());
     meta.labels = None;
     meta.owner_references = None;
     pod.spec = None;
@@ -208,5 +293,29 @@ fn trim_pps(pps: &mut PersistentPodState) {
             state.annotations.clear();
             state.pod_ips.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_static_pod_is_known_by_its_mirror_annotation() {
+        let mut mirror: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "etcd-n1", "namespace": "kube-system", "uid": "mirror-uid",
+                "annotations": {"kubernetes.io/config.mirror": "static-uid",
+                                "kubernetes.io/config.hash": "static-uid", "other": "x"}}
+        }))
+        .unwrap();
+        trim_pod(&mut mirror);
+        assert_eq!(runtime_uid(&mirror).as_deref(), Some("static-uid"));
+        assert_eq!(mirror.metadata.annotations.as_ref().unwrap().len(), 1);
+        let plain: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0", "uid": "u1"}
+        }))
+        .unwrap();
+        assert_eq!(runtime_uid(&plain).as_deref(), Some("u1"));
     }
 }

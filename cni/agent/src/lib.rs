@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -47,12 +48,15 @@ pub struct Settings {
     pub grace: Grace,
     /// Longest wait for a store a plugin holds.
     pub lock_timeout: Duration,
+    /// The most addresses one sweep frees or re-holds on Kubernetes' word.
+    pub max_releases: usize,
 }
 
 #[derive(Clone, Debug)]
 struct ProbeState {
     metrics: Arc<Metrics>,
     cluster: Option<Cluster>,
+    stores: Arc<AgentStores>,
 }
 
 /// Runs the agent until `shutdown` resolves: then it stops accepting, finishes in-flight
@@ -65,16 +69,19 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let shutdown = shutdown.shared();
     let metrics = Arc::new(Metrics::default());
-    let stores = Arc::new(AgentStores::new(metrics.clone()));
+    let stores = Arc::new(
+        AgentStores::new(&settings.data_dir, metrics.clone()).with_context(|| {
+            format!(
+                "failed to use the data directory {} (--data-dir)",
+                settings.data_dir.display()
+            )
+        })?,
+    );
     let adopted = {
-        let (stores, dir, timeout) = (
-            stores.clone(),
-            settings.data_dir.clone(),
-            settings.lock_timeout,
-        );
-        tokio::task::spawn_blocking(move || stores.adopt(&dir, timeout)).await?
+        let (stores, timeout) = (stores.clone(), settings.lock_timeout);
+        tokio::task::spawn_blocking(move || stores.adopt(timeout)).await?
     };
-    tracing::info!(data_dir = %settings.data_dir.display(), networks = ?adopted, "opened the existing stores");
+    tracing::info!(data_dir = %stores.data_dir().display(), networks = ?adopted, "opened the existing stores");
     let listener = server::bind(&settings.socket).with_context(|| {
         format!(
             "failed to listen on the agent socket {} (--socket)",
@@ -93,9 +100,10 @@ pub async fn run(
         let state = ProbeState {
             metrics: metrics.clone(),
             cluster: cluster.clone(),
+            stores: stores.clone(),
         };
         let app = axum::Router::new()
-            .route("/healthz", get(|| async { "ok" }))
+            .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics_text))
             .with_state(state);
@@ -116,6 +124,7 @@ pub async fn run(
         cluster: cluster.clone(),
         grace: settings.grace,
         lock_timeout: settings.lock_timeout,
+        max_releases: settings.max_releases,
     };
     let sweeping = tokio::spawn(sweeper.run(settings.sweep_interval, shutdown.clone()));
     tracing::info!(
@@ -136,13 +145,25 @@ pub async fn run(
     Ok(())
 }
 
+/// Healthy while every store commits; after a failed commit (a full disk) 503 with the
+/// reason, until a later commit succeeds.
+async fn healthz(State(state): State<ProbeState>) -> impl IntoResponse {
+    match state.stores.health() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why}\n"),
+        ),
+    }
+}
+
 /// Ready once serving (it only runs after the socket is bound); the body says whether
-/// Kubernetes-aware release is on yet. The store service never waits for the API server.
+/// Kubernetes-aware release is on yet, and if not why. The store service never waits for the
+/// API server.
 async fn readyz(State(state): State<ProbeState>) -> impl IntoResponse {
     match &state.cluster {
-        None => "ok (kubernetes: off)",
-        Some(c) if c.synced() => "ok (kubernetes: synced)",
-        Some(_) => "ok (kubernetes: syncing)",
+        None => "ok (kubernetes: off)".to_string(),
+        Some(c) => format!("ok (kubernetes: {})", c.readiness().as_str()),
     }
 }
 

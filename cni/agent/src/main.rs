@@ -35,8 +35,10 @@ struct Args {
     /// The unix socket the plugin connects to (its ipam.agentSocket).
     #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// Serve /healthz, /readyz and /metrics over plain HTTP on this address.
-    #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = "0.0.0.0:9464")]
+    /// Serve /healthz, /readyz and /metrics over plain HTTP on this address. Loopback by
+    /// default: with hostNetwork, any other address is reachable from every node; to let
+    /// Prometheus scrape, set the node's own IP (status.hostIP) and restrict it by policy.
+    #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = DEFAULT_PROBE_LISTEN)]
     probe_listen: SocketAddr,
     /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
     #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -48,8 +50,12 @@ struct Args {
     /// How long after an address's last change a vanished pod counts as having lost its DEL.
     #[arg(long, env = "IPKEEP_MISSED_DEL_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
     missed_del_grace: Duration,
+    /// The most addresses one sweep frees or re-holds on Kubernetes' word; the rest follow in
+    /// later passes (a wrong view of the cluster cannot empty a node at once).
+    #[arg(long, env = "IPKEEP_MAX_RELEASES_PER_PASS", default_value_t = 32)]
+    max_releases_per_pass: usize,
     /// Longest wait for a store a falling-back plugin holds.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
     lock_timeout: Duration,
     /// Serve the stores and sweep expired holdings only, without Kubernetes (no API access).
     #[arg(long, env = "IPKEEP_NO_KUBERNETES")]
@@ -61,6 +67,9 @@ struct Args {
     #[command(flatten)]
     logs: LogArgs,
 }
+
+/// Where the probes listen unless told otherwise.
+const DEFAULT_PROBE_LISTEN: &str = "127.0.0.1:9464";
 
 /// SIGTERM/SIGINT, or with `--exit-on-stdin-close` the end of stdin, whichever comes first.
 async fn shutdown(stdin_too: bool) {
@@ -78,6 +87,13 @@ async fn shutdown(stdin_too: bool) {
         () = shutdown_signal() => {}
         _ = rx => tracing::info!("stdin closed; stopping"),
     }
+}
+
+fn lock_timeout(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .ok()
+        .filter(|d| *d <= ipkeep_cni::netconf::MAX_LOCK_TIMEOUT)
+        .ok_or_else(|| "expected a duration such as 10s, at most 10m".to_string())
 }
 
 #[tokio::main]
@@ -104,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
             missed_del: args.missed_del_grace.as_secs(),
         },
         lock_timeout: args.lock_timeout,
+        max_releases: args.max_releases_per_pass,
     };
     let exit_on_stdin_close = args.exit_on_stdin_close;
     run(client, settings, shutdown(exit_on_stdin_close)).await

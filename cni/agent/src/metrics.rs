@@ -81,6 +81,7 @@ pub struct Metrics {
     active: Family<NetworkLabel, Gauge>,
     free: Family<RangeLabels, Gauge>,
     fallbacks: Family<NetworkLabel, Gauge>,
+    store_healthy: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
 }
 
@@ -104,6 +105,7 @@ impl Default for Metrics {
             active: Family::default(),
             free: Family::default(),
             fallbacks: Family::default(),
+            store_healthy: Family::default(),
             kubernetes_synced: Gauge::default(),
         };
         registry.register(
@@ -152,6 +154,11 @@ impl Default for Metrics {
             m.fallbacks.clone(),
         );
         registry.register(
+            "store_healthy",
+            "1 while the network's store commits, 0 after a commit failed (a full disk) until one succeeds",
+            m.store_healthy.clone(),
+        );
+        registry.register(
             "kubernetes_synced",
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
@@ -173,6 +180,8 @@ pub struct NetworkGauges {
     pub free: Vec<(String, i64)>,
     /// The network's fallback count.
     pub fallbacks: i64,
+    /// Whether its store commits.
+    pub healthy: bool,
 }
 
 impl Metrics {
@@ -199,6 +208,7 @@ impl Metrics {
             .inc_by(tally.retained as u64);
         self.released(released_by, tally.released);
         self.released(Reason::Expired, tally.expired);
+        self.released(Reason::Reclaimed, tally.reclaimed);
     }
 
     /// Counts released (or, for [`Reason::MissedDel`], re-held) addresses.
@@ -228,12 +238,16 @@ impl Metrics {
         self.active.clear();
         self.free.clear();
         self.fallbacks.clear();
+        self.store_healthy.clear();
         for n in networks {
             let network = NetworkLabel {
                 network: n.network.clone(),
             };
             self.active.get_or_create(&network).set(n.active);
             self.fallbacks.get_or_create(&network).set(n.fallbacks);
+            self.store_healthy
+                .get_or_create(&network)
+                .set(i64::from(n.healthy));
             for ((namespace, statefulset), count) in &n.held {
                 self.held
                     .get_or_create(&HoldingLabels {

@@ -12,6 +12,10 @@
 //!
 //! An **active** address whose pod is gone from this node lost its DEL (the node or runtime
 //! was down when the pod was deleted); it gets DEL semantics: held per its retention, or freed.
+//! The pod is compared by the UID the runtime passed at ADD, which for a static pod is its
+//! mirror Pod's `kubernetes.io/config.mirror` annotation, not the mirror Pod's own UID (the
+//! cluster view carries that). An address whose sandbox's network namespace still exists is
+//! never treated so: its sandbox is still being torn down, and still uses it.
 //!
 //! Every decision waits for a grace period after the lease's last change, so a cache that is a
 //! moment behind the API server cannot release what was just recorded.
@@ -20,6 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use ipkeep_ipam::{Attachment, Lease, LeaseState};
+use ipkeep_values::ordinal;
 
 /// The slice of the cluster the decisions read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,7 +33,8 @@ pub struct ClusterView {
     pub node: String,
     /// PersistentPodStates by `(namespace, name)`.
     pub pps: BTreeMap<(String, String), PpsView>,
-    /// Pods bound to this node, `(namespace, name)` → UID.
+    /// Pods bound to this node, `(namespace, name)` → the UID the container runtime knows
+    /// them by (the static pod's UID for a mirror Pod).
     pub pods: BTreeMap<(String, String), Option<String>>,
 }
 
@@ -60,6 +66,8 @@ pub enum Reason {
     Gc,
     /// `ipkeep release`.
     Admin,
+    /// A full range: the holding gave way to a new pod.
+    Reclaimed,
 }
 
 impl Reason {
@@ -74,6 +82,7 @@ impl Reason {
             Reason::Del => "del",
             Reason::Gc => "gc",
             Reason::Admin => "admin",
+            Reason::Reclaimed => "reclaimed-for-a-new-pod",
         }
     }
 }
@@ -124,17 +133,8 @@ fn managing<'v>(lease: &Lease, view: &'v ClusterView) -> Result<Option<&'v PpsVi
             p.records.contains_key(&pod.name)
                 || p.statefulset
                     .as_deref()
-                    .is_some_and(|s| ordinal_of(&pod.name, s).is_some())
+                    .is_some_and(|s| ordinal::from_name(&pod.name, s).is_some())
         }))
-}
-
-/// `Some(n)` when `pod` is `<statefulset>-<n>`.
-pub fn ordinal_of(pod: &str, statefulset: &str) -> Option<u64> {
-    let digits = pod.strip_prefix(statefulset)?.strip_prefix('-')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 /// The verdict on one holding.
@@ -169,28 +169,73 @@ pub fn lost_its_del(lease: &Lease, view: &ClusterView) -> bool {
     }
 }
 
-/// Plans one pass over `leases`.
-pub fn plan(leases: &[Lease], view: &ClusterView, now: u64, grace: Grace) -> Plan {
-    let mut plan = Plan::default();
-    for lease in leases {
-        let age = now.saturating_sub(lease.since);
+/// Plans one pass, lease by lease (a store streams through in constant memory).
+pub struct Planner<'v> {
+    view: &'v ClusterView,
+    now: u64,
+    grace: Grace,
+    netns_exists: &'v dyn Fn(&str) -> bool,
+    /// What the pass should do.
+    pub plan: Plan,
+}
+
+impl fmt::Debug for Planner<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Planner")
+            .field("now", &self.now)
+            .field("grace", &self.grace)
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'v> Planner<'v> {
+    /// A planner at `now` (the store's clock); `netns_exists` tells whether a sandbox's
+    /// network namespace still exists.
+    pub fn new(
+        view: &'v ClusterView,
+        now: u64,
+        grace: Grace,
+        netns_exists: &'v dyn Fn(&str) -> bool,
+    ) -> Self {
+        Planner {
+            view,
+            now,
+            grace,
+            netns_exists,
+            plan: Plan::default(),
+        }
+    }
+
+    /// Considers one lease.
+    pub fn consider(&mut self, lease: &Lease) {
+        let age = self.now.saturating_sub(lease.since);
         match lease.state {
-            LeaseState::Held { .. } if age >= grace.release => {
-                if let Some(reason) = holding_verdict(lease, view) {
-                    plan.release.push((lease.clone(), reason));
+            LeaseState::Held { .. } if age >= self.grace.release => {
+                if let Some(reason) = holding_verdict(lease, self.view) {
+                    self.plan.release.push((lease.clone(), reason));
                 }
             }
             LeaseState::Active
-                if age >= grace.missed_del
-                    && lost_its_del(lease, view)
-                    && !plan.missed_del.contains(&lease.owner) =>
+                if age >= self.grace.missed_del
+                    && lost_its_del(lease, self.view)
+                    && !lease.netns.as_deref().is_some_and(self.netns_exists)
+                    && !self.plan.missed_del.contains(&lease.owner) =>
             {
-                plan.missed_del.push(lease.owner.clone());
+                self.plan.missed_del.push(lease.owner.clone());
             }
             _ => {}
         }
     }
-    plan
+}
+
+/// Plans one pass over `leases` (no network namespace exists).
+pub fn plan(leases: &[Lease], view: &ClusterView, now: u64, grace: Grace) -> Plan {
+    let mut planner = Planner::new(view, now, grace, &|_| false);
+    for lease in leases {
+        planner.consider(lease);
+    }
+    planner.plan
 }
 
 /// The workload a lease belongs to, for the holdings metric: the StatefulSet of its
@@ -246,6 +291,7 @@ mod tests {
                 LeaseState::Active
             },
             since,
+            netns: None,
         }
     }
 
@@ -350,11 +396,35 @@ mod tests {
     }
 
     #[test]
-    fn ordinals_and_workloads() {
-        assert_eq!(ordinal_of("kv-12", "kv"), Some(12));
-        assert_eq!(ordinal_of("kv-", "kv"), None);
-        assert_eq!(ordinal_of("kv-1a", "kv"), None);
-        assert_eq!(ordinal_of("kvx-1", "kv"), None);
+    fn an_address_whose_sandbox_still_exists_never_lost_its_del() {
+        let v = view(&[("kv-0", "n1")]);
+        let mut old = lease(1, "kv-0", Some("kv"), false, 0);
+        old.netns = Some("/run/netns/cni-1".into());
+        let alive = |n: &str| n == "/run/netns/cni-1";
+        let mut planner = Planner::new(&v, NOW, GRACE, &alive);
+        planner.consider(&old);
+        assert!(
+            planner.plan.missed_del.is_empty(),
+            "its sandbox is still being torn down"
+        );
+        let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
+        planner.consider(&old);
+        assert_eq!(planner.plan.missed_del, vec![old.owner.clone()]);
+    }
+
+    #[test]
+    fn only_canonical_ordinals_name_a_statefulsets_pods() {
+        // One grammar with placement: `kv-01` is not a pod of `kv`, so its holding is left to
+        // its timer instead of being released as a pruned record.
+        let v = view(&[]);
+        assert_eq!(
+            verdicts(&[lease(1, "kv-01", None, true, 0)], &v),
+            vec![("kv-01".into(), None)]
+        );
+    }
+
+    #[test]
+    fn workloads() {
         let v = view(&[]);
         assert_eq!(workload(&lease(1, "kv-3", None, true, 0), &v), "kv");
         assert_eq!(workload(&lease(1, "web-7", None, true, 0), &v), "web");

@@ -1,15 +1,21 @@
-//! The unix-socket server: one request per connection (see [`super::proto`]), each run on a
-//! blocking thread against the agent's open stores, exactly as the plugin process would run it.
-//! Errors here become a `refused` answer, which sends the plugin to its fallback; CNI errors
-//! are the command's own answer.
+//! The unix-socket server: one request per connection (see [`ipkeep_cni::proto`]), each run on
+//! a blocking thread against the agent's open stores, exactly as the plugin process would run
+//! it. A request the agent will not or cannot run is refused, which sends the plugin to its
+//! fallback; CNI errors are the command's own answer.
 
 use std::collections::HashMap;
+use std::io::{BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use ipkeep_cni::netconf::{self, DEFAULT_LOCK_TIMEOUT};
+use ipkeep_cni::plugin::{self, Call};
+use ipkeep_cni::proto::{Envelope, FrameWriter, MAX_REQUEST_BYTES, Request, VERSION, tag};
+use ipkeep_cni::{admin, logs};
+use ipkeep_ipam::disk::system_reading;
+use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -17,23 +23,18 @@ use tracing::{debug, warn};
 use crate::metrics::Metrics;
 use crate::release::Reason;
 use crate::stores::AgentStores;
-use ipkeep_cni::admin;
-use ipkeep_cni::plugin;
-use ipkeep_cni::proto::{Envelope, MAX_REQUEST_BYTES, Request, Response, VERSION};
-use ipkeep_cni::relay::EarlySettings;
 
 /// Log lines of one command, in memory.
 #[derive(Debug, Clone, Default)]
 struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl CapturedLog {
-    fn text(&self) -> String {
-        let bytes = self.0.lock().map(|b| b.clone()).unwrap_or_default();
-        String::from_utf8_lossy(&bytes).into_owned()
+    fn bytes(&self) -> Vec<u8> {
+        self.0.lock().map(|b| b.clone()).unwrap_or_default()
     }
 }
 
-impl std::io::Write for CapturedLog {
+impl Write for CapturedLog {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if let Ok(mut b) = self.0.lock() {
             b.extend_from_slice(buf);
@@ -56,6 +57,10 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
 
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one write of the answer may block (a client that stops reading is cut off).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an admin command may wait for a store.
+const ADMIN_BUDGET: Duration = Duration::from_secs(30);
 
 /// What a request needs.
 #[derive(Debug)]
@@ -124,129 +129,212 @@ pub async fn serve(
 }
 
 async fn handle(mut stream: UnixStream, served: Arc<Served>) {
-    let response = match read_request(&mut stream).await {
-        Err(refusal) => refusal,
-        Ok(request) => {
-            let started = Instant::now();
-            let served2 = served.clone();
-            match tokio::task::spawn_blocking(move || execute(&served2, request)).await {
-                Ok((response, command)) => {
-                    served.metrics.request(
-                        command,
-                        response.exit_code == 0,
-                        started.elapsed().as_secs_f64(),
-                    );
-                    response
-                }
-                Err(e) => Response::refused(format!("agent internal error: {e}")),
-            }
-        }
+    let received = read_request(&mut stream).await;
+    let started = Instant::now();
+    let Ok(std_stream) = stream.into_std() else {
+        return;
     };
-    let body = serde_json::to_vec(&response).unwrap_or_default();
-    if let Err(e) = stream.write_all(&body).await {
-        debug!(error = %e, "client went away before the answer");
+    let answered = tokio::task::spawn_blocking(move || {
+        // The answer is written with plain blocking writes, each bounded.
+        let _ = std_stream.set_nonblocking(false);
+        let _ = std_stream.set_write_timeout(Some(WRITE_TIMEOUT));
+        let mut out = BufWriter::with_capacity(64 * 1024, &std_stream);
+        let (answer, command) = match received {
+            Err(reason) => (Answer::Refused(reason), "invalid"),
+            Ok(request) => execute(&served, request, started, &mut out),
+        };
+        let ok = matches!(answer, Answer::Exit(0));
+        let written = match &answer {
+            Answer::Exit(code) => {
+                ipkeep_cni::proto::write_frame(&mut out, tag::EXIT, &code.to_be_bytes())
+            }
+            Answer::Refused(reason) => {
+                debug!(%reason, "refused a request");
+                ipkeep_cni::proto::write_frame(&mut out, tag::REFUSED, reason.as_bytes())
+            }
+        };
+        if let Err(e) = written.and_then(|()| out.flush()) {
+            debug!(error = %e, "client went away before the answer");
+        }
+        if !matches!(answer, Answer::Refused(_)) {
+            served
+                .metrics
+                .request(command, ok, started.elapsed().as_secs_f64());
+        }
+    })
+    .await;
+    if let Err(e) = answered {
+        warn!(error = %e, "agent internal error while answering a request");
     }
-    let _ = stream.shutdown().await;
 }
 
-async fn read_request(stream: &mut UnixStream) -> Result<Request, Response> {
+async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
     let mut body = Vec::new();
     let mut limited = (&mut *stream).take(MAX_REQUEST_BYTES as u64 + 1);
     match tokio::time::timeout(READ_TIMEOUT, limited.read_to_end(&mut body)).await {
-        Err(_) => return Err(Response::refused("request not received in time")),
-        Ok(Err(e)) => return Err(Response::refused(format!("reading the request: {e}"))),
+        Err(_) => return Err("request not received in time".into()),
+        Ok(Err(e)) => return Err(format!("reading the request: {e}")),
         Ok(Ok(_)) if body.len() > MAX_REQUEST_BYTES => {
-            return Err(Response::refused(format!(
-                "request larger than {MAX_REQUEST_BYTES} bytes"
-            )));
+            return Err(format!("request larger than {MAX_REQUEST_BYTES} bytes"));
         }
         Ok(Ok(_)) => {}
     }
     let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
-        // A newer plugin may speak a later version; it runs the command itself.
+        // A plugin of another version may speak another protocol; it runs the command itself.
         let version = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("version")?.as_u64());
         match version {
-            Some(v) if v != u64::from(VERSION) => Response::refused(format!(
-                "protocol version {v} not supported; this agent speaks {VERSION}"
-            )),
-            _ => Response::refused(format!("malformed request: {e}")),
+            Some(v) if v != u64::from(VERSION) => {
+                format!("protocol version {v} not supported; this agent speaks {VERSION}")
+            }
+            _ => format!("malformed request: {e}"),
         }
     })?;
     if envelope.version != VERSION {
-        return Err(Response::refused(format!(
+        return Err(format!(
             "protocol version {} not supported; this agent speaks {VERSION}",
             envelope.version
-        )));
+        ));
     }
     Ok(envelope.request)
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Run; the exit code the plugin process would have had.
+    Exit(i32),
+    /// Not run: the client must run it itself.
+    Refused(String),
 }
 
-/// Runs one request against the open stores; returns the answer and the command label.
-pub fn execute(served: &Served, request: Request) -> (Response, &'static str) {
+/// Counts bytes written through it.
+struct Counting<W> {
+    inner: W,
+    written: usize,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Runs one request against the open stores, writing its stdout and stderr frames to `out`;
+/// returns how it ended and the command label for metrics. `received` is when the request
+/// arrived: a CNI request's budget counts from then.
+pub fn execute(
+    served: &Served,
+    request: Request,
+    received: Instant,
+    out: &mut dyn Write,
+) -> (Answer, &'static str) {
     match request {
-        Request::Cni { env, config } => {
-            let vars: HashMap<String, String> = env.into_iter().collect();
-            let mut stdout = Vec::new();
-            // The command logs exactly as the plugin process would (its level, its format);
-            // the lines go back to the plugin, which writes them to its ipam.logFile or stderr.
-            let log = CapturedLog::default();
-            let subscriber = EarlySettings::read(config.as_bytes())
-                .log_builder(None)
-                .with_writer(log.clone())
-                .finish();
-            let done = tracing::subscriber::with_default(subscriber, || {
-                plugin::run(
-                    &*served.stores,
-                    &vars,
-                    &mut config.as_bytes(),
-                    &mut stdout,
-                    unix_now(),
-                )
-            });
-            let stderr = log.text();
-            if done.exit_code != 0 {
-                warn!(command = done.command.map_or("invalid", |c| c.as_str()), log = %stderr.trim_end(), "plugin command failed");
-            }
-            let released_by = match done.command {
-                Some(ipkeep_cni::env::Command::Gc) => Reason::Gc,
-                _ => Reason::Del,
-            };
-            served.metrics.tally(&done.tally, released_by);
-            let command = done.command.map_or("invalid", |c| c.as_str());
-            let response = Response {
-                version: VERSION,
-                refused: None,
-                exit_code: done.exit_code,
-                stdout: String::from_utf8_lossy(&stdout).into_owned(),
-                stderr,
-            };
-            (response, command)
+        Request::Cni {
+            env,
+            config,
+            budget_ms,
+        } => {
+            let budget = budget_ms.map_or(DEFAULT_LOCK_TIMEOUT, Duration::from_millis);
+            let deadline = received.checked_add(budget).unwrap_or(received);
+            run_cni(served, env.into_iter().collect(), &config, deadline, out)
         }
-        Request::Admin(command) => {
-            let mut stdout = Vec::new();
-            let (exit_code, stderr) = match admin::run(&*served.stores, command, &mut stdout) {
+        Request::Admin(mut command) => {
+            let target = command.target_mut();
+            if let Err(why) = served.stores.owns(&target.data_dir) {
+                return (Answer::Refused(why), "admin");
+            }
+            target.data_dir = served.stores.data_dir().to_path_buf();
+            let stores = served.stores.for_request(received + ADMIN_BUDGET);
+            let mut stdout = Counting {
+                inner: FrameWriter {
+                    out: BufWriter::with_capacity(64 * 1024, &mut *out),
+                    tag: tag::STDOUT,
+                },
+                written: 0,
+            };
+            let result = admin::run(&stores, command, &mut stdout, &system_reading());
+            let flushed = stdout.flush();
+            let written = stdout.written;
+            drop(stdout);
+            if let (Some(why), 0) = (stores.unavailable(), written) {
+                return (Answer::Refused(why), "admin");
+            }
+            let code = match result.and_then(|n| flushed.map(|()| n).map_err(Into::into)) {
                 Ok(released) => {
                     served.metrics.released(Reason::Admin, released);
-                    (0, String::new())
+                    0
                 }
-                Err(e) => (1, format!("ipkeep: error: {e:#}\n")),
+                Err(e) => {
+                    let text = format!("ipkeep: error: {e:#}\n");
+                    let _ = ipkeep_cni::proto::write_frame(out, tag::STDERR, text.as_bytes());
+                    1
+                }
             };
-            let response = Response {
-                version: VERSION,
-                refused: None,
-                exit_code,
-                stdout: String::from_utf8_lossy(&stdout).into_owned(),
-                stderr,
-            };
-            (response, "admin")
+            (Answer::Exit(code), "admin")
         }
     }
+}
+
+fn run_cni(
+    served: &Served,
+    vars: HashMap<String, String>,
+    config: &str,
+    deadline: Instant,
+    out: &mut dyn Write,
+) -> (Answer, &'static str) {
+    let mut decoded = netconf::decode(config.as_bytes());
+    if let Ok(d) = &mut decoded {
+        // Only the agent's own stores, by their canonical path (a plugin may name the data
+        // directory through a symlink).
+        if let Err(why) = served.stores.owns(&d.settings.data_dir) {
+            return (Answer::Refused(why), "invalid");
+        }
+        d.settings.data_dir = served.stores.data_dir().to_path_buf();
+    }
+    let settings = decoded
+        .as_ref()
+        .map_or_else(|_| netconf::Settings::default(), |d| d.settings.clone());
+    // The command logs exactly as the plugin process would (its level, its format); the lines
+    // go back to the plugin, which writes them to its ipam.logFile or stderr.
+    let log = CapturedLog::default();
+    let subscriber = logs::builder(&settings, None)
+        .with_writer(log.clone())
+        .finish();
+    let stores = served.stores.for_request(deadline);
+    let call = Call {
+        reading: system_reading(),
+        deadline: Some(deadline),
+    };
+    let mut stdout = Vec::new();
+    let done = tracing::subscriber::with_default(subscriber, || {
+        plugin::run(&stores, &vars, &decoded, &mut stdout, &call)
+    });
+    let command = done.command.map_or("invalid", |c| c.as_str());
+    if let Some(why) = stores.unavailable() {
+        warn!(command, %why, "refused: the plugin serves this itself");
+        return (Answer::Refused(why), command);
+    }
+    let stderr = log.bytes();
+    if done.exit_code != 0 {
+        warn!(command, log = %String::from_utf8_lossy(&stderr).trim_end(), "plugin command failed");
+    }
+    let released_by = match done.command {
+        Some(ipkeep_cni::env::Command::Gc) => Reason::Gc,
+        _ => Reason::Del,
+    };
+    served.metrics.tally(&done.tally, released_by);
+    let written = ipkeep_cni::proto::write_frame(out, tag::STDOUT, &stdout)
+        .and_then(|()| ipkeep_cni::proto::write_frame(out, tag::STDERR, &stderr));
+    if let Err(e) = written {
+        debug!(error = %e, "client went away before the answer");
+    }
+    (Answer::Exit(done.exit_code), command)
 }

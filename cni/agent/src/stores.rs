@@ -1,25 +1,38 @@
-//! The agent's open stores: one per network directory, opened on first use (or at start for
-//! the networks already under `--data-dir`) and kept open, so the network's `flock` is held by
-//! the agent for as long as it runs. Commands take turns on a store through its mutex; a plugin
-//! that falls back while the agent is down takes the `flock` as before.
+//! The agent's open stores: one per network under its `--data-dir`, opened on first use (or at
+//! start for the networks already there) and kept open, so the network's `flock` is held by the
+//! agent for as long as it runs. Commands take turns on a store through its lock, waiting no
+//! longer than their caller does; long readers (the sweep, `ipkeep list`) read a snapshot and
+//! never hold the lock while they work.
+//!
+//! A store whose commit failed (a full disk) is closed at once: redb refuses further writes
+//! until it is opened again, and closing lets the `flock` go, so a plugin can serve itself if
+//! the agent cannot reopen it. Until a later commit succeeds, the network is unhealthy
+//! (`/healthz`, CNI STATUS).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, validate_network_name};
+use ipkeep_cni::plugin::Timings;
+use ipkeep_cni::stores::{Stores, free_space_status};
+use ipkeep_ipam::disk::{DiskSnapshot, StoreOptions};
+use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, StoreRead, validate_network_name};
 
 use crate::metrics::Metrics;
-use ipkeep_cni::plugin::Timings;
-use ipkeep_cni::stores::Stores;
+
+/// The agent's page cache per store: enough for the hot part of a 60,000-lease store.
+const CACHE_BYTES: usize = 8 << 20;
 
 /// One network's store.
 #[derive(Debug)]
 pub struct Slot {
     dir: NetworkDir,
     network: String,
-    store: Mutex<Option<DiskStore>>,
+    store: parking_lot::Mutex<Option<DiskStore>>,
+    /// Why the last commit failed, until one succeeds.
+    failure: Mutex<Option<String>>,
 }
 
 impl Slot {
@@ -33,112 +46,193 @@ impl Slot {
         &self.dir
     }
 
-    fn guard(&self) -> MutexGuard<'_, Option<DiskStore>> {
-        // A panic while a command held the store leaves the store itself consistent (commits are
-        // atomic), so the guard is still good.
-        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    /// `Err` with the reason while the store cannot commit.
+    pub fn health(&self) -> Result<(), String> {
+        match &*self.failure.lock().unwrap_or_else(PoisonError::into_inner) {
+            None => Ok(()),
+            Some(why) => Err(format!("network {}: {why}", self.network)),
+        }
     }
 
-    /// Runs `f` with exclusive use of the store, opening it first if needed (waiting at most
-    /// `timeout` for a plugin that holds the network's `flock`). Returns the time spent
-    /// waiting and opening along with `f`'s result.
-    pub fn with<R, E: From<StoreError>>(
+    fn set_failure(&self, failure: Option<String>) {
+        *self.failure.lock().unwrap_or_else(PoisonError::into_inner) = failure;
+    }
+
+    /// Runs `f` with exclusive use of the store, opening it first if needed. Waits for the
+    /// store until `deadline` at most (and for a plugin's `flock` at most `lock_timeout`).
+    /// Returns the time spent waiting and opening, and `f`'s result, or (outer `Err`) why the
+    /// store could not be had.
+    pub fn with<R, E>(
         &self,
-        timeout: Duration,
+        deadline: Instant,
+        lock_timeout: Duration,
         f: impl FnOnce(&mut DiskStore) -> Result<R, E>,
-    ) -> (Duration, Result<R, E>) {
+    ) -> (Duration, Result<Result<R, E>, StoreError>) {
         let started = Instant::now();
-        let mut guard = self.guard();
+        let Some(mut guard) = self.store.try_lock_until(deadline) else {
+            let err = StoreError::LockTimeout {
+                path: format!("{} (busy in the agent)", self.dir.path().display()),
+                waited_ms: started.elapsed().as_millis(),
+            };
+            return (started.elapsed(), Err(err));
+        };
         if guard.is_none() {
-            match self.dir.lock(timeout).and_then(DiskStore::open) {
-                Ok(store) => {
-                    tracing::info!(network = %self.network, dir = %self.dir.path().display(), "opened the store");
-                    *guard = Some(store);
-                }
-                Err(e) => return (started.elapsed(), Err(e.into())),
+            let timeout = lock_timeout.min(deadline.saturating_duration_since(Instant::now()));
+            match self.open(timeout) {
+                Ok(store) => *guard = Some(store),
+                Err(e) => return (started.elapsed(), Err(e)),
             }
         }
         let waited = started.elapsed();
-        match guard.as_mut() {
-            Some(store) => (waited, f(store)),
-            None => unreachable_store(waited),
+        let Some(store) = guard.as_mut() else {
+            return (waited, Err(vanished()));
+        };
+        let result = f(store);
+        if store.is_poisoned() {
+            let why = "a commit failed (see the agent's log); the store was closed and is opened again on the next request".to_string();
+            tracing::error!(network = %self.network, "{why}");
+            self.set_failure(Some(why));
+            *guard = None;
+        } else if result.is_ok() {
+            self.set_failure(None);
         }
+        (waited, Ok(result))
     }
 
-    /// Closes the store (flushing it and releasing the `flock`).
+    /// A consistent read-only view of the store, taken under its lock but read without it.
+    pub fn snapshot(
+        &self,
+        deadline: Instant,
+        lock_timeout: Duration,
+    ) -> Result<DiskSnapshot, StoreError> {
+        self.with(deadline, lock_timeout, |store| store.snapshot())
+            .1?
+    }
+
+    fn open(&self, timeout: Duration) -> Result<DiskStore, StoreError> {
+        let options = StoreOptions {
+            cache_bytes: CACHE_BYTES,
+            // The agent opens a store once and keeps it: check every page, so a damaged file
+            // is refused (and left to the operator) instead of trusted.
+            verify: true,
+        };
+        let store = DiskStore::open(self.dir.lock(timeout)?, &options)?;
+        tracing::info!(network = %self.network, path = %store.path().display(), "opened the store");
+        Ok(store)
+    }
+
+    /// Closes the store (releasing the `flock`).
     pub fn close(&self) {
-        if self.guard().take().is_some() {
+        if self.store.lock().take().is_some() {
             tracing::info!(network = %self.network, "closed the store");
         }
     }
 }
 
-// Kept out of line: the branch cannot be taken (the slot was filled just above under the same
-// guard), but it must not panic either.
-fn unreachable_store<R, E: From<StoreError>>(waited: Duration) -> (Duration, Result<R, E>) {
-    (
-        waited,
-        Err(StoreError::Io {
-            action: "open",
-            path: String::new(),
-            source: std::io::Error::other("store vanished while locked"),
-        }
-        .into()),
-    )
+fn vanished() -> StoreError {
+    StoreError::Io {
+        action: "open",
+        path: String::new(),
+        source: std::io::Error::other("store vanished while locked"),
+    }
 }
 
-/// Every network store the agent serves.
+/// Every network store the agent serves: those under its data directory, nothing else.
 #[derive(Debug)]
 pub struct AgentStores {
-    slots: Mutex<BTreeMap<PathBuf, Arc<Slot>>>,
+    /// The canonical `--data-dir`.
+    data_dir: PathBuf,
+    slots: Mutex<BTreeMap<String, Arc<Slot>>>,
     metrics: Arc<Metrics>,
 }
 
 impl AgentStores {
-    /// No stores yet.
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        AgentStores {
+    /// The stores under `data_dir`, which is created (0700) if missing and resolved through any
+    /// symlink, so a plugin naming it by another path reaches the same stores.
+    pub fn new(data_dir: &Path, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)?;
+        Ok(AgentStores {
+            data_dir: data_dir.canonicalize()?,
             slots: Mutex::default(),
             metrics,
+        })
+    }
+
+    /// The canonical data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Whether `dir` (as a plugin names it) is this agent's data directory; `Err` says why not.
+    pub fn owns(&self, dir: &Path) -> Result<(), String> {
+        match dir.canonicalize() {
+            Ok(canonical) if canonical == self.data_dir => Ok(()),
+            _ => Err(format!(
+                "ipam.dataDir {} is not this agent's --data-dir {}",
+                dir.display(),
+                self.data_dir.display()
+            )),
         }
     }
 
-    fn slot(&self, dir: &NetworkDir) -> Arc<Slot> {
+    /// The slot of `dir`, which must be a network directory under the data directory.
+    pub fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, String> {
+        let network = dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let parent = dir
+            .path()
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        if parent != self.data_dir || validate_network_name(&network).is_err() {
+            return Err(format!(
+                "{} is not a network directory under {}",
+                dir.path().display(),
+                self.data_dir.display()
+            ));
+        }
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots
-            .entry(dir.path().to_path_buf())
+        Ok(slots
+            .entry(network.clone())
             .or_insert_with(|| {
                 Arc::new(Slot {
                     dir: dir.clone(),
-                    network: dir
-                        .path()
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                    store: Mutex::default(),
+                    network,
+                    store: parking_lot::Mutex::default(),
+                    failure: Mutex::default(),
                 })
             })
-            .clone()
+            .clone())
     }
 
-    /// Registers every network that already has a store under `data_dir` and opens it, so the
-    /// sweep covers them from the start. Returns the networks found; a store that cannot be
-    /// opened now is logged and retried on first use.
-    pub fn adopt(&self, data_dir: &Path, timeout: Duration) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(data_dir) else {
+    /// Registers every network that already has a store under the data directory and opens it,
+    /// so the sweep covers them from the start. Returns the networks found; a store that cannot
+    /// be opened now is logged and retried on first use.
+    pub fn adopt(&self, timeout: Duration) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.data_dir) else {
             return Vec::new();
         };
         let mut found = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(dir) = NetworkDir::new(data_dir, &name) else {
+            let Ok(dir) = NetworkDir::new(&self.data_dir, &name) else {
                 continue;
             };
-            if validate_network_name(&name).is_err() || !dir.exists() {
+            let Ok(slot) = self.slot(&dir) else {
+                continue;
+            };
+            if !dir.exists() {
                 continue;
             }
-            let slot = self.slot(&dir);
-            let (_, opened) = slot.with(timeout, |_| Ok::<_, StoreError>(()));
+            let deadline = Instant::now() + timeout;
+            let (_, opened) = slot.with(deadline, timeout, |_| Ok::<_, StoreError>(()));
             if let Err(e) = opened {
                 tracing::warn!(network = %name, error = %e, "could not open the store at start; will retry on first use");
             }
@@ -154,15 +248,86 @@ impl AgentStores {
         slots.values().cloned().collect()
     }
 
+    /// `Err` listing every network whose store cannot commit.
+    pub fn health(&self) -> Result<(), String> {
+        let failures: Vec<String> = self
+            .slots()
+            .iter()
+            .filter_map(|s| s.health().err())
+            .collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures.join("; "))
+        }
+    }
+
     /// Closes every store (at shutdown, after the last request).
     pub fn close_all(&self) {
         for slot in self.slots() {
             slot.close();
         }
     }
+
+    /// The stores as one request sees them: waiting no longer than `deadline`.
+    pub fn for_request(&self, deadline: Instant) -> RequestStores<'_> {
+        RequestStores {
+            stores: self,
+            deadline,
+            unavailable: RefCell::default(),
+        }
+    }
 }
 
-impl Stores for AgentStores {
+/// The agent's stores for one request. When a store cannot be had at all (outside the data
+/// directory, or failing to open), that is noted, so the request is refused and the plugin
+/// serves itself rather than being told a failure the agent alone has.
+#[derive(Debug)]
+pub struct RequestStores<'a> {
+    stores: &'a AgentStores,
+    deadline: Instant,
+    unavailable: RefCell<Option<String>>,
+}
+
+impl RequestStores<'_> {
+    /// Why a store could not be had, if that happened.
+    pub fn unavailable(&self) -> Option<String> {
+        self.unavailable.borrow().clone()
+    }
+
+    fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, StoreError> {
+        self.stores.slot(dir).map_err(|why| {
+            self.unavailable.replace(Some(why.clone()));
+            StoreError::Io {
+                action: "serve",
+                path: dir.path().display().to_string(),
+                source: std::io::Error::other(why),
+            }
+        })
+    }
+
+    /// Notes an open failure: the request will be refused.
+    fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result
+            && !matches!(
+                e,
+                StoreError::LockTimeout { .. } | StoreError::PastDeadline { .. }
+            )
+        {
+            self.unavailable
+                .replace(Some(format!("the store cannot be opened: {e}")));
+        }
+        result
+    }
+}
+
+impl Stores for RequestStores<'_> {
+    type Store = DiskStore;
+
+    fn exists(&self, dir: &NetworkDir) -> bool {
+        dir.exists()
+    }
+
     fn with<R, E: From<StoreError>>(
         &self,
         dir: &NetworkDir,
@@ -170,9 +335,28 @@ impl Stores for AgentStores {
         timings: &mut Timings,
         f: impl FnOnce(&mut DiskStore) -> Result<R, E>,
     ) -> Result<R, E> {
-        let (waited, result) = self.slot(dir).with(timeout, f);
-        self.metrics.lock_wait(waited.as_secs_f64());
+        let slot = self.slot(dir)?;
+        let (waited, result) = slot.with(self.deadline, timeout, f);
+        self.stores.metrics.lock_wait(waited.as_secs_f64());
         timings.push("lock", waited);
-        result
+        self.note(result)?
+    }
+
+    fn read<R, E: From<StoreError>>(
+        &self,
+        dir: &NetworkDir,
+        timeout: Duration,
+        f: impl FnOnce(&dyn StoreRead) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let slot = self.slot(dir)?;
+        let snapshot = self.note(slot.snapshot(self.deadline, timeout))?;
+        f(&snapshot)
+    }
+
+    fn status(&self, dir: &NetworkDir) -> Result<(), String> {
+        if let Ok(slot) = self.stores.slot(dir) {
+            slot.health()?;
+        }
+        free_space_status(dir)
     }
 }

@@ -4,11 +4,13 @@
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use ipkeep_ipam::{DiskStore, Lease, LeaseState, NetworkDir, RangeSet, Store, allocator};
+use ipkeep_ipam::{
+    Lease, LeaseCounts, LeaseState, NetworkDir, RangeSet, Reading, StoreError, StoreRead, allocator,
+};
 
 use crate::plugin::Timings;
 use crate::stores::Stores;
@@ -39,13 +41,20 @@ pub struct Cli {
 pub struct Target {
     /// Network name (the "name" of the CNI configuration).
     #[arg(long, env = "IPKEEP_NETWORK")]
-    network: String,
+    pub network: String,
     /// The ipam.dataDir of that configuration.
     #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
+    pub data_dir: PathBuf,
     /// How long to wait for running plugin commands to finish.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    lock_timeout: Duration,
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
+    pub lock_timeout: Duration,
+}
+
+fn lock_timeout(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .ok()
+        .filter(|d| *d <= crate::netconf::MAX_LOCK_TIMEOUT)
+        .ok_or_else(|| "expected a duration such as 10s, at most 10m".to_string())
 }
 
 /// An admin subcommand, as sent to the agent (`Request::Admin`).
@@ -79,6 +88,15 @@ pub enum AdminCommand {
     },
 }
 
+impl AdminCommand {
+    /// The network the command is about.
+    pub fn target_mut(&mut self) -> &mut Target {
+        match self {
+            AdminCommand::List { target, .. } | AdminCommand::Release { target, .. } => target,
+        }
+    }
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct RangeSetReport {
@@ -89,78 +107,56 @@ struct RangeSetReport {
     free: String,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ListReport {
-    network: String,
-    data_dir: String,
-    leases: Vec<Lease>,
-    range_sets: Vec<RangeSetReport>,
+/// How the range sets a network was last configured with are used, counted lease by lease.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    sets: Vec<(RangeSet, LeaseCounts)>,
 }
 
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// Runs `f` on the target network's store, which must exist.
-fn with_store<S: Stores, R>(
-    stores: &S,
-    target: &Target,
-    f: impl FnOnce(&mut DiskStore) -> anyhow::Result<R>,
-) -> anyhow::Result<R> {
-    let dir = NetworkDir::new(&target.data_dir, &target.network)?;
-    if !dir.exists() {
-        bail!(
-            "no ipkeep state for network {:?} under {} (check --network and --data-dir against the CNI configuration)",
-            target.network,
-            target.data_dir.display()
-        );
+impl Usage {
+    /// Empty counts for the range sets recorded in `store`.
+    pub fn of(store: &dyn StoreRead) -> anyhow::Result<Self> {
+        let sets: Vec<RangeSet> = match store.range_sets()? {
+            Some(json) => {
+                serde_json::from_str(&json).context("failed to read the recorded range sets")?
+            }
+            None => Vec::new(),
+        };
+        Ok(Usage {
+            sets: sets
+                .into_iter()
+                .map(|s| (s, LeaseCounts::default()))
+                .collect(),
+        })
     }
-    stores.with(&dir, target.lock_timeout, &mut Timings::default(), f)
-}
 
-fn until_text(lease: &Lease, now: u64) -> String {
-    match lease.state {
-        LeaseState::Active => "-".into(),
-        LeaseState::Held { until: None } => "forever".into(),
-        LeaseState::Held { until: Some(t) } if t <= now => "expired".into(),
-        LeaseState::Held { until: Some(t) } => {
-            let at = humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(t));
-            format!(
-                "{at} (in {})",
-                humantime::format_duration(Duration::from_secs(t - now))
-            )
+    /// Counts one lease.
+    pub fn add(&mut self, lease: &Lease) {
+        for (set, counts) in &mut self.sets {
+            if set.range_of(lease.ip).is_some() {
+                match lease.state {
+                    LeaseState::Active => counts.active += 1,
+                    LeaseState::Held { .. } => counts.held += 1,
+                }
+            }
         }
     }
-}
 
-/// Usage of each range set the network was last configured with.
-pub fn range_set_usage(store: &DiskStore, leases: &[Lease]) -> anyhow::Result<Vec<RangeSetUsage>> {
-    let sets: Vec<RangeSet> = match store.range_sets()? {
-        Some(json) => {
-            serde_json::from_str(&json).context("failed to read the recorded range sets")?
-        }
-        None => Vec::new(),
-    };
-    Ok(sets
-        .iter()
-        .map(|set| {
-            let inside: Vec<&Lease> = leases
-                .iter()
-                .filter(|l| set.range_of(l.ip).is_some())
-                .collect();
-            let counts = ipkeep_ipam::LeaseCounts::of(inside.iter().copied());
-            RangeSetUsage {
+    /// The counts per range set.
+    pub fn report(&self) -> Vec<RangeSetUsage> {
+        self.sets
+            .iter()
+            .map(|(set, counts)| RangeSetUsage {
                 ranges: set.to_string(),
                 capacity: set.capacity(),
                 in_use: counts.active,
                 held: counts.held,
-                free: set.capacity().saturating_sub(inside.len() as u128),
-            }
-        })
-        .collect())
+                free: set
+                    .capacity()
+                    .saturating_sub((counts.active + counts.held) as u128),
+            })
+            .collect()
+    }
 }
 
 /// How one range set is used.
@@ -178,62 +174,99 @@ pub struct RangeSetUsage {
     pub free: u128,
 }
 
-fn report(target: &Target, store: &mut DiskStore) -> anyhow::Result<ListReport> {
-    let leases = store.all()?;
-    let range_sets = range_set_usage(store, &leases)?
-        .into_iter()
-        .map(|u| RangeSetReport {
-            ranges: u.ranges,
-            capacity: u.capacity.to_string(),
-            in_use: u.in_use,
-            held: u.held,
-            free: u.free.to_string(),
-        })
-        .collect();
-    Ok(ListReport {
-        network: target.network.clone(),
-        data_dir: target.data_dir.display().to_string(),
-        leases,
-        range_sets,
-    })
+fn until_text(lease: &Lease, now: u64) -> String {
+    match lease.state {
+        LeaseState::Active => "-".into(),
+        LeaseState::Held { until: None } => "forever".into(),
+        LeaseState::Held { until: Some(t) } if t <= now => "expired".into(),
+        LeaseState::Held { until: Some(t) } => format!(
+            "{} (in {})",
+            ipkeep_values::time::rfc3339(t),
+            ipkeep_values::time::duration(t - now)
+        ),
+    }
 }
 
-fn print_table(out: &mut dyn Write, r: &ListReport) -> anyhow::Result<()> {
-    let now = now();
-    writeln!(out, "network {} ({})", r.network, r.data_dir)?;
-    let mut rows = vec![["ADDRESS", "STATE", "CONTAINER/IFNAME", "POD", "UNTIL"].map(String::from)];
-    rows.extend(r.leases.iter().map(|l| {
-        [
-            l.ip.to_string(),
-            if l.is_active() { "in-use" } else { "held" }.to_string(),
-            l.owner.to_string(),
-            l.pod.as_ref().map_or("-".to_string(), ToString::to_string),
-            until_text(l, now),
-        ]
-    }));
-    let width = |col: usize| rows.iter().map(|r| r[col].len()).max().unwrap_or(0);
-    let widths = [width(0), width(1), width(2), width(3)];
-    for row in &rows {
+/// Writes the report of `store` as it reads it, so a store of any size streams through in
+/// constant memory.
+fn write_list(
+    out: &mut dyn Write,
+    target: &Target,
+    store: &dyn StoreRead,
+    json: bool,
+    now: u64,
+) -> anyhow::Result<()> {
+    let mut usage = Usage::of(store)?;
+    let mut first = true;
+    if json {
+        write!(
+            out,
+            "{{\"network\":{},\"dataDir\":{},\"leases\":[",
+            serde_json::to_string(&target.network)?,
+            serde_json::to_string(&target.data_dir.display().to_string())?
+        )?;
+    } else {
         writeln!(
             out,
-            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            row[4],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3]
+            "network {} ({})",
+            target.network,
+            target.data_dir.display()
+        )?;
+        writeln!(
+            out,
+            "{:<16}  {:<6}  {:<24}  {:<24}  UNTIL",
+            "ADDRESS", "STATE", "CONTAINER/IFNAME", "POD"
         )?;
     }
-    for (i, s) in r.range_sets.iter().enumerate() {
-        writeln!(
-            out,
-            "range set {i} ({}): {} addresses, {} in use, {} held, {} free",
-            s.ranges, s.capacity, s.in_use, s.held, s.free
-        )?;
+    store.scan(&mut |lease| {
+        usage.add(&lease);
+        let written = if json {
+            let sep = if first { "\n" } else { ",\n" };
+            serde_json::to_string(&lease)
+                .map_err(std::io::Error::other)
+                .and_then(|l| write!(out, "{sep}{l}"))
+        } else {
+            writeln!(
+                out,
+                "{:<16}  {:<6}  {:<24}  {:<24}  {}",
+                lease.ip.to_string(),
+                if lease.is_active() { "in-use" } else { "held" },
+                lease.owner.to_string(),
+                lease
+                    .pod
+                    .as_ref()
+                    .map_or("-".to_string(), ToString::to_string),
+                until_text(&lease, now)
+            )
+        };
+        first = false;
+        written.map_err(|e| StoreError::Io {
+            action: "write",
+            path: "the report".into(),
+            source: e,
+        })
+    })?;
+    let sets = usage.report();
+    if json {
+        let sets: Vec<RangeSetReport> = sets
+            .into_iter()
+            .map(|u| RangeSetReport {
+                ranges: u.ranges,
+                capacity: u.capacity.to_string(),
+                in_use: u.in_use,
+                held: u.held,
+                free: u.free.to_string(),
+            })
+            .collect();
+        writeln!(out, "\n],\"rangeSets\":{}}}", serde_json::to_string(&sets)?)?;
+    } else {
+        for (i, s) in sets.iter().enumerate() {
+            writeln!(
+                out,
+                "range set {i} ({}): {} addresses, {} in use, {} held, {} free",
+                s.ranges, s.capacity, s.in_use, s.held, s.free
+            )?;
+        }
     }
     Ok(())
 }
@@ -243,16 +276,16 @@ pub fn run<S: Stores>(
     stores: &S,
     command: AdminCommand,
     out: &mut dyn Write,
+    reading: &Reading,
 ) -> anyhow::Result<usize> {
     let mut released = 0;
     match command {
         AdminCommand::List { target, json } => {
-            let r = with_store(stores, &target, |store| report(&target, store))?;
-            if json {
-                writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
-            } else {
-                print_table(out, &r)?;
-            }
+            let dir = target_dir(stores, &target)?;
+            stores.read(&dir, target.lock_timeout, |store| {
+                let now = ipkeep_ipam::clock::advance(store.clock()?.as_ref(), reading).now;
+                write_list(out, &target, store, json, now)
+            })?;
         }
         AdminCommand::Release {
             target,
@@ -266,15 +299,22 @@ pub fn run<S: Stores>(
             else {
                 bail!("--pod must be NAMESPACE/NAME, got {pod:?}");
             };
-            let outcome = with_store(stores, &target, |store| {
-                Ok(allocator::release_pod(
-                    store,
-                    ns,
-                    name,
-                    ifname.as_deref(),
-                    include_active,
-                )?)
-            })?;
+            let dir = target_dir(stores, &target)?;
+            let outcome = stores.with(
+                &dir,
+                target.lock_timeout,
+                &mut Timings::default(),
+                |store| {
+                    Ok::<_, anyhow::Error>(allocator::release_pod(
+                        store,
+                        ns,
+                        name,
+                        ifname.as_deref(),
+                        include_active,
+                        reading,
+                    )?)
+                },
+            )?;
             released = outcome.released.len();
             let ips = |ls: &[Lease]| ls.iter().map(|l| l.ip).collect::<Vec<IpAddr>>();
             for ip in ips(&outcome.released) {
@@ -296,4 +336,17 @@ pub fn run<S: Stores>(
         }
     }
     Ok(released)
+}
+
+/// The target network's directory, which must have a store.
+fn target_dir<S: Stores>(stores: &S, target: &Target) -> anyhow::Result<NetworkDir> {
+    let dir = NetworkDir::new(&target.data_dir, &target.network)?;
+    if !stores.exists(&dir) {
+        bail!(
+            "no ipkeep state for network {:?} under {} (check --network and --data-dir against the CNI configuration)",
+            target.network,
+            target.data_dir.display()
+        );
+    }
+    Ok(dir)
 }

@@ -60,6 +60,8 @@ pub struct Invocation {
     pub container_id: String,
     /// `CNI_IFNAME` (ADD, DEL, CHECK).
     pub ifname: String,
+    /// `CNI_NETNS` (ADD, CHECK; may be empty at DEL).
+    pub netns: String,
     /// `CNI_ARGS`, parsed.
     pub args: CniArgs,
 }
@@ -125,6 +127,7 @@ pub fn parse(env: &HashMap<String, String>) -> Result<Invocation, CniError> {
     }
     let container_id = get("CNI_CONTAINERID").unwrap_or_default().to_string();
     let ifname = get("CNI_IFNAME").unwrap_or_default().to_string();
+    let netns = get("CNI_NETNS").unwrap_or_default().to_string();
     if matches!(command, Command::Add | Command::Check | Command::Del) {
         validate_container_id(&container_id)?;
         validate_ifname(&ifname)?;
@@ -134,6 +137,7 @@ pub fn parse(env: &HashMap<String, String>) -> Result<Invocation, CniError> {
         command,
         container_id,
         ifname,
+        netns,
         args,
     })
 }
@@ -166,6 +170,9 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
             "interface name contains / or : or whitespace characters",
             "",
         ))
+    } else if name.chars().any(char::is_control) {
+        // The kernel refuses these too; found by review, a NUL reached the store's index keys.
+        Some(("interface name contains control characters", ""))
     } else {
         None
     };
@@ -340,7 +347,16 @@ mod tests {
             let r = parse_with("CNI_CONTAINERID", bad);
             assert!(r.is_err(), "{bad:?}");
         }
-        for bad in ["../x", "a/b", "eth0:1", "..", "0123456789abcdef", "a b"] {
+        for bad in [
+            "../x",
+            "a/b",
+            "eth0:1",
+            "..",
+            "0123456789abcdef",
+            "a b",
+            "eth0\0x",
+            "e\u{7f}",
+        ] {
             let e = parse_with("CNI_IFNAME", bad).expect_err(bad);
             assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
         }

@@ -87,9 +87,10 @@ impl std::error::Error for CniError {}
 
 impl From<StoreError> for CniError {
     fn from(e: StoreError) -> Self {
-        let code = match e {
-            StoreError::LockTimeout { .. } => code::TRY_AGAIN_LATER,
-            _ => code::GENERIC,
+        let code = if e.is_transient() {
+            code::TRY_AGAIN_LATER
+        } else {
+            code::GENERIC
         };
         CniError::new(code, e.to_string())
     }
@@ -99,6 +100,9 @@ impl From<AllocError> for CniError {
     fn from(e: AllocError) -> Self {
         match e {
             AllocError::Store(s) => s.into(),
+            e @ AllocError::StillInUse { .. } => {
+                CniError::new(code::TRY_AGAIN_LATER, e.to_string())
+            }
             other => CniError::new(code::GENERIC, other.to_string()),
         }
     }

@@ -7,6 +7,8 @@
 pub mod admin;
 pub mod env;
 pub mod error;
+pub mod files;
+pub mod logs;
 pub mod netconf;
 pub mod plugin;
 pub mod proto;

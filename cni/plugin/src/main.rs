@@ -4,12 +4,13 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::Parser;
-use ipkeep_cni::relay::{self, EarlySettings};
+use ipkeep_cni::netconf::{self, Settings};
 use ipkeep_cni::stores::OpenPerCall;
-use ipkeep_cni::{admin, version};
+use ipkeep_cni::{admin, files, logs, relay, version};
+use ipkeep_ipam::disk::system_reading;
 use nix::sys::stat::{Mode, umask};
 
 /// Like `eprintln!`, but a closed stderr is ignored instead of aborting the plugin after it
@@ -31,30 +32,7 @@ fn main() -> ExitCode {
         return cni(&vars);
     }
     if std::env::args_os().len() > 1 {
-        let cli = admin::Cli::parse();
-        init_logging(&EarlySettings::default(), &vars);
-        if !cli.agent_socket.is_empty() {
-            let timeout = std::time::Duration::from_secs(60);
-            let command = cli.command.clone();
-            if let Some(answer) =
-                relay::admin_via_agent(cli.agent_socket.as_ref(), command, timeout)
-            {
-                let _ = std::io::stdout().write_all(answer.stdout.as_bytes());
-                let _ = std::io::stderr().write_all(answer.stderr.as_bytes());
-                return ExitCode::from(u8::try_from(answer.exit_code).unwrap_or(1));
-            }
-        }
-        return match admin::run(
-            &OpenPerCall::default(),
-            cli.command,
-            &mut std::io::stdout().lock(),
-        ) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e) => {
-                say!("ipkeep: error: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return admin_command(&vars);
     }
     say!("CNI ipkeep plugin version {}", env!("CARGO_PKG_VERSION"));
     say!(
@@ -63,6 +41,40 @@ fn main() -> ExitCode {
     );
     say!("Run `ipkeep --help` for the admin subcommands (list, release).");
     ExitCode::SUCCESS
+}
+
+fn admin_command(vars: &HashMap<String, String>) -> ExitCode {
+    let cli = admin::Cli::parse();
+    init_logging(&Settings::default(), vars);
+    if !cli.agent_socket.is_empty() {
+        let answer = relay::admin_via_agent(
+            cli.agent_socket.as_ref(),
+            cli.command.clone(),
+            Duration::from_secs(60),
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        );
+        match answer {
+            Some(Ok(code)) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Some(Err(e)) => {
+                say!("ipkeep: error: {e}");
+                return ExitCode::FAILURE;
+            }
+            None => {}
+        }
+    }
+    match admin::run(
+        &OpenPerCall::default(),
+        cli.command,
+        &mut std::io::stdout().lock(),
+        &system_reading(),
+    ) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            say!("ipkeep: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn cni(vars: &HashMap<String, String>) -> ExitCode {
@@ -75,35 +87,51 @@ fn cni(vars: &HashMap<String, String>) -> ExitCode {
         let _ = writeln!(std::io::stdout(), "{}", err.to_json(None));
         say!("ipkeep: {info}");
     }));
+    let reading = system_reading();
+    let is_version = vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION");
     let mut input = Vec::new();
-    if vars.get("CNI_COMMAND").map(String::as_str) != Some("VERSION") {
-        // Bounded read; an I/O error or oversize input is reported by the plugin itself.
-        let limit = ipkeep_cni::netconf::MAX_CONFIG_BYTES as u64 + 1;
-        let _ = std::io::stdin().lock().take(limit).read_to_end(&mut input);
-    }
-    let settings = EarlySettings::read(&input);
+    let read = if is_version {
+        Ok(0)
+    } else {
+        // Bounded: one byte more than the largest configuration, which decode then refuses.
+        let limit = netconf::MAX_CONFIG_BYTES as u64 + 1;
+        std::io::stdin().lock().take(limit).read_to_end(&mut input)
+    };
+    // The configuration is decoded once, here; every later step reads the result.
+    let config = match read {
+        Err(e) => Err(ipkeep_cni::CniError::new(
+            ipkeep_cni::error::code::IO_FAILURE,
+            format!("failed to read the network configuration from stdin: {e}"),
+        )),
+        Ok(_) => netconf::decode(&input),
+    };
+    let settings = config
+        .as_ref()
+        .map_or_else(|_| Settings::default(), |d| d.settings.clone());
     init_logging(&settings, vars);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let done = relay::cni(&settings, vars, &input, &mut std::io::stdout().lock(), now);
+    let done = relay::cni(
+        vars,
+        &input,
+        &config,
+        &mut std::io::stdout().lock(),
+        reading,
+    );
     if vars.contains_key("IPKEEP_TIMING") {
         say!("{}", done.timings.line());
     }
     ExitCode::from(u8::try_from(done.exit_code).unwrap_or(1))
 }
 
-/// Logs go to `ipam.logFile` (default level info) or stderr (default level warn); never to
-/// stdout, which carries only the CNI protocol. `IPKEEP_LOG` overrides the level.
-fn init_logging(settings: &EarlySettings, vars: &HashMap<String, String>) {
-    let builder = settings.log_builder(vars.get("IPKEEP_LOG").map(String::as_str));
+/// Logs go to `ipam.logFile` or stderr, never stdout (see [`logs`]).
+fn init_logging(settings: &Settings, vars: &HashMap<String, String>) {
+    let builder = logs::builder(settings, vars.get("IPKEEP_LOG").map(String::as_str));
     let opened = settings.log_file.as_deref().and_then(|path| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
+        files::open_log(path)
             .inspect_err(|e| {
-                say!("ipkeep: cannot open ipam.logFile {path}: {e}; logging to stderr")
+                say!(
+                    "ipkeep: cannot open ipam.logFile {}: {e}; logging to stderr",
+                    path.display()
+                )
             })
             .ok()
     });

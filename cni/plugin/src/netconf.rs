@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipkeep_ipam::range::{RangeError, RangeSet, RangeSpec, parse_ip};
-use ipkeep_ipam::{Attachment, Retention};
+use ipkeep_ipam::{Attachment, Retention, RetentionPolicy};
 use serde::Deserialize;
 
 use crate::error::{CniError, code};
@@ -20,6 +20,10 @@ pub const MAX_CONFIG_BYTES: usize = 1 << 20;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/ipkeep";
 /// How long a command waits for the network lock by default.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest `ipam.lockTimeout` accepted: past this the runtime has given up anyway.
+pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_secs(600);
+/// Where the plugin looks for the node agent unless `ipam.agentSocket` says otherwise.
+pub const DEFAULT_AGENT_SOCKET: &str = "/run/ipkeep/agent.sock";
 /// The runtimeConfig key under which containerd and CRI-O pass pod annotations.
 pub const POD_ANNOTATIONS_KEY: &str = "io.kubernetes.cri.pod-annotations";
 
@@ -81,9 +85,13 @@ pub struct IpamConf {
     /// Default retention for named pods (`30m`, `24h`, `forever`, `0`).
     #[serde(default)]
     pub retention: Option<String>,
-    /// Longest wait for the network lock (`10s` default).
+    /// Longest wait for the network lock (`10s` default, at most [`MAX_LOCK_TIMEOUT`]).
     #[serde(default)]
     pub lock_timeout: Option<String>,
+    /// The longest retention honoured for a pod's annotations when no PersistentPodState
+    /// manages the pod (default `0`: such annotations are ignored).
+    #[serde(default)]
+    pub max_unmanaged_retention: Option<String>,
     /// The node agent's socket (read by `relay`; default `/run/ipkeep/agent.sock`, empty: never
     /// use the agent).
     #[serde(default)]
@@ -146,15 +154,90 @@ impl From<&AttachmentConf> for Attachment {
     }
 }
 
-/// A decoded configuration and its version.
+/// A decoded configuration: its version, name and the `ipam` settings every command reads,
+/// validated once; the rest stays in `conf` for the commands that need it.
 #[derive(Debug, Clone)]
 pub struct Decoded {
     /// The configuration's `cniVersion`.
     pub version: CniVersion,
-    /// The typed configuration.
+    /// The typed configuration (its `ipam` moved to [`Self::ipam`]).
     pub conf: NetConf,
     /// The validated network name.
     pub name: String,
+    /// The `ipam` section.
+    pub ipam: IpamConf,
+    /// The validated settings of the `ipam` section.
+    pub settings: Settings,
+}
+
+/// The `ipam` settings every command reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `ipam.dataDir` (absolute).
+    pub data_dir: PathBuf,
+    /// `ipam.lockTimeout`.
+    pub lock_timeout: Duration,
+    /// `ipam.agentSocket`; `None` when it is empty (never use the agent).
+    pub agent_socket: Option<PathBuf>,
+    /// `ipam.logFile`.
+    pub log_file: Option<PathBuf>,
+    /// `ipam.logLevel` (unreadable levels fall back to the default).
+    pub log_level: Option<tracing::Level>,
+}
+
+impl Default for Settings {
+    /// What applies when the configuration cannot be read (for logging its error).
+    fn default() -> Self {
+        Settings {
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            agent_socket: Some(PathBuf::from(DEFAULT_AGENT_SOCKET)),
+            log_file: None,
+            log_level: None,
+        }
+    }
+}
+
+impl Settings {
+    fn read(ipam: &IpamConf) -> Result<Settings, CniError> {
+        let dir = ipam.data_dir.as_deref().unwrap_or(DEFAULT_DATA_DIR);
+        let data_dir = PathBuf::from(dir);
+        if !data_dir.is_absolute() {
+            return Err(invalid(format!(
+                "ipam.dataDir {dir:?} must be an absolute path"
+            )));
+        }
+        let lock_timeout = match &ipam.lock_timeout {
+            None => DEFAULT_LOCK_TIMEOUT,
+            Some(t) => humantime::parse_duration(t.trim())
+                .ok()
+                .filter(|d| *d <= MAX_LOCK_TIMEOUT)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "invalid ipam.lockTimeout {:?}: expected a duration such as 10s, at most {}",
+                        t.chars().take(64).collect::<String>(),
+                        humantime::format_duration(MAX_LOCK_TIMEOUT)
+                    ))
+                })?,
+        };
+        let agent_socket = match ipam.agent_socket.as_deref() {
+            None => Some(PathBuf::from(DEFAULT_AGENT_SOCKET)),
+            Some("") => None,
+            Some(p) if PathBuf::from(p).is_absolute() => Some(PathBuf::from(p)),
+            Some(p) => {
+                return Err(invalid(format!(
+                    "ipam.agentSocket {p:?} must be an absolute path, or empty to never use the agent"
+                )));
+            }
+        };
+        Ok(Settings {
+            data_dir,
+            lock_timeout,
+            agent_socket,
+            log_file: ipam.log_file.as_deref().map(PathBuf::from),
+            log_level: ipam.log_level.as_deref().and_then(|l| l.parse().ok()),
+        })
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> CniError {
@@ -183,7 +266,7 @@ pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
         ));
     }
     let version = version::from_config(&value)?;
-    let conf: NetConf = serde_path_to_error::deserialize(value).map_err(|e| {
+    let mut conf: NetConf = serde_path_to_error::deserialize(value).map_err(|e| {
         invalid(format!(
             "invalid network configuration at {}: {}",
             e.path(),
@@ -199,10 +282,17 @@ pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
             err.with_details(name.clone())
         }
     })?;
+    let ipam = conf
+        .ipam
+        .take()
+        .ok_or_else(|| invalid("IPAM config missing 'ipam' key"))?;
+    let settings = Settings::read(&ipam)?;
     Ok(Decoded {
         version,
         conf,
         name,
+        ipam,
+        settings,
     })
 }
 
@@ -213,52 +303,29 @@ pub struct IpamPlan {
     pub range_sets: Vec<RangeSet>,
     /// Routes for the result.
     pub routes: Vec<Route>,
-    /// State directory.
-    pub data_dir: PathBuf,
     /// resolv.conf path.
     pub resolv_conf: Option<PathBuf>,
-    /// Default retention for named pods.
-    pub retention: Retention,
-    /// Lock wait.
-    pub lock_timeout: Duration,
+    /// Which retention pods get.
+    pub retention: RetentionPolicy,
 }
 
 impl Decoded {
-    /// The `ipam` section, or the reference plugins' error when it is missing.
-    pub fn ipam(&self) -> Result<&IpamConf, CniError> {
-        self.conf
-            .ipam
-            .as_ref()
-            .ok_or_else(|| invalid("IPAM config missing 'ipam' key"))
-    }
-
-    /// The state directory alone (all DEL needs to find the store).
-    pub fn data_dir(&self) -> Result<PathBuf, CniError> {
-        let dir = self.ipam()?.data_dir.as_deref().unwrap_or(DEFAULT_DATA_DIR);
-        let path = PathBuf::from(dir);
-        if !path.is_absolute() {
-            return Err(invalid(format!(
-                "ipam.dataDir {dir:?} must be an absolute path"
-            )));
-        }
-        Ok(path)
-    }
-
-    /// The lock wait.
-    pub fn lock_timeout(&self) -> Result<Duration, CniError> {
-        match &self.ipam()?.lock_timeout {
-            None => Ok(DEFAULT_LOCK_TIMEOUT),
-            Some(t) => humantime::parse_duration(t).map_err(|_| {
-                invalid(format!(
-                    "invalid ipam.lockTimeout {t:?}: expected a duration such as 10s"
-                ))
-            }),
-        }
+    /// The network's retention rules (`ipam.retention`, `ipam.maxUnmanagedRetention`).
+    pub fn retention_policy(&self) -> Result<RetentionPolicy, CniError> {
+        let ipam = &self.ipam;
+        let read = |key: &str, value: &Option<String>| match value {
+            None => Ok(Retention::Off),
+            Some(text) => Retention::parse(key, text).map_err(|e| invalid(e.to_string())),
+        };
+        Ok(RetentionPolicy {
+            default: read("ipam.retention", &ipam.retention)?,
+            max_unmanaged: read("ipam.maxUnmanagedRetention", &ipam.max_unmanaged_retention)?,
+        })
     }
 
     /// Validates the whole `ipam` section.
     pub fn plan(&self) -> Result<IpamPlan, CniError> {
-        let ipam = self.ipam()?;
+        let ipam = &self.ipam;
         let mut specs: Vec<&[RangeSpec]> = Vec::new();
         specs.extend(self.conf.runtime_config.ip_ranges.iter().map(Vec::as_slice));
         let legacy;
@@ -302,19 +369,11 @@ impl Decoded {
                 )));
             }
         }
-        let retention = match &ipam.retention {
-            None => Retention::Off,
-            Some(text) => {
-                Retention::parse("ipam.retention", text).map_err(|e| invalid(e.to_string()))?
-            }
-        };
         Ok(IpamPlan {
             range_sets,
             routes: ipam.routes.clone(),
-            data_dir: self.data_dir()?,
             resolv_conf: ipam.resolv_conf.as_ref().map(PathBuf::from),
-            retention,
-            lock_timeout: self.lock_timeout()?,
+            retention: self.retention_policy()?,
         })
     }
 
@@ -475,11 +534,52 @@ mod tests {
                 .msg,
             "CNI version 0.2.0 does not support more than 1 address per family"
         );
-        let missing = decode_str(r#"{"cniVersion":"1.0.0","name":"n"}"#).expect("decoded");
         assert_eq!(
-            missing.plan().expect_err("no ipam").msg,
+            decode_str(r#"{"cniVersion":"1.0.0","name":"n"}"#)
+                .expect_err("no ipam")
+                .msg,
             "IPAM config missing 'ipam' key"
         );
+    }
+
+    #[test]
+    fn settings_are_read_once_and_bounded() {
+        let settings = |ipam: &str| {
+            decode_str(&format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","ipam":{ipam}}}"#
+            ))
+            .map(|d| d.settings)
+        };
+        assert_eq!(settings("{}").expect("defaults"), Settings::default());
+        let s = settings(
+            r#"{"dataDir":"/d","lockTimeout":"2s","agentSocket":"","logFile":"/l","logLevel":"debug"}"#,
+        )
+        .expect("read");
+        assert_eq!(
+            (
+                s.data_dir.to_str(),
+                s.lock_timeout,
+                s.agent_socket,
+                s.log_level
+            ),
+            (
+                Some("/d"),
+                Duration::from_secs(2),
+                None,
+                Some(tracing::Level::DEBUG)
+            )
+        );
+        // Found by review: a huge lockTimeout overflowed the deadline arithmetic and panicked.
+        for bad in [
+            r#"{"lockTimeout":"1000000000000h"}"#,
+            r#"{"lockTimeout":"11m"}"#,
+            r#"{"lockTimeout":"soon"}"#,
+            r#"{"agentSocket":"relative.sock"}"#,
+            r#"{"dataDir":"rel"}"#,
+        ] {
+            let e = settings(bad).expect_err(bad);
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+        }
     }
 
     #[test]

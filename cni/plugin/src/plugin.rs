@@ -1,23 +1,26 @@
-//! The CNI "skel": one invocation from environment, stdin and clock to stdout bytes and an exit
-//! code. Everything the plugin does happens here; `main` only wires real stdio.
+//! The CNI "skel": one invocation from environment, decoded configuration and clock to stdout
+//! bytes and an exit code. Everything the plugin does happens here, over any [`Stores`]; `main`
+//! only wires real stdio, and the node agent runs the same function.
 //!
 //! Errors become CNI error JSON in exactly one place, [`run`]; stdout carries nothing else.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
     AddRequest, Attachment, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION, PodRef,
-    Retention, Source, Store, allocator,
+    Reading, Retention, Source, allocator,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
-use crate::netconf::{self, Decoded, MAX_CONFIG_BYTES};
+use crate::files;
+use crate::netconf::Decoded;
 use crate::result::{Dns, IpConfig, IpamResult};
-use crate::stores::Stores;
+use crate::stores::{Deadlined, Stores};
 use crate::version;
 
 /// Phase durations of one invocation, printed to stderr when `IPKEEP_TIMING` is set, so the
@@ -29,24 +32,27 @@ pub struct Timings {
 }
 
 impl Timings {
-    pub(crate) fn begin() -> Self {
+    /// Starts timing now.
+    pub fn begin() -> Self {
         Timings {
             started: Some(Instant::now()),
             phases: Vec::new(),
         }
     }
 
+    /// Records a phase that took `took`.
     pub fn push(&mut self, phase: &'static str, took: Duration) {
         self.phases.push((phase, took));
     }
 
-    pub(crate) fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
+    /// Records a phase that began at `since` and ends now; returns now.
+    pub fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
         let now = Instant::now();
         self.phases.push((phase, now - since));
         now
     }
 
-    /// `ipkeep-timing parse_us=… lock_us=… open_us=… alloc_us=… commit_us=… total_us=…`.
+    /// `ipkeep-timing parse_us=… lock_us=… open_us=… alloc_commit_us=… total_us=…`.
     pub fn line(&self) -> String {
         let mut out = String::from("ipkeep-timing");
         for (phase, d) in &self.phases {
@@ -66,6 +72,8 @@ pub struct Tally {
     pub allocated: usize,
     /// Of those, addresses given back to their pod from a holding.
     pub retained: usize,
+    /// Of those, addresses whose holding for another pod gave way because the range was full.
+    pub reclaimed: usize,
     /// Addresses now held for a deleted pod.
     pub held: usize,
     /// Addresses freed by DEL or GC.
@@ -87,23 +95,48 @@ pub struct Completion {
     pub command: Option<Command>,
 }
 
-/// Runs one CNI invocation against `stores`. `now` is unix seconds.
+/// When an invocation runs: the clock reading it starts with, and the moment after which it
+/// must not commit anything (its caller stops waiting then).
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The clock when the invocation started.
+    pub reading: Reading,
+    /// No commit after this.
+    pub deadline: Option<Instant>,
+}
+
+/// Runs one CNI invocation against `stores`, with the configuration already decoded from
+/// stdin (`config` is not read for `VERSION`).
 pub fn run<S: Stores>(
     stores: &S,
     vars: &HashMap<String, String>,
-    stdin: &mut dyn Read,
+    config: &Result<Decoded, CniError>,
     stdout: &mut dyn Write,
-    now: u64,
+    call: &Call,
 ) -> Completion {
     let mut cx = Context {
         stores,
-        now,
+        call,
         timings: Timings::begin(),
         tally: Tally::default(),
     };
-    let mut version_for_errors = None;
-    let command = env::parse(vars).ok().map(|inv| inv.command);
-    let outcome = dispatch(&mut cx, vars, stdin, &mut version_for_errors);
+    let inv = env::parse(vars);
+    let command = inv.as_ref().ok().map(|i| i.command);
+    // Every line this command logs names the pod and the container, failures included.
+    let span = match &inv {
+        Ok(inv) => tracing::error_span!(
+            "cni",
+            command = inv.command.as_str(),
+            network = config.as_ref().map_or("", |d| d.name.as_str()),
+            pod = %pod_label(&inv.args),
+            container = %inv.container_id,
+            ifname = %inv.ifname,
+        ),
+        Err(_) => tracing::error_span!("cni"),
+    };
+    let _enter = span.enter();
+    let version_for_errors = config.as_ref().ok().map(|d| d.version.to_string());
+    let outcome = inv.and_then(|inv| dispatch(&mut cx, &inv, config));
     let (text, exit_code) = match outcome {
         Ok(out) => (out, 0),
         Err(e) => {
@@ -128,67 +161,46 @@ pub fn run<S: Stores>(
 /// What every command gets besides its input.
 struct Context<'s, S> {
     stores: &'s S,
-    now: u64,
+    call: &'s Call,
     timings: Timings,
     tally: Tally,
 }
 
 impl<S: Stores> Context<'_, S> {
-    /// Runs `f` on the network's store, with the network's lock timeout.
+    /// Runs `f` on the network's store, with the network's lock timeout and the call's
+    /// deadline on commits.
     fn with_store<R>(
         &mut self,
         decoded: &Decoded,
-        f: impl FnOnce(&mut ipkeep_ipam::DiskStore) -> Result<R, CniError>,
+        f: impl FnOnce(&mut Deadlined<'_, S::Store>) -> Result<R, CniError>,
     ) -> Result<R, CniError> {
         let dir = network_dir(decoded)?;
-        let timeout = decoded.lock_timeout()?;
-        self.stores.with(&dir, timeout, &mut self.timings, f)
+        let deadline = self.call.deadline;
+        self.stores.with(
+            &dir,
+            decoded.settings.lock_timeout,
+            &mut self.timings,
+            |store| f(&mut Deadlined { store, deadline }),
+        )
     }
-}
-
-fn read_stdin(stdin: &mut dyn Read) -> Result<Vec<u8>, CniError> {
-    let mut buf = Vec::new();
-    stdin
-        .take(MAX_CONFIG_BYTES as u64 + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| {
-            CniError::new(
-                code::IO_FAILURE,
-                format!("failed to read the network configuration from stdin: {e}"),
-            )
-        })?;
-    Ok(buf)
 }
 
 fn dispatch<S: Stores>(
     cx: &mut Context<'_, S>,
-    vars: &HashMap<String, String>,
-    stdin: &mut dyn Read,
-    version_for_errors: &mut Option<String>,
+    inv: &Invocation,
+    config: &Result<Decoded, CniError>,
 ) -> Result<Option<String>, CniError> {
-    let t = Instant::now();
-    let inv = env::parse(vars)?;
     if inv.command == Command::Version {
         return Ok(Some(version::version_info()));
     }
-    let decoded = netconf::decode(&read_stdin(stdin)?)?;
-    *version_for_errors = Some(decoded.version.to_string());
-    cx.timings.record("parse", t);
-    let span = tracing::info_span!(
-        "cni",
-        command = inv.command.as_str(),
-        network = %decoded.name,
-        container = %inv.container_id,
-        ifname = %inv.ifname,
-        pod = %pod_label(&inv.args),
-    );
-    let _enter = span.enter();
+    let decoded = config.as_ref().map_err(Clone::clone)?;
+    debug!(config = ?decoded.ipam, args = ?inv.args, netns = %inv.netns, "decoded the invocation");
     match inv.command {
-        Command::Add => cmd_add(cx, &inv, &decoded).map(Some),
-        Command::Del => cmd_del(cx, &inv, &decoded).map(|()| None),
-        Command::Check => cmd_check(cx, &inv, &decoded).map(|()| None),
-        Command::Gc => cmd_gc(cx, &decoded).map(|()| None),
-        Command::Status => cmd_status(&decoded).map(|()| None),
+        Command::Add => cmd_add(cx, inv, decoded).map(Some),
+        Command::Del => cmd_del(cx, inv, decoded).map(|()| None),
+        Command::Check => cmd_check(cx, inv, decoded).map(|()| None),
+        Command::Gc => cmd_gc(cx, decoded).map(|()| None),
+        Command::Status => cmd_status(cx, decoded).map(|()| None),
         Command::Version => Ok(Some(version::version_info())),
     }
 }
@@ -208,8 +220,9 @@ fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
         uid: args.pod_uid.clone(),
         persistent_pod_state: annotations
             .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+            .map(|name| name.trim())
             .filter(|name| !name.is_empty())
-            .cloned(),
+            .map(str::to_string),
     })
 }
 
@@ -221,8 +234,15 @@ fn attachment(inv: &Invocation) -> Attachment {
 }
 
 fn network_dir(decoded: &Decoded) -> Result<NetworkDir, CniError> {
-    NetworkDir::new(&decoded.data_dir()?, &decoded.name)
+    NetworkDir::new(&decoded.settings.data_dir, &decoded.name)
         .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
+}
+
+fn until_text(state: LeaseState) -> String {
+    match state {
+        LeaseState::Held { until: Some(t) } => ipkeep_values::time::rfc3339(t),
+        _ => "forever".to_string(),
+    }
 }
 
 fn cmd_add<S: Stores>(
@@ -230,70 +250,67 @@ fn cmd_add<S: Stores>(
     inv: &Invocation,
     decoded: &Decoded,
 ) -> Result<String, CniError> {
-    let now = cx.now;
     let plan = decoded.plan()?;
     let dns = match &plan.resolv_conf {
         None => Dns::default(),
-        Some(path) => Dns::parse_resolv_conf(&std::fs::read_to_string(path).map_err(|e| {
-            CniError::new(
-                code::GENERIC,
-                format!("failed to read ipam.resolvConf {}: {e}", path.display()),
-            )
-        })?),
+        Some(path) => Dns::parse_resolv_conf(&read_resolv_conf(path)?),
     };
     let pod = pod_ref(&inv.args, decoded);
     let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
     let (retention, source) = if pod.is_some() {
-        let policy = ipkeep_ipam::RetentionPolicy {
-            default: plan.retention,
-            max_unmanaged: Retention::Forever,
-        };
-        let r = policy.resolve(annotations);
-        if let Some(why) = &r.adjusted {
+        let resolved = plan.retention.resolve(annotations);
+        if let Some(why) = &resolved.adjusted {
             warn!("{why}");
         }
-        (r.retention, r.source)
+        (resolved.retention, resolved.source)
     } else {
         (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault)
     };
     let requested = decoded.requested_ips(inv.args.ip)?;
+    debug!(%retention, ?source, ?requested, ranges = plan.range_sets.len(), "allocating");
     let req = AddRequest {
         range_sets: &plan.range_sets,
         owner: attachment(inv),
         pod,
         retention,
         requested: &requested,
+        netns: Some(inv.netns.clone()).filter(|n| !n.is_empty()),
+        netns_exists: &files::netns_exists,
     };
-    let outcome = cx.with_store(decoded, |store| {
+    let reading = &cx.call.reading;
+    let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
-        let outcome = allocator::add(store, &req, now)?;
-        Ok((outcome, t))
-    });
-    let (outcome, t) = outcome?;
+        Ok((allocator::add(store, &req, reading)?, t))
+    })?;
     cx.timings.record("alloc_commit", t);
     cx.tally.expired += outcome.expired.len();
-    for a in &outcome.assignments {
-        match a.source {
-            Source::Existing => {}
-            Source::Retained { .. } => {
-                cx.tally.allocated += 1;
-                cx.tally.retained += 1;
-            }
-            _ => cx.tally.allocated += 1,
-        }
-    }
     for lease in &outcome.expired {
-        info!(ip = %lease.ip, pod = %lease.pod.as_ref().map(ToString::to_string).unwrap_or_default(), "released expired holding");
+        info!(ip = %lease.ip, pod = %lease.pod.as_ref().map(ToString::to_string).unwrap_or_default(), "released an expired holding");
     }
     for a in &outcome.assignments {
         match &a.source {
-            Source::Retained { from, was_held } => {
-                info!(ip = %a.ip, from = %from, was_held, %retention, ?source, "gave the pod its retained address back")
-            }
             Source::Existing => {
-                info!(ip = %a.ip, "repeated ADD: returning the address the attachment already has")
+                info!(ip = %a.ip, "repeated ADD: returning the address the attachment already has");
             }
-            other => info!(ip = %a.ip, how = ?other, %retention, ?source, "allocated"),
+            Source::Retained { from, was_held } => {
+                cx.tally.allocated += 1;
+                cx.tally.retained += 1;
+                info!(ip = %a.ip, from = %from, was_held, %retention, ?source, "gave the pod its retained address back");
+            }
+            Source::Reclaimed { from } => {
+                cx.tally.allocated += 1;
+                cx.tally.reclaimed += 1;
+                warn!(
+                    ip = %a.ip,
+                    held_for = %from.pod.as_ref().map(ToString::to_string).unwrap_or_default(),
+                    held_until = %until_text(from.state),
+                    "the range is full: the address held for a deleted pod goes to this pod instead; that pod gets a new address when it comes back"
+                );
+            }
+            other => {
+                cx.tally.allocated += 1;
+                info!(ip = %a.ip, how = ?other, %retention, ?source, "allocated");
+            }
         }
     }
     let result = IpamResult {
@@ -312,57 +329,56 @@ fn cmd_add<S: Stores>(
     Ok(result.to_json(decoded.version))
 }
 
+fn read_resolv_conf(path: &Path) -> Result<String, CniError> {
+    files::read_regular(path, files::MAX_RESOLV_CONF_BYTES).map_err(|e| {
+        CniError::new(
+            code::GENERIC,
+            format!("failed to read ipam.resolvConf {}: {e}", path.display()),
+        )
+    })
+}
+
 fn cmd_del<S: Stores>(
     cx: &mut Context<'_, S>,
     inv: &Invocation,
     decoded: &Decoded,
 ) -> Result<(), CniError> {
-    let now = cx.now;
     // DEL is best effort: it needs only the network name and the data directory, so a range
     // configuration that has since become invalid cannot strand addresses.
     let dir = network_dir(decoded)?;
-    if !dir.exists() {
+    if !cx.stores.exists(&dir) {
         info!("nothing to release: the network has no store yet");
         return Ok(());
     }
+    // The runtime passes the pod's annotations again at DEL; when they still read, they decide
+    // (within the network's limits), else the retention recorded at ADD does.
     let retention = decoded
         .conf
         .runtime_config
         .pod_annotations
         .as_ref()
         .and_then(|ann| {
-            let default = decoded
-                .ipam()
-                .ok()
-                .and_then(|i| i.retention.as_deref())
-                .and_then(|r| Retention::parse("ipam.retention", r).ok())
-                .unwrap_or(Retention::Off);
-            let policy = ipkeep_ipam::RetentionPolicy {
-                default,
-                max_unmanaged: Retention::Forever,
-            };
-            let r = policy.resolve(Some(ann));
-            r.adjusted.is_none().then_some(r.retention)
+            let policy = decoded.retention_policy().ok()?;
+            let resolved = policy.resolve(Some(ann));
+            resolved.adjusted.is_none().then_some(resolved.retention)
         });
+    let reading = &cx.call.reading;
+    let owner = attachment(inv);
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
-        Ok((allocator::del(store, &attachment(inv), retention, now)?, t))
+        Ok((allocator::del(store, &owner, retention, reading)?, t))
     })?;
     cx.timings.record("alloc_commit", t);
     cx.tally.held += outcome.held.len();
     cx.tally.released += outcome.released.len();
     for l in &outcome.held {
-        let until = match l.state {
-            LeaseState::Held { until: Some(t) } => {
-                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(t))
-                    .to_string()
-            }
-            _ => "forever".to_string(),
-        };
-        info!(ip = %l.ip, retention = %l.retention, %until, "holding the address for the pod");
+        info!(ip = %l.ip, retention = %l.retention, until = %until_text(l.state), "holding the address for the pod");
     }
     for l in &outcome.released {
         info!(ip = %l.ip, "released");
+    }
+    if outcome.held.is_empty() && outcome.released.is_empty() {
+        debug!("nothing to release: the container owns no active address");
     }
     Ok(())
 }
@@ -381,17 +397,16 @@ fn cmd_check<S: Stores>(
     decoded.plan()?;
     let dir = network_dir(decoded)?;
     let owner = attachment(inv);
-    if !dir.exists() {
+    if !cx.stores.exists(&dir) {
         return Err(ipkeep_ipam::CheckError::NotFound(owner).into());
     }
     cx.with_store(decoded, |store| {
-        allocator::check(store, &owner, &decoded.previous_ips())?;
+        allocator::check(&*store, &owner, &decoded.previous_ips())?;
         Ok(())
     })
 }
 
 fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), CniError> {
-    let now = cx.now;
     if !decoded.version.allows_gc_and_status() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
@@ -400,13 +415,11 @@ fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), C
     }
     let valid: BTreeSet<Attachment> = decoded.valid_attachments()?.into_iter().collect();
     let dir = network_dir(decoded)?;
-    if !dir.exists() {
+    if !cx.stores.exists(&dir) {
         return Ok(());
     }
-    let (outcome, kept) = cx.with_store(decoded, |store| {
-        let outcome = allocator::gc(store, &valid, now)?;
-        Ok((outcome, store.all().map(|all| all.len()).unwrap_or(0)))
-    })?;
+    let reading = &cx.call.reading;
+    let outcome = cx.with_store(decoded, |store| Ok(allocator::gc(store, &valid, reading)?))?;
     cx.tally.held += outcome.held.len();
     cx.tally.released += outcome.released.len();
     cx.tally.expired += outcome.expired.len();
@@ -414,29 +427,22 @@ fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), C
         held = outcome.held.len(),
         released = outcome.released.len(),
         expired = outcome.expired.len(),
-        remaining = kept,
         "garbage collection done"
     );
     Ok(())
 }
 
-fn cmd_status(decoded: &Decoded) -> Result<(), CniError> {
+fn cmd_status<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), CniError> {
     if !decoded.version.allows_gc_and_status() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             "config version does not allow STATUS",
         ));
     }
-    let plan = decoded.plan()?;
-    // Cheap: no lock, no database. The plugin can serve ADD when its state directory is usable.
-    match std::fs::metadata(&plan.data_dir) {
-        Ok(m) if !m.is_dir() => Err(CniError::new(
-            code::NOT_AVAILABLE,
-            format!(
-                "ipam.dataDir {} exists but is not a directory",
-                plan.data_dir.display()
-            ),
-        )),
-        _ => Ok(()),
-    }
+    decoded.plan()?;
+    // Cheap: no lock, no database. The plugin can serve ADD when its store can be written.
+    let dir = network_dir(decoded)?;
+    cx.stores
+        .status(&dir)
+        .map_err(|why| CniError::new(code::NOT_AVAILABLE, why))
 }

@@ -1,21 +1,27 @@
-//! The plugin ↔ agent protocol, and its blocking client (std only: the plugin stays small).
+//! The plugin ↔ agent protocol and its blocking client (std only: the plugin stays small; the
+//! agent uses the same types and framing).
 //!
 //! One request per connection on a unix stream socket:
-//! 1. the client connects and writes one JSON [`Envelope`] of a [`Request`], then shuts down its
-//!    write half;
-//! 2. the agent reads to end of stream (at most [`MAX_REQUEST_BYTES`]), runs the command exactly
-//!    as the plugin process would, writes one JSON [`Response`] and closes.
+//! 1. the client connects, writes one JSON [`Envelope`] (at most [`MAX_REQUEST_BYTES`]) and
+//!    shuts down its write half;
+//! 2. the agent answers with frames, `tag (1 byte) · length (4 bytes, big-endian) · payload`:
+//!    `o` a chunk of stdout, `e` a chunk of stderr, then exactly one of `x` (the exit code,
+//!    4 bytes big-endian, last frame) or `r` (refused: the reason; the command was not run).
 //!
 //! ```text
-//! → {"version":1,"cni":{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"…",…},"config":"{…stdin…}"}}
-//! ← {"version":1,"exitCode":0,"stdout":"{…CNI result…}","stderr":""}
-//! → {"version":1,"admin":{"list":{"target":{"network":"k8s-pod-network",
-//!       "dataDir":"/var/lib/cni/ipkeep","lockTimeout":{"secs":10,"nanos":0}},"json":false}}}
-//! ← {"version":1,"exitCode":1,"stdout":"","stderr":"ipkeep: error: …"}
-//! ← {"version":1,"refused":"shutting down"}          (command not run: serve it yourself)
+//! → {"version":2,"cni":{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"…",…},
+//!       "config":"{…stdin…}","budgetMs":10000}}
+//! ← o{…CNI result…} e<log lines> x<0>
+//! → {"version":2,"admin":{"list":{"target":{…},"json":true}}}
+//! ← o<report, in chunks as it is produced> x<0>
+//! ← r<shutting down>                                   (not run: serve it yourself)
 //! ```
-//! Any failure to get a complete response (no socket, refused connection, agent killed
-//! mid-request, timeout, `refused`) means "the agent did not answer": the plugin then runs the
+//! A CNI request's `budgetMs` is how long the plugin waits for the answer (its lock timeout);
+//! the agent commits nothing after that, so a command the plugin reported as failed never takes
+//! effect later.
+//!
+//! Any failure to get a complete answer (no socket, refused connection, agent killed
+//! mid-request, timeout, `r`) means "the agent did not answer": the plugin then runs the
 //! command itself under the network's `flock`. That is safe even when the agent did run it:
 //! ADD of the same attachment returns the same addresses, DEL of a deleted one does nothing.
 
@@ -30,14 +36,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::admin::AdminCommand;
 
-/// The protocol version this code speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version this code speaks (1 answered with one JSON document).
+pub const VERSION: u32 = 2;
 /// Where the plugin and the admin commands look for the agent unless told otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/ipkeep/agent.sock";
+pub const DEFAULT_SOCKET: &str = crate::netconf::DEFAULT_AGENT_SOCKET;
 /// The largest request the agent reads (a CNI config is at most 1 MiB, plus the environment).
 pub const MAX_REQUEST_BYTES: usize = crate::netconf::MAX_CONFIG_BYTES + 64 * 1024;
-/// The largest response the client reads.
-pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+/// The largest frame either side writes.
+pub const MAX_FRAME_BYTES: usize = 1 << 20;
+/// The most stdout plus stderr a buffered answer (a CNI command's) may carry.
+pub const MAX_BUFFERED_BYTES: usize = 16 << 20;
+
+/// Frame tags.
+pub mod tag {
+    /// A chunk of stdout.
+    pub const STDOUT: u8 = b'o';
+    /// A chunk of stderr.
+    pub const STDERR: u8 = b'e';
+    /// The exit code; the last frame.
+    pub const EXIT: u8 = b'x';
+    /// Refused: not run; the last frame.
+    pub const REFUSED: u8 = b'r';
+}
 
 /// One request with its protocol version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,7 +71,7 @@ pub struct Envelope {
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum Request {
     /// A CNI command: the plugin's `CNI_*` environment and its stdin, unchanged.
     Cni {
@@ -59,44 +79,29 @@ pub enum Request {
         env: BTreeMap<String, String>,
         /// The network configuration read from stdin.
         config: String,
+        /// How long the plugin waits for the answer, in milliseconds; nothing is committed
+        /// after that.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_ms: Option<u64>,
     },
     /// An admin subcommand, parsed and resolved by the `ipkeep` that sends it.
     Admin(AdminCommand),
 }
 
-/// The agent's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A buffered answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Response {
-    /// [`VERSION`] of the agent.
-    pub version: u32,
-    /// Set when the agent did not run the command; the client must run it itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
     /// What the plugin process would have exited with.
-    #[serde(default)]
     pub exit_code: i32,
     /// What it would have written to stdout.
-    #[serde(default)]
     pub stdout: String,
     /// What it would have written to stderr: an admin command's errors, or a CNI command's log
     /// lines (formatted for the plugin's `ipam.logFile` or stderr).
-    #[serde(default)]
     pub stderr: String,
 }
 
-impl Response {
-    /// A refusal: the command was not run.
-    pub fn refused(why: impl Into<String>) -> Self {
-        Response {
-            version: VERSION,
-            refused: Some(why.into()),
-            ..Response::default()
-        }
-    }
-}
-
-/// Why the agent did not answer; every case means "run it yourself".
+/// Why the agent did not answer; every case but [`ClientError::Interrupted`] means "run it
+/// yourself".
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No socket, or nobody listening on it.
@@ -115,7 +120,7 @@ pub enum ClientError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The answer was not a complete response (the agent died mid-request).
+    /// The answer was not complete (the agent died mid-request) or not readable.
     #[error("the agent at {path} sent an incomplete or unreadable answer: {reason}")]
     Garbled {
         /// The socket.
@@ -131,6 +136,15 @@ pub enum ClientError {
         /// The agent's reason.
         reason: String,
     },
+    /// The answer stopped after part of it had already been passed on (a streamed admin
+    /// report): it cannot be run again here without printing it twice.
+    #[error("the agent at {path} stopped in the middle of its answer: {reason}")]
+    Interrupted {
+        /// The socket.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl ClientError {
@@ -141,8 +155,62 @@ impl ClientError {
     }
 }
 
-/// Sends `request` to the agent at `socket` and waits at most `timeout` for each read or write.
-pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<Response, ClientError> {
+/// Writes one frame.
+pub fn write_frame(out: &mut dyn Write, tag: u8, payload: &[u8]) -> std::io::Result<()> {
+    for chunk in payload.chunks(MAX_FRAME_BYTES) {
+        let len = u32::try_from(chunk.len()).unwrap_or(u32::MAX).to_be_bytes();
+        out.write_all(&[tag])?;
+        out.write_all(&len)?;
+        out.write_all(chunk)?;
+    }
+    Ok(())
+}
+
+/// Reads one frame; `None` at a clean end of stream before any byte of a frame.
+pub fn read_frame(input: &mut dyn Read) -> std::io::Result<Option<(u8, Vec<u8>)>> {
+    let mut head = [0u8; 5];
+    let mut got = 0;
+    while got < head.len() {
+        match input.read(&mut head[got..])? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes is larger than {MAX_FRAME_BYTES}"),
+        ));
+    }
+    let mut payload = vec![0u8; len];
+    input.read_exact(&mut payload)?;
+    Ok(Some((head[0], payload)))
+}
+
+/// A [`Write`] that sends everything written to it as frames with one tag (the agent's stdout
+/// and stderr).
+#[derive(Debug)]
+pub struct FrameWriter<W: Write> {
+    /// Where frames go.
+    pub out: W,
+    /// Their tag.
+    pub tag: u8,
+}
+
+impl<W: Write> Write for FrameWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        write_frame(&mut self.out, self.tag, buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn connect(socket: &Path, request: Request, timeout: Duration) -> Result<UnixStream, ClientError> {
     let path = socket.display().to_string();
     let io = |source| ClientError::Io {
         path: path.clone(),
@@ -164,22 +232,108 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<Respon
     })?;
     stream.write_all(&body).map_err(io)?;
     stream.shutdown(Shutdown::Write).map_err(io)?;
-    let mut answer = Vec::new();
-    stream
-        .take(MAX_RESPONSE_BYTES as u64)
-        .read_to_end(&mut answer)
-        .map_err(io)?;
-    let response: Response = serde_json::from_slice(&answer).map_err(|e| ClientError::Garbled {
+    Ok(stream)
+}
+
+/// Sends `request` and reads the whole answer into memory (at most [`MAX_BUFFERED_BYTES`]),
+/// waiting at most `timeout` for each read or write. Nothing of a partial answer is used.
+pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<Response, ClientError> {
+    let path = socket.display().to_string();
+    let mut stream = connect(socket, request, timeout)?;
+    let mut response = Response::default();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let garbled = |reason: String| ClientError::Garbled {
         path: path.clone(),
-        reason: if answer.is_empty() {
-            "connection closed without an answer".to_string()
+        reason,
+    };
+    loop {
+        let frame = read_frame(&mut stream).map_err(|e| garbled(e.to_string()))?;
+        match frame {
+            None => {
+                return Err(garbled(
+                    "connection closed before the end of the answer".into(),
+                ));
+            }
+            Some((tag::STDOUT, bytes)) => stdout.extend_from_slice(&bytes),
+            Some((tag::STDERR, bytes)) => stderr.extend_from_slice(&bytes),
+            Some((tag::EXIT, bytes)) => {
+                let code: [u8; 4] = bytes
+                    .try_into()
+                    .map_err(|_| garbled("exit frame is not 4 bytes".into()))?;
+                response.exit_code = i32::from_be_bytes(code);
+                response.stdout = String::from_utf8_lossy(&stdout).into_owned();
+                response.stderr = String::from_utf8_lossy(&stderr).into_owned();
+                return Ok(response);
+            }
+            Some((tag::REFUSED, reason)) => {
+                return Err(ClientError::Refused {
+                    path,
+                    reason: String::from_utf8_lossy(&reason).into_owned(),
+                });
+            }
+            Some((other, _)) => return Err(garbled(format!("unknown frame tag {other}"))),
+        }
+        if stdout.len() + stderr.len() > MAX_BUFFERED_BYTES {
+            return Err(garbled(format!(
+                "answer larger than {MAX_BUFFERED_BYTES} bytes"
+            )));
+        }
+    }
+}
+
+/// Sends `request` and passes its output on as it arrives (an admin report of any size).
+/// Returns the exit code. Once anything was passed on, a broken answer is
+/// [`ClientError::Interrupted`], never a reason to run the command again.
+pub fn call_streaming(
+    socket: &Path,
+    request: Request,
+    timeout: Duration,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<i32, ClientError> {
+    let path = socket.display().to_string();
+    let mut stream = connect(socket, request, timeout)?;
+    let mut passed_on = false;
+    let broken = |passed_on: bool, reason: String| {
+        if passed_on {
+            ClientError::Interrupted {
+                path: path.clone(),
+                reason,
+            }
         } else {
-            e.to_string()
-        },
-    })?;
-    match response.refused {
-        Some(reason) => Err(ClientError::Refused { path, reason }),
-        None => Ok(response),
+            ClientError::Garbled {
+                path: path.clone(),
+                reason,
+            }
+        }
+    };
+    loop {
+        let frame = read_frame(&mut stream).map_err(|e| broken(passed_on, e.to_string()))?;
+        let (tag, bytes) = frame.ok_or_else(|| {
+            broken(
+                passed_on,
+                "connection closed before the end of the answer".into(),
+            )
+        })?;
+        let written = match tag {
+            tag::STDOUT => stdout.write_all(&bytes),
+            tag::STDERR => stderr.write_all(&bytes),
+            tag::EXIT => {
+                let code: [u8; 4] = bytes
+                    .try_into()
+                    .map_err(|_| broken(passed_on, "exit frame is not 4 bytes".into()))?;
+                return Ok(i32::from_be_bytes(code));
+            }
+            tag::REFUSED if !passed_on => {
+                return Err(ClientError::Refused {
+                    path,
+                    reason: String::from_utf8_lossy(&bytes).into_owned(),
+                });
+            }
+            other => return Err(broken(passed_on, format!("unexpected frame tag {other}"))),
+        };
+        passed_on = true;
+        written.map_err(|e| broken(true, format!("writing the output: {e}")))?;
     }
 }
 
@@ -206,15 +360,16 @@ mod tests {
             request: Request::Cni {
                 env,
                 config: "{}".into(),
+                budget_ms: Some(10_000),
             },
         })
         .unwrap();
         assert_eq!(
             text,
-            r#"{"version":1,"cni":{"env":{"CNI_COMMAND":"ADD"},"config":"{}"}}"#
+            r#"{"version":2,"cni":{"env":{"CNI_COMMAND":"ADD"},"config":"{}","budgetMs":10000}}"#
         );
         let admin: Envelope = serde_json::from_str(
-            r#"{"version":1,"admin":{"release":{"target":{"network":"n","dataDir":"/d",
+            r#"{"version":2,"admin":{"release":{"target":{"network":"n","dataDir":"/d",
                 "lockTimeout":{"secs":10,"nanos":0}},"pod":"db/kv-0","ifname":null,
                 "includeActive":false}}}"#,
         )
@@ -223,14 +378,34 @@ mod tests {
             matches!(&admin.request, Request::Admin(AdminCommand::Release { pod, .. }) if pod == "db/kv-0"),
             "{admin:?}"
         );
-        let r: Response = serde_json::from_str(r#"{"version":1,"refused":"busy"}"#).unwrap();
-        assert_eq!(r.refused.as_deref(), Some("busy"));
+    }
+
+    #[test]
+    fn frames_round_trip_and_big_payloads_are_split() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, tag::STDOUT, &vec![7u8; MAX_FRAME_BYTES + 3]).unwrap();
+        write_frame(&mut buf, tag::EXIT, &3i32.to_be_bytes()).unwrap();
+        let mut input = &buf[..];
+        let (t, a) = read_frame(&mut input).unwrap().unwrap();
+        assert_eq!((t, a.len()), (tag::STDOUT, MAX_FRAME_BYTES));
+        let (_, b) = read_frame(&mut input).unwrap().unwrap();
+        assert_eq!(b.len(), 3);
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Some((tag::EXIT, 3i32.to_be_bytes().to_vec()))
+        );
+        assert_eq!(read_frame(&mut input).unwrap(), None);
+        let mut torn = &buf[..3];
+        assert!(read_frame(&mut torn).is_err());
+        let mut huge = &[b'o', 0xff, 0xff, 0xff, 0xff][..];
+        assert!(read_frame(&mut huge).is_err());
     }
 
     fn status() -> Request {
         Request::Cni {
             env: BTreeMap::new(),
             config: String::new(),
+            budget_ms: None,
         }
     }
 
@@ -250,19 +425,56 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_agent_that_dies_mid_request_is_garbled_not_an_answer() {
+    /// An agent that answers with `frames` and then closes.
+    fn agent(frames: Vec<(u8, Vec<u8>)>) -> (tempfile::TempDir, std::path::PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("a.sock");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let server = std::thread::spawn(move || {
+        std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut buf = Vec::new();
             s.read_to_end(&mut buf).unwrap();
-            s.write_all(br#"{"version":1,"exitCo"#).unwrap();
+            for (t, p) in frames {
+                write_frame(&mut s, t, &p).unwrap();
+            }
         });
+        (tmp, path)
+    }
+
+    #[test]
+    fn an_agent_that_dies_mid_answer_is_garbled_not_an_answer() {
+        let (_tmp, path) = agent(vec![(tag::STDOUT, b"{\"cniVer".to_vec())]);
         let err = call(&path, status(), Duration::from_secs(5)).unwrap_err();
         assert!(matches!(err, ClientError::Garbled { .. }), "{err}");
-        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_streamed_answer_is_passed_on_and_its_end_is_told_apart() {
+        let (_tmp, path) = agent(vec![
+            (tag::STDOUT, b"part one ".to_vec()),
+            (tag::STDOUT, b"part two".to_vec()),
+            (tag::STDERR, b"note".to_vec()),
+            (tag::EXIT, 0i32.to_be_bytes().to_vec()),
+        ]);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = call_streaming(&path, status(), Duration::from_secs(5), &mut out, &mut err);
+        assert_eq!(code.unwrap(), 0);
+        assert_eq!(
+            (&out[..], &err[..]),
+            (&b"part one part two"[..], &b"note"[..])
+        );
+        let (_tmp, path) = agent(vec![(tag::STDOUT, b"half".to_vec())]);
+        let err = call_streaming(
+            &path,
+            status(),
+            Duration::from_secs(5),
+            &mut Vec::new(),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ClientError::Interrupted { .. }), "{err}");
+        let (_tmp, path) = agent(vec![(tag::REFUSED, b"not mine".to_vec())]);
+        let err = call(&path, status(), Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(err, ClientError::Refused { reason, .. } if reason == "not mine"));
     }
 }

@@ -2,105 +2,57 @@
 //!
 //! The agent keeps the store open, so a command through it skips the `flock` and the database
 //! open that dominate a plugin process's time. When it does not answer (not deployed,
-//! restarting, killed mid-request) the command runs here exactly as before, and the fallback is
-//! counted in the network directory for the agent's metrics.
+//! restarting, killed mid-request, refusing) the command runs here exactly as before, and the
+//! fallback is counted in the network directory for the agent's metrics.
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use ipkeep_ipam::Reading;
 use tracing::{debug, warn};
 
 use crate::admin::AdminCommand;
-use crate::netconf::DEFAULT_LOCK_TIMEOUT;
-use crate::plugin::{self, Completion, Tally, Timings};
+use crate::error::CniError;
+use crate::files;
+use crate::netconf::{Decoded, Settings};
+use crate::plugin::{self, Call, Completion, Tally, Timings};
 use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
 
-/// What the plugin reads from its configuration before the real parse (leniently: a broken
-/// configuration is reported by the command itself, wherever it runs).
-#[derive(Debug, Clone, Default)]
-pub struct EarlySettings {
-    /// `ipam.logFile`.
-    pub log_file: Option<String>,
-    /// `ipam.logLevel`.
-    pub log_level: Option<String>,
-    /// `ipam.agentSocket`: default [`proto::DEFAULT_SOCKET`]; empty turns the agent off.
-    pub agent_socket: Option<PathBuf>,
-    /// `ipam.lockTimeout`, which also bounds the wait for the agent.
-    pub lock_timeout: Duration,
-}
+/// How much longer than its budget the plugin waits for the agent's answer: the agent commits
+/// nothing after the budget, and this margin covers writing the answer back.
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(2);
 
-impl EarlySettings {
-    /// Reads the settings from the raw configuration.
-    pub fn read(input: &[u8]) -> Self {
-        let value: serde_json::Value = serde_json::from_slice(input).unwrap_or_default();
-        let get = |k: &str| value.get("ipam")?.get(k)?.as_str().map(str::to_string);
-        let agent_socket = match get("agentSocket") {
-            None => Some(PathBuf::from(proto::DEFAULT_SOCKET)),
-            Some(s) if s.is_empty() => None,
-            Some(s) => Some(PathBuf::from(s)),
-        };
-        EarlySettings {
-            log_file: get("logFile"),
-            log_level: get("logLevel"),
-            agent_socket,
-            lock_timeout: get("lockTimeout")
-                .and_then(|t| humantime::parse_duration(&t).ok())
-                .unwrap_or(DEFAULT_LOCK_TIMEOUT),
-        }
-    }
-}
+/// How long a falling-back plugin waits for the flock before asking the agent again.
+const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
 
-impl EarlySettings {
-    /// The log level: `IPKEEP_LOG` from the plugin's environment, else `ipam.logLevel`, else
-    /// info with a log file and warn without.
-    pub fn level(&self, ipkeep_log: Option<&str>) -> tracing::Level {
-        ipkeep_log
-            .or(self.log_level.as_deref())
-            .and_then(|l| l.parse().ok())
-            .unwrap_or(if self.log_file.is_some() {
-                tracing::Level::INFO
-            } else {
-                tracing::Level::WARN
-            })
-    }
-
-    /// The plugin's log format (the agent formats a command's logs the same way).
-    pub fn log_builder(
-        &self,
-        ipkeep_log: Option<&str>,
-    ) -> tracing_subscriber::fmt::SubscriberBuilder {
-        tracing_subscriber::fmt()
-            .with_max_level(self.level(ipkeep_log))
-            .with_target(false)
-            .with_ansi(false)
-    }
-}
-
-/// How long the plugin waits for the agent's answer: the lock timeout (what the command may
-/// wait for the store either way) plus a margin for the work itself.
-fn agent_timeout(settings: &EarlySettings) -> Duration {
-    settings.lock_timeout + Duration::from_secs(5)
-}
-
-/// Runs one CNI invocation: through the agent, or here when it does not answer.
+/// Runs one CNI invocation: through the agent, or here when it does not answer. `input` is
+/// stdin as read, `config` its decoding.
 pub fn cni(
-    settings: &EarlySettings,
     vars: &HashMap<String, String>,
     input: &[u8],
+    config: &Result<Decoded, CniError>,
     stdout: &mut dyn Write,
-    now: u64,
+    reading: Reading,
 ) -> Completion {
+    let here = |stores: &OpenPerCall, out: &mut dyn Write| {
+        let call = Call {
+            reading: reading.clone(),
+            deadline: None,
+        };
+        plugin::run(stores, vars, config, out, &call)
+    };
     let is_version = vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION");
-    let via_agent = settings
-        .agent_socket
+    // A configuration that does not decode gets the same error here as in the agent.
+    let via_agent = config
         .as_ref()
+        .ok()
         .filter(|_| !is_version)
+        .and_then(|d| Some((d.settings.clone(), d.settings.agent_socket.clone()?)))
         .zip(std::str::from_utf8(input).ok());
-    let Some((socket, config)) = via_agent else {
-        return plugin::run(&OpenPerCall::default(), vars, &mut &input[..], stdout, now);
+    let Some(((settings, socket), text)) = via_agent else {
+        return here(&OpenPerCall::default(), stdout);
     };
     // A falling-back plugin waits for the network's flock in short slices and asks the agent
     // again in between: an agent that came back holds the flock for good, so waiting the whole
@@ -110,17 +62,19 @@ pub fn cni(
     loop {
         let mut timings = Timings::begin();
         let started = Instant::now();
+        let budget = deadline.saturating_duration_since(started);
         let request = Request::Cni {
             env: proto::cni_env(vars),
-            config: config.to_string(),
+            config: text.to_string(),
+            budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
         };
-        match proto::call(socket, request, agent_timeout(settings)) {
+        match proto::call(&socket, request, budget + ANSWER_MARGIN) {
             Ok(answer) => {
                 let _ = stdout
                     .write_all(answer.stdout.as_bytes())
                     .and_then(|()| stdout.flush());
                 // The command's log lines, formatted by the agent as this process would have.
-                write_log(settings, &answer.stderr);
+                write_log(&settings, &answer.stderr);
                 timings.record("agent", started);
                 return Completion {
                     exit_code: answer.exit_code,
@@ -131,7 +85,7 @@ pub fn cni(
             }
             Err(e) if e.is_absent() => {
                 debug!(error = %e, "no agent; running the command here");
-                return plugin::run(&OpenPerCall::default(), vars, &mut &input[..], stdout, now);
+                return here(&OpenPerCall::default(), stdout);
             }
             Err(e) => {
                 // Counted only when an agent was there to answer: a socket file nobody
@@ -150,7 +104,7 @@ pub fn cni(
             ..OpenPerCall::default()
         };
         let mut out = Vec::new();
-        let done = plugin::run(&stores, vars, &mut &input[..], &mut out, now);
+        let done = here(&stores, &mut out);
         if !stores.lock_busy.get() || last_try {
             let _ = stdout.write_all(&out).and_then(|()| stdout.flush());
             return done;
@@ -159,35 +113,34 @@ pub fn cni(
     }
 }
 
-/// How long a falling-back plugin waits for the flock before asking the agent again.
-const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
-
 /// Appends already formatted log lines where this process logs: `ipam.logFile`, else stderr.
-fn write_log(settings: &EarlySettings, text: &str) {
+fn write_log(settings: &Settings, text: &str) {
     if text.is_empty() {
         return;
     }
-    let file = settings.log_file.as_ref().and_then(|path| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .ok()
-    });
+    let file = settings
+        .log_file
+        .as_deref()
+        .and_then(|path| files::open_log(path).ok());
     let _ = match file {
         Some(mut f) => f.write_all(text.as_bytes()),
         None => std::io::stderr().write_all(text.as_bytes()),
     };
 }
 
-/// What an admin command through the agent produced, or `None` when it did not answer.
+/// Runs an admin command through the agent, passing its report on as it arrives. `None` when
+/// the agent did not answer (the caller runs the command itself); an answer cut off after part
+/// of it was printed is an error, never run again.
 pub fn admin_via_agent(
     socket: &std::path::Path,
     command: AdminCommand,
     timeout: Duration,
-) -> Option<proto::Response> {
-    match proto::call(socket, Request::Admin(command), timeout) {
-        Ok(answer) => Some(answer),
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Option<Result<i32, proto::ClientError>> {
+    match proto::call_streaming(socket, Request::Admin(command), timeout, stdout, stderr) {
+        Ok(code) => Some(Ok(code)),
+        Err(e @ proto::ClientError::Interrupted { .. }) => Some(Err(e)),
         Err(e) if e.is_absent() => None,
         Err(e) => {
             warn!(error = %e, "opening the store directly");

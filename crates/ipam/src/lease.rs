@@ -97,8 +97,12 @@ pub struct Lease {
     /// In use or held.
     #[serde(flatten)]
     pub state: LeaseState,
-    /// Unix seconds of the last change of owner or state.
+    /// Unix seconds (by the store's clock) of the last change of owner or state.
     pub since: u64,
+    /// The owning sandbox's network namespace (`CNI_NETNS` at ADD), while the lease is active:
+    /// a rebuilt pod takes the address over only once this no longer exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
 }
 
 impl Lease {

@@ -6,6 +6,7 @@
 //! file system (sled database + flock). [`store::MemoryStore`] is the in-memory twin for tests.
 
 pub mod allocator;
+pub mod clock;
 pub mod disk;
 pub mod lease;
 pub mod range;
@@ -15,13 +16,11 @@ pub mod store;
 pub use allocator::{
     AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source,
 };
+pub use clock::{ClockMark, Reading};
 pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
 pub use lease::{
     Attachment, Lease, LeaseState, PERSISTENT_POD_STATE_ANNOTATION, PodIdentity, PodRef,
 };
 pub use range::{Range, RangeError, RangeSet, RangeSpec};
 pub use retention::{Resolved, Retention, RetentionError, RetentionPolicy, RetentionSource};
-pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError};
-
-#[cfg(test)]
-mod allocator_tests;
+pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError, StoreRead};

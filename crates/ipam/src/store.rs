@@ -1,13 +1,17 @@
-//! The `Store` trait the allocator works against, and its in-memory twin for tests.
+//! The store traits the allocator works against, and the in-memory twin for tests.
 //!
-//! A store answers point and index queries over the leases of one network and applies a
-//! [`Commit`] atomically: after a crash either all of it is visible or none of it. Callers
-//! serialise access (the on-disk store holds an exclusive lock for its whole lifetime), so a
-//! store needs no optimistic concurrency of its own.
+//! A store answers point and index queries over the leases of one network ([`StoreRead`]) and
+//! applies a [`Commit`] atomically and durably ([`Store`]): after a crash either all of it is
+//! visible or none of it, and once `commit` returns `Ok` it survives a power loss. Callers
+//! serialise writers (the on-disk store is used under an exclusive lock), so a store needs no
+//! optimistic concurrency of its own. A read-only snapshot ([`StoreRead`] alone) may be read
+//! while a writer works; decisions made from one are re-checked under the lock before they are
+//! applied (see `allocator::release_held`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use crate::clock::ClockMark;
 use crate::lease::{Attachment, Lease, LeaseState, PodIdentity};
 
 /// Why the store could not answer or write.
@@ -23,6 +27,16 @@ pub enum StoreError {
         /// How long we waited.
         waited_ms: u128,
     },
+    /// The file system holding the store is full.
+    #[error(
+        "failed to {action} {path}: the file system is full (no space left on device); free space under ipam.dataDir, then the runtime's retry will succeed"
+    )]
+    NoSpace {
+        /// What we were doing.
+        action: &'static str,
+        /// On which path.
+        path: String,
+    },
     /// A file-system operation failed.
     #[error("failed to {action} {path}: {source}")]
     Io {
@@ -34,12 +48,14 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// The database failed.
-    #[error("failed to {action} the lease database: {source}")]
+    #[error("failed to {action} the lease database {path}: {reason}")]
     Database {
         /// What we were doing.
         action: &'static str,
-        /// sled's error.
-        source: sled::Error,
+        /// The database file.
+        path: String,
+        /// The database's error, as text.
+        reason: String,
     },
     /// A record could not be decoded (the database was written by something else).
     #[error("failed to decode the stored record {key}: {reason}")]
@@ -61,6 +77,28 @@ pub enum StoreError {
         /// Version we write.
         supported: u32,
     },
+    /// The command ran out of the time its caller gave it before it could commit; nothing was
+    /// written (the caller has already given up on the answer).
+    #[error(
+        "gave up before committing: the caller stopped waiting {late_ms} ms ago; nothing was written"
+    )]
+    PastDeadline {
+        /// How late the commit would have been.
+        late_ms: u128,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same command later can succeed without anyone changing anything
+    /// but time or disk space (CNI code 11).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::LockTimeout { .. }
+                | StoreError::NoSpace { .. }
+                | StoreError::PastDeadline { .. }
+        )
+    }
 }
 
 /// One lease's transition inside a commit. `before` is the committed value the change was
@@ -84,17 +122,19 @@ pub struct Commit {
     pub last_reserved: Vec<(String, IpAddr)>,
     /// The network's range sets as last configured (JSON), for `ipkeep list`.
     pub range_sets: Option<String>,
+    /// The store's clock after this command (see [`crate::clock`]).
+    pub clock: Option<ClockMark>,
 }
 
 impl Commit {
-    /// Whether there is nothing to write.
+    /// Whether there is nothing to write (a clock mark alone is not worth a write).
     pub fn is_empty(&self) -> bool {
         self.leases.is_empty() && self.last_reserved.is_empty() && self.range_sets.is_none()
     }
 }
 
-/// Lease storage for one network.
-pub trait Store {
+/// Read access to the leases of one network.
+pub trait StoreRead {
     /// The lease on `ip`, if any.
     fn lease(&self, ip: IpAddr) -> Result<Option<Lease>, StoreError>;
     /// Leases whose current owner is `owner` (active or held).
@@ -105,13 +145,35 @@ pub trait Store {
     fn leases_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Lease>, StoreError>;
     /// Held leases whose holding ended at or before `now`.
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError>;
-    /// Every lease, in address order.
-    fn all(&self) -> Result<Vec<Lease>, StoreError>;
+    /// Every held lease (timed or forever), in address order.
+    fn held(&self) -> Result<Vec<Lease>, StoreError>;
+    /// Calls `each` with every lease in address order, without collecting them; stops at the
+    /// first error `each` returns.
+    fn scan(&self, each: &mut dyn FnMut(Lease) -> Result<(), StoreError>)
+    -> Result<(), StoreError>;
     /// The round-robin cursor of a range set.
     fn last_reserved(&self, range_set: &str) -> Result<Option<IpAddr>, StoreError>;
     /// The range sets recorded by the last ADD (JSON), if any.
     fn range_sets(&self) -> Result<Option<String>, StoreError>;
-    /// Applies a commit atomically and durably.
+    /// The store's clock as of its last commit.
+    fn clock(&self) -> Result<Option<ClockMark>, StoreError>;
+
+    /// Every lease, in address order.
+    fn all(&self) -> Result<Vec<Lease>, StoreError> {
+        let mut out = Vec::new();
+        self.scan(&mut |l| {
+            out.push(l);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+/// Lease storage for one network: reads, and atomic durable commits.
+pub trait Store: StoreRead {
+    /// Applies a commit atomically and durably: when this returns `Ok`, the commit survives a
+    /// crash or power loss. After an `Err` the commit may or may not have been applied (as
+    /// after any interrupted write); the store must be reopened before it is written again.
     fn commit(&mut self, commit: Commit) -> Result<(), StoreError>;
 }
 
@@ -121,6 +183,7 @@ pub struct MemoryStore {
     leases: BTreeMap<IpAddr, Lease>,
     last_reserved: BTreeMap<String, IpAddr>,
     range_sets: Option<String>,
+    clock: Option<ClockMark>,
 }
 
 impl MemoryStore {
@@ -134,7 +197,7 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
+impl StoreRead for MemoryStore {
     fn lease(&self, ip: IpAddr) -> Result<Option<Lease>, StoreError> {
         Ok(self.leases.get(&ip).cloned())
     }
@@ -159,8 +222,15 @@ impl Store for MemoryStore {
         Ok(self.filter(|l| l.is_expired(now)))
     }
 
-    fn all(&self) -> Result<Vec<Lease>, StoreError> {
-        Ok(self.filter(|_| true))
+    fn held(&self) -> Result<Vec<Lease>, StoreError> {
+        Ok(self.filter(|l| !l.is_active()))
+    }
+
+    fn scan(
+        &self,
+        each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.leases.values().try_for_each(|l| each(l.clone()))
     }
 
     fn last_reserved(&self, range_set: &str) -> Result<Option<IpAddr>, StoreError> {
@@ -171,6 +241,12 @@ impl Store for MemoryStore {
         Ok(self.range_sets.clone())
     }
 
+    fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
+        Ok(self.clock.clone())
+    }
+}
+
+impl Store for MemoryStore {
     fn commit(&mut self, commit: Commit) -> Result<(), StoreError> {
         for change in commit.leases {
             match change.after {
@@ -181,6 +257,9 @@ impl Store for MemoryStore {
         self.last_reserved.extend(commit.last_reserved);
         if commit.range_sets.is_some() {
             self.range_sets = commit.range_sets;
+        }
+        if commit.clock.is_some() {
+            self.clock = commit.clock;
         }
         Ok(())
     }

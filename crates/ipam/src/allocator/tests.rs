@@ -1,4 +1,4 @@
-//! Allocator scenarios, run against both the in-memory store and the sled store so the two
+//! Allocator scenarios, run against both the in-memory store and the on-disk store so the two
 //! cannot drift apart.
 
 use std::collections::BTreeSet;
@@ -6,11 +6,12 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::allocator::{self, AddRequest, AllocError, CheckError, Source};
+use crate::clock::Reading;
 use crate::disk::{DiskStore, NetworkDir};
 use crate::lease::{Attachment, LeaseState, PodRef};
 use crate::range::{RangeSet, RangeSpec};
 use crate::retention::Retention;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, StoreRead};
 
 const T0: u64 = 1_700_000_000;
 const DAY: Retention = Retention::Seconds(86_400);
@@ -68,8 +69,10 @@ impl Case<'_> {
             pod: pod_name.and_then(pod),
             retention,
             requested,
+            netns: None,
+            netns_exists: &|_| false,
         };
-        let out = allocator::add(self.store, &req, now)?;
+        let out = allocator::add(self.store, &req, &Reading::wall(now))?;
         Ok(out
             .assignments
             .into_iter()
@@ -90,7 +93,7 @@ impl Case<'_> {
     }
 
     fn del(&mut self, cid: &str, now: u64) -> (usize, usize) {
-        let out = allocator::del(self.store, &att(cid), None, now).expect("DEL");
+        let out = allocator::del(self.store, &att(cid), None, &Reading::wall(now)).expect("DEL");
         (out.held.len(), out.released.len())
     }
 
@@ -118,6 +121,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
         held_addresses_go_to_nobody_else,
     ),
     (
+        "held_addresses_never_starve_a_new_pod",
+        held_addresses_never_starve_a_new_pod,
+    ),
+    (
         "expired_holdings_are_reclaimed",
         expired_holdings_are_reclaimed,
     ),
@@ -125,6 +132,10 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     (
         "late_del_of_old_sandbox_is_harmless",
         late_del_of_old_sandbox_is_harmless,
+    ),
+    (
+        "a_live_old_sandbox_keeps_its_address",
+        a_live_old_sandbox_keeps_its_address,
     ),
     (
         "without_retention_an_active_sibling_is_not_taken",
@@ -240,27 +251,82 @@ fn held_addresses_go_to_nobody_else(store: &mut dyn Store) {
         .collect();
     assert_eq!(got, ["10.30.0.4", "10.30.0.5", "10.30.0.6"]);
     let err = c
-        .add_full("n9", Some("x-9"), DAY, &[], T0)
+        .add_full("n9", Some("x-9"), DAY, &[ip("10.30.0.2")], T0)
+        .expect_err("held");
+    assert!(
+        err.to_string()
+            .contains("held of pod db/web-0 until 2023-11-15T22:13:20Z"),
+        "{err}"
+    );
+}
+
+/// A full range gives a new pod a held address rather than starving it: holdings without a
+/// PersistentPodState first, then the one that ends soonest; active addresses never.
+fn held_addresses_never_starve_a_new_pod(store: &mut dyn Store) {
+    let s = sets(&["10.31.0.0/29"]); // .2 ... .6
+    let mut c = Case { sets: &s, store };
+    let managed = |name: &str| {
+        pod(name).map(|mut p| {
+            p.persistent_pod_state = Some("kv".into());
+            p
+        })
+    };
+    for (cid, pod_ref, r) in [
+        ("a", managed("kv-0"), Retention::Seconds(100)),
+        ("b", pod("solo-0"), Retention::Forever),
+        ("c", pod("solo-1"), DAY),
+        ("d", managed("kv-1"), Retention::Forever),
+    ] {
+        let req = AddRequest {
+            range_sets: &s,
+            owner: att(cid),
+            pod: pod_ref,
+            retention: r,
+            requested: &[],
+            netns: None,
+            netns_exists: &|_| false,
+        };
+        allocator::add(c.store, &req, &Reading::wall(T0)).expect("add");
+        c.del(cid, T0);
+    }
+    c.add("e", Some("web-5"), Retention::Off);
+    let took = |c: &mut Case<'_>, cid: &str| {
+        let out = c
+            .add_full(cid, Some(cid), Retention::Off, &[], T0 + 1)
+            .expect("a held address gives way");
+        match &out[0].1 {
+            Source::Reclaimed { from } => {
+                (out[0].0.to_string(), from.pod.clone().expect("pod").name)
+            }
+            other => panic!("{cid}: {other:?}"),
+        }
+    };
+    // Unmanaged first, soonest end first: solo-1 (a day) before solo-0 (forever).
+    assert_eq!(took(&mut c, "n1"), ("10.31.0.4".into(), "solo-1".into()));
+    assert_eq!(took(&mut c, "n2"), ("10.31.0.3".into(), "solo-0".into()));
+    // Then managed ones, soonest end first.
+    assert_eq!(took(&mut c, "n3"), ("10.31.0.2".into(), "kv-0".into()));
+    assert_eq!(took(&mut c, "n4"), ("10.31.0.5".into(), "kv-1".into()));
+    // Everything in use now: active addresses never give way.
+    let err = c
+        .add_full("n5", Some("n5"), Retention::Off, &[], T0 + 1)
         .expect_err("full");
     assert!(
         matches!(
             err,
             AllocError::Exhausted {
-                active: 3,
-                held: 2,
+                active: 5,
+                held: 0,
                 ..
             }
         ),
         "{err}"
     );
+    // The pod whose holding gave way gets a new address when it comes back (none here).
     let err = c
-        .add_full("n9", Some("x-9"), DAY, &[ip("10.30.0.2")], T0)
-        .expect_err("held");
-    assert!(
-        err.to_string()
-            .contains("held of pod db/web-0 until unix time"),
-        "{err}"
-    );
+        .add_full("a2", Some("kv-0"), DAY, &[], T0 + 2)
+        .expect_err("its address went to another pod");
+    assert!(matches!(err, AllocError::Exhausted { .. }), "{err}");
 }
 
 fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
@@ -268,10 +334,6 @@ fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
     let mut c = Case { sets: &s, store };
     c.add("a", Some("web-0"), Retention::Seconds(60));
     c.del("a", T0);
-    let err = c
-        .add_full("b", Some("web-1"), DAY, &[], T0 + 59)
-        .expect_err("still held");
-    assert!(matches!(err, AllocError::Exhausted { held: 1, .. }));
     let out = allocator::add(
         c.store,
         &AddRequest {
@@ -280,11 +342,14 @@ fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
             pod: pod("web-1"),
             retention: DAY,
             requested: &[],
+            netns: None,
+            netns_exists: &|_| false,
         },
-        T0 + 60,
+        &Reading::wall(T0 + 60),
     )
     .expect("expired holding reclaimed");
     assert_eq!(out.assignments[0].ip, ip("10.40.0.2"));
+    assert_eq!(out.assignments[0].source, Source::RoundRobin);
     assert_eq!(out.expired.len(), 1);
     assert!(
         c.store.expired(u64::MAX).expect("expired").is_empty(),
@@ -297,12 +362,18 @@ fn forever_never_expires(store: &mut dyn Store) {
     let mut c = Case { sets: &s, store };
     c.add("a", Some("web-0"), Retention::Forever);
     c.del("a", T0);
+    let late = Reading::wall(u64::MAX - 1);
     assert!(
-        c.add_full("b", Some("web-1"), DAY, &[], u64::MAX - 1)
-            .is_err()
+        allocator::release_expired(c.store, &late)
+            .expect("sweep")
+            .is_empty()
     );
-    let gc = allocator::gc(c.store, &BTreeSet::new(), u64::MAX - 1).expect("gc");
+    let gc = allocator::gc(c.store, &BTreeSet::new(), &late).expect("gc");
     assert!(gc.released.is_empty() && gc.expired.is_empty());
+    assert_eq!(
+        c.state("10.41.0.2"),
+        Some(("a".to_string(), LeaseState::Held { until: None }))
+    );
     assert_eq!(
         c.add_at("c", Some("web-0"), DAY, u64::MAX - 1),
         ["10.41.0.2"]
@@ -339,6 +410,50 @@ fn late_del_of_old_sandbox_is_harmless(store: &mut dyn Store) {
             .expect("index")
             .is_empty()
     );
+}
+
+/// A force-deleted pod's old sandbox may still run when its replacement's ADD comes: its
+/// address moves only once the old network namespace is gone.
+fn a_live_old_sandbox_keeps_its_address(store: &mut dyn Store) {
+    let s = sets(&["10.43.0.0/24"]);
+    let add = |store: &mut dyn Store, cid: &str, alive: bool| {
+        let probe = move |n: &str| alive && n == "/run/netns/old";
+        let req = AddRequest {
+            range_sets: &s,
+            owner: att(cid),
+            pod: pod("web-0"),
+            retention: DAY,
+            requested: &[],
+            netns: Some(format!("/run/netns/{cid}")),
+            netns_exists: &probe,
+        };
+        allocator::add(store, &req, &Reading::wall(T0))
+    };
+    let first = add(&mut *store, "old", false).expect("first ADD");
+    let err = add(&mut *store, "new", true).expect_err("old sandbox alive");
+    assert!(
+        matches!(&err, AllocError::StillInUse { ip, netns, .. }
+            if *ip == first.assignments[0].ip && netns == "/run/netns/old"),
+        "{err}"
+    );
+    let lease = store
+        .lease(first.assignments[0].ip)
+        .expect("read")
+        .expect("lease");
+    assert_eq!(lease.owner, att("old"), "a refused ADD changes nothing");
+    let again = add(&mut *store, "new", false).expect("old sandbox gone");
+    assert_eq!(
+        again.assignments[0].source,
+        Source::Retained {
+            from: att("old"),
+            was_held: false
+        }
+    );
+    let lease = store
+        .lease(first.assignments[0].ip)
+        .expect("read")
+        .expect("lease");
+    assert_eq!(lease.netns.as_deref(), Some("/run/netns/new"));
 }
 
 fn without_retention_no_takeover(store: &mut dyn Store) {
@@ -470,7 +585,7 @@ fn gc_semantics(store: &mut dyn Store) {
     c.add("expiring", Some("web-3"), Retention::Seconds(10));
     c.del("expiring", T0);
     let valid: BTreeSet<Attachment> = [att("keep")].into();
-    let out = allocator::gc(c.store, &valid, T0 + 50).expect("gc");
+    let out = allocator::gc(c.store, &valid, &Reading::wall(T0 + 50)).expect("gc");
     assert_eq!(
         out.held
             .iter()
@@ -535,11 +650,21 @@ fn admin_release(store: &mut dyn Store) {
     c.add("a", Some("web-0"), Retention::Forever);
     c.add("b", Some("web-1"), Retention::Forever);
     c.del("a", T0);
-    let out = allocator::release_pod(c.store, "db", "web-0", None, false).expect("release");
+    let out = allocator::release_pod(c.store, "db", "web-0", None, false, &Reading::wall(T0))
+        .expect("release");
     assert_eq!(out.released.len(), 1);
-    let out = allocator::release_pod(c.store, "db", "web-1", None, false).expect("release");
+    let out = allocator::release_pod(c.store, "db", "web-1", None, false, &Reading::wall(T0))
+        .expect("release");
     assert_eq!((out.released.len(), out.still_active.len()), (0, 1));
-    let out = allocator::release_pod(c.store, "db", "web-1", Some("eth0"), true).expect("release");
+    let out = allocator::release_pod(
+        c.store,
+        "db",
+        "web-1",
+        Some("eth0"),
+        true,
+        &Reading::wall(T0),
+    )
+    .expect("release");
     assert_eq!(out.released.len(), 1);
     assert!(c.store.all().expect("all").is_empty());
 }
@@ -555,11 +680,11 @@ fn agent_sweep_and_release(store: &mut dyn Store) {
     c.del("b", T0);
     c.del("c", T0);
     assert!(
-        allocator::release_expired(c.store, T0 + 59)
+        allocator::release_expired(c.store, &Reading::wall(T0 + 59))
             .expect("sweep")
             .is_empty()
     );
-    let swept = allocator::release_expired(c.store, T0 + 60).expect("sweep");
+    let swept = allocator::release_expired(c.store, &Reading::wall(T0 + 60)).expect("sweep");
     assert_eq!(swept.len(), 1);
     assert_eq!(c.state("10.97.0.2"), None);
     // A decision from a snapshot frees only leases that did not change since.
@@ -580,6 +705,7 @@ fn agent_sweep_and_release(store: &mut dyn Store) {
     let freed = allocator::release_held(
         c.store,
         &[held_b.expect("b"), held_c.expect("c"), active_d.expect("d")],
+        &Reading::wall(T0 + 80),
     )
     .expect("release");
     assert_eq!(
@@ -608,7 +734,11 @@ fn scenarios_on_memory_store() {
 
 fn open_disk(dir: &std::path::Path) -> DiskStore {
     let net = NetworkDir::new(dir, "net").expect("name");
-    DiskStore::open(net.lock(Duration::from_secs(5)).expect("lock")).expect("open")
+    DiskStore::open(
+        net.lock(Duration::from_secs(5)).expect("lock"),
+        &Default::default(),
+    )
+    .expect("open")
 }
 
 #[test]

@@ -1,0 +1,411 @@
+//! ADD: one address per range set for an attachment, its pod's held addresses first.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+
+use super::{Pending, commit, describe_holder, list};
+use crate::clock::Reading;
+use crate::lease::{Attachment, Lease, LeaseState, PodIdentity, PodRef};
+use crate::range::{Range, RangeSet};
+use crate::retention::Retention;
+use crate::store::{Commit, Store, StoreError};
+
+/// Why an ADD could not be satisfied. Messages keep host-local's wording where it has one.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    /// Every address of a range set is in use.
+    #[error(
+        "failed to allocate for range {set}: no IP addresses available in range set: {ranges} ({active} in use, {held} held for deleted pods with IP retention; `ipkeep list` shows them)"
+    )]
+    Exhausted {
+        /// Range-set index.
+        set: usize,
+        /// The set, as `start-end[,start-end…]`.
+        ranges: String,
+        /// Addresses in use.
+        active: usize,
+        /// Addresses held for deleted pods.
+        held: usize,
+    },
+    /// A requested address is a range's gateway.
+    #[error("failed to allocate for range {set}: requested ip {ip} is subnet's gateway")]
+    RequestedGateway {
+        /// Range-set index.
+        set: usize,
+        /// The address.
+        ip: IpAddr,
+    },
+    /// A requested address belongs to someone else.
+    #[error(
+        "failed to allocate for range {set}: requested IP address {ip} is not available in range set {ranges} ({holder})"
+    )]
+    RequestedTaken {
+        /// Range-set index.
+        set: usize,
+        /// The address.
+        ip: IpAddr,
+        /// The set.
+        ranges: String,
+        /// Who has it.
+        holder: String,
+    },
+    /// The attachment already has another address in the set of a requested one.
+    #[error(
+        "failed to allocate for range {set}: requested IP address {ip} but {owner} already has {existing} in this range set; delete it first"
+    )]
+    RequestedConflictsWithOwn {
+        /// Range-set index.
+        set: usize,
+        /// Requested address.
+        ip: IpAddr,
+        /// The attachment.
+        owner: Attachment,
+        /// Address it already has.
+        existing: IpAddr,
+    },
+    /// Requested addresses that fall in no range set (or several in one set).
+    #[error("failed to allocate all requested IPs: {}", list(.0))]
+    RequestedUnused(Vec<IpAddr>),
+    /// The pod's address is still configured in an older sandbox of the same pod, whose network
+    /// namespace still exists (a force-deleted pod's sandbox that is still being torn down).
+    #[error(
+        "address {ip} of pod {pod} is still configured in its older sandbox {owner} (network namespace {netns} still exists); try again once that sandbox is deleted"
+    )]
+    StillInUse {
+        /// The address.
+        ip: IpAddr,
+        /// The pod.
+        pod: String,
+        /// The older sandbox's attachment.
+        owner: Attachment,
+        /// Its network namespace.
+        netns: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Whether a network namespace path (`CNI_NETNS` of an earlier ADD) still exists.
+pub type NetnsProbe<'a> = &'a dyn Fn(&str) -> bool;
+
+/// An ADD: the configuration and who is asking.
+#[derive(Clone)]
+pub struct AddRequest<'a> {
+    /// The network's range sets, in order; one address per set.
+    pub range_sets: &'a [RangeSet],
+    /// The attachment being added.
+    pub owner: Attachment,
+    /// The pod, if the runtime named it.
+    pub pod: Option<PodRef>,
+    /// The pod's retention.
+    pub retention: Retention,
+    /// Requested addresses (CNI_ARGS `IP`, `args.cni.ips`, `runtimeConfig.ips`), deduplicated.
+    pub requested: &'a [IpAddr],
+    /// The sandbox's network namespace (`CNI_NETNS`), recorded with its addresses.
+    pub netns: Option<String>,
+    /// Tells whether an older sandbox's network namespace still exists.
+    pub netns_exists: NetnsProbe<'a>,
+}
+
+impl fmt::Debug for AddRequest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddRequest")
+            .field("range_sets", &self.range_sets)
+            .field("owner", &self.owner)
+            .field("pod", &self.pod)
+            .field("retention", &self.retention)
+            .field("requested", &self.requested)
+            .field("netns", &self.netns)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an address came to the attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Next free address in round-robin order.
+    RoundRobin,
+    /// Explicitly requested.
+    Requested,
+    /// The attachment already had it (repeated ADD).
+    Existing,
+    /// Held or owned for the same pod identity by an earlier sandbox.
+    Retained {
+        /// The previous owner.
+        from: Attachment,
+        /// Whether it was held (the old sandbox had been deleted) rather than still active.
+        was_held: bool,
+    },
+    /// The range set was full; this address was held for another deleted pod, whose holding
+    /// gave way so that this pod could start.
+    Reclaimed {
+        /// The holding that gave way.
+        from: Box<Lease>,
+    },
+}
+
+/// One address handed out by ADD, with the range it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The address.
+    pub ip: IpAddr,
+    /// Its range (prefix length and gateway for the result).
+    pub range: Range,
+    /// How it was chosen.
+    pub source: Source,
+}
+
+/// What ADD did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddOutcome {
+    /// One per range set, in order.
+    pub assignments: Vec<Assignment>,
+    /// Holdings released because they had expired.
+    pub expired: Vec<Lease>,
+}
+
+/// Runs an ADD and commits it. Returns one assignment per range set.
+pub fn add<S: Store + ?Sized>(
+    store: &mut S,
+    req: &AddRequest<'_>,
+    reading: &Reading,
+) -> Result<AddOutcome, AllocError> {
+    let (outcome, planned) = plan_add(&*store, req, reading)?;
+    commit(store, planned)?;
+    Ok(outcome)
+}
+
+fn plan_add<S: Store + ?Sized>(
+    store: &S,
+    req: &AddRequest<'_>,
+    reading: &Reading,
+) -> Result<(AddOutcome, Commit), AllocError> {
+    let mut pending = Pending::new(store, reading)?;
+    let now = pending.now();
+    let expired = pending.sweep_expired()?;
+    let swept: BTreeSet<IpAddr> = expired.iter().map(|l| l.ip).collect();
+
+    let own = store.leases_of_attachment(&req.owner)?;
+    let retained = retainable(store, req, &swept)?;
+
+    let mut unused: Vec<IpAddr> = req.requested.to_vec();
+    let mut assignments = Vec::with_capacity(req.range_sets.len());
+    for (index, set) in req.range_sets.iter().enumerate() {
+        let in_set = |l: &&Lease| set.range_of(l.ip).is_some();
+        let own_here = own.iter().find(in_set);
+        let retained_here = retained.iter().find(in_set);
+        let requested_here = unused.iter().position(|ip| set.range_of(*ip).is_some());
+
+        let (ip, source) = if let Some(pos) = requested_here {
+            let ip = unused.remove(pos);
+            let source = take_requested(&pending, set, index, ip, req, own_here, &retained)?;
+            // The pod asked for a specific address: a different one held for it here goes
+            // (one still configured in an old sandbox stays until that sandbox's DEL).
+            if let Some(old) = retained_here.filter(|l| l.ip != ip && !l.is_active()) {
+                pending.replace(old, None);
+            }
+            pending.last_reserved.push((set.to_string(), ip));
+            (ip, source)
+        } else if let Some(lease) = own_here {
+            (lease.ip, Source::Existing)
+        } else if let Some(lease) = retained_here {
+            let source = Source::Retained {
+                from: lease.owner.clone(),
+                was_held: !lease.is_active(),
+            };
+            (lease.ip, source)
+        } else {
+            let (ip, source) = next_free(&mut pending, set, index)?;
+            pending.last_reserved.push((set.to_string(), ip));
+            (ip, source)
+        };
+
+        let lease = Lease {
+            ip,
+            owner: req.owner.clone(),
+            pod: req.pod.clone(),
+            retention: req.retention,
+            state: LeaseState::Active,
+            since: now,
+            netns: req.netns.clone(),
+        };
+        let unchanged = pending.lease(ip)?.is_some_and(|old| {
+            Lease {
+                since: old.since,
+                ..lease.clone()
+            } == old
+        });
+        if !unchanged {
+            pending.set(ip, lease)?;
+        }
+        let range = set
+            .range_of(ip)
+            .cloned()
+            .unwrap_or_else(|| set.ranges()[0].clone());
+        assignments.push(Assignment { ip, range, source });
+    }
+    if !unused.is_empty() {
+        return Err(AllocError::RequestedUnused(unused));
+    }
+    let mut commit = pending.into_commit();
+    // Remember the configured ranges so `ipkeep list` can count free addresses without the
+    // network configuration at hand.
+    let ranges = serde_json::to_string(req.range_sets).unwrap_or_default();
+    if store.range_sets()?.as_deref() != Some(ranges.as_str()) {
+        commit.range_sets = Some(ranges);
+    }
+    Ok((
+        AddOutcome {
+            assignments,
+            expired,
+        },
+        commit,
+    ))
+}
+
+/// Addresses of the same pod identity that this attachment may take over: held ones always;
+/// still-active ones (the old sandbox's DEL has not arrived yet) only with retention, and only
+/// once the old sandbox's network namespace is gone.
+fn retainable<S: Store + ?Sized>(
+    store: &S,
+    req: &AddRequest<'_>,
+    swept: &BTreeSet<IpAddr>,
+) -> Result<Vec<Lease>, AllocError> {
+    let Some(pod) = &req.pod else {
+        return Ok(Vec::new());
+    };
+    let id = PodIdentity {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        ifname: req.owner.ifname.clone(),
+    };
+    let mut out = Vec::new();
+    for lease in store.leases_of_identity(&id)? {
+        if lease.owner == req.owner || swept.contains(&lease.ip) {
+            continue;
+        }
+        if lease.is_active() {
+            if !req.retention.is_on() && !lease.retention.is_on() {
+                continue;
+            }
+            if let Some(netns) = lease.netns.as_deref().filter(|n| (req.netns_exists)(n)) {
+                return Err(AllocError::StillInUse {
+                    ip: lease.ip,
+                    pod: pod.to_string(),
+                    owner: lease.owner,
+                    netns: netns.to_string(),
+                });
+            }
+        }
+        out.push(lease);
+    }
+    Ok(out)
+}
+
+fn take_requested<S: Store + ?Sized>(
+    pending: &Pending<'_, S>,
+    set: &RangeSet,
+    index: usize,
+    ip: IpAddr,
+    req: &AddRequest<'_>,
+    own_here: Option<&Lease>,
+    retained: &[Lease],
+) -> Result<Source, AllocError> {
+    if set.range_of(ip).is_some_and(|r| r.gateway == ip) {
+        return Err(AllocError::RequestedGateway { set: index, ip });
+    }
+    if let Some(existing) = own_here.filter(|l| l.ip != ip) {
+        return Err(AllocError::RequestedConflictsWithOwn {
+            set: index,
+            ip,
+            owner: req.owner.clone(),
+            existing: existing.ip,
+        });
+    }
+    match pending.lease(ip)? {
+        None => Ok(Source::Requested),
+        Some(l) if l.owner == req.owner => Ok(Source::Existing),
+        Some(l) if retained.iter().any(|r| r.ip == ip) => Ok(Source::Retained {
+            from: l.owner.clone(),
+            was_held: !l.is_active(),
+        }),
+        Some(l) => Err(AllocError::RequestedTaken {
+            set: index,
+            ip,
+            ranges: set.to_string(),
+            holder: describe_holder(&l),
+        }),
+    }
+}
+
+/// The next free address in round-robin order; when there is none, the holding that gives way
+/// (see [`reclaimable`]).
+fn next_free<S: Store + ?Sized>(
+    pending: &mut Pending<'_, S>,
+    set: &RangeSet,
+    index: usize,
+) -> Result<(IpAddr, Source), AllocError> {
+    let last = pending.store.last_reserved(&set.to_string())?;
+    for candidate in set.candidates(last) {
+        if pending.lease(candidate)?.is_none() {
+            return Ok((candidate, Source::RoundRobin));
+        }
+    }
+    if let Some(victim) = reclaimable(pending, set)? {
+        pending.replace(&victim, None);
+        return Ok((
+            victim.ip,
+            Source::Reclaimed {
+                from: Box::new(victim),
+            },
+        ));
+    }
+    // Exhausted: count what fills the set so the operator knows whether holdings are the cause.
+    let (mut active, mut held) = (0, 0);
+    for lease in pending.store.all()? {
+        if set.range_of(lease.ip).is_none() {
+            continue;
+        }
+        match pending.lease(lease.ip)?.map(|l| l.state) {
+            Some(LeaseState::Active) => active += 1,
+            Some(LeaseState::Held { .. }) => held += 1,
+            None => {}
+        }
+    }
+    Err(AllocError::Exhausted {
+        set: index,
+        ranges: set.to_string(),
+        active,
+        held,
+    })
+}
+
+/// The holding in `set` that gives way when the set is full: one without a PersistentPodState
+/// first (nobody vouched for it), then the one that would end soonest (`forever` last), then the
+/// oldest. Only holdings this command has not touched qualify.
+fn reclaimable<S: Store + ?Sized>(
+    pending: &Pending<'_, S>,
+    set: &RangeSet,
+) -> Result<Option<Lease>, StoreError> {
+    let mut best: Option<((bool, u64, u64), Lease)> = None;
+    for lease in pending.store.held()? {
+        if set.range_of(lease.ip).is_none() || pending.lease(lease.ip)?.as_ref() != Some(&lease) {
+            continue;
+        }
+        let managed = lease
+            .pod
+            .as_ref()
+            .is_some_and(|p| p.persistent_pod_state.is_some());
+        let until = match lease.state {
+            LeaseState::Held { until } => until.unwrap_or(u64::MAX),
+            LeaseState::Active => continue,
+        };
+        let key = (managed, until, lease.since);
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, lease));
+        }
+    }
+    Ok(best.map(|(_, lease)| lease))
+}
