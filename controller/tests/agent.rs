@@ -99,6 +99,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
             .map(String::from)
             .to_vec(),
             envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
+            ..AgentOptions::default()
         },
     );
     let socket = agent.socket().to_path_buf();
@@ -205,4 +206,109 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     );
     drop(agent);
     controller.stop().await.unwrap();
+}
+
+/// An agent for node `node` with fast sweeps and graces, against the in-memory API server.
+fn quick_agent(data: &Path, kubeconfig: &Path, node: &str) -> Agent {
+    Agent::start(
+        data,
+        AgentOptions {
+            args: [
+                "--node-name",
+                node,
+                "--sweep-interval",
+                "1s",
+                "--release-grace",
+                "1s",
+                "--missed-del-grace",
+                "1s",
+            ]
+            .map(String::from)
+            .to_vec(),
+            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
+            ..AgentOptions::default()
+        },
+    )
+}
+
+/// Found by review: a static pod's mirror Pod has another UID than the one the runtime passes
+/// as `K8S_POD_UID`; the agent took its DEL for missed and gave the running pod's address to
+/// another pod. The mirror Pod's `kubernetes.io/config.mirror` annotation carries the UID the
+/// runtime knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_static_pod_keeps_its_address() {
+    let c = cluster().await;
+    let data = tempfile::tempdir().unwrap();
+    let kubeconfig = data.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    let agent = quick_agent(data.path(), &kubeconfig, "n1");
+    let conf = conf(data.path(), agent.socket());
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(c.client.clone(), NS);
+    let mirror: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "etcd-n1", "namespace": NS, "annotations": {
+            "kubernetes.io/config.mirror": "0f1e2d3c4b5a", "kubernetes.io/config.hash": "0f1e2d3c4b5a",
+            "kubernetes.io/config.source": "file"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "etcd", "image": "etcd"}]}
+    }))
+    .unwrap();
+    pods.create(&Default::default(), &mirror).await.unwrap();
+    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME=etcd-n1;K8S_POD_UID=0f1e2d3c4b5a");
+    let out = Invocation::new("ADD", "static-1")
+        .args(&args)
+        .run(&ipkeep_bin(), &conf);
+    assert!(out.ok(), "{out:?}");
+    let ip = out.ips().remove(0);
+    // Well past the missed-DEL grace, with sweeps every second.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let now = leases(data.path(), agent.socket());
+    assert!(
+        now.iter()
+            .any(|(i, pod, st)| *i == ip && pod == "etcd-n1" && st == "active"),
+        "the running static pod's address stays active: {now:?}\n{}",
+        agent.log().join("\n")
+    );
+    assert!(agent.metrics().contains("ipkeep_agent_kubernetes_synced 1"));
+}
+
+/// Found by review: an agent started with a `--node-name` no Node has sees no pod on "its"
+/// node, and released every running pod's address. It must refuse to decide anything until the
+/// Node exists, and say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_node_name_releases_nothing() {
+    let c = cluster().await;
+    let data = tempfile::tempdir().unwrap();
+    let kubeconfig = data.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    let agent = quick_agent(data.path(), &kubeconfig, "n1-typo");
+    let conf = conf(data.path(), agent.socket());
+    let sts = create_sts(&c.client, "kv", 2, 0, &annotations(&[])).await;
+    let mut ips = Vec::new();
+    for i in 0..2 {
+        let ip = cni("ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
+        run_pod(&c.client, &sts, i, "n1", &ip).await;
+        ips.push(ip);
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let now = leases(data.path(), agent.socket());
+    for ip in &ips {
+        assert!(
+            now.iter().any(|(i, _, st)| i == ip && st == "active"),
+            "{ip} is still active: {now:?}\n{}",
+            agent.log().join("\n")
+        );
+    }
+    assert!(
+        agent
+            .log()
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("--node-name")),
+        "the agent says what is wrong:\n{}",
+        agent.log().join("\n")
+    );
+    assert!(
+        agent.metrics().contains("ipkeep_agent_kubernetes_synced 0"),
+        "{}",
+        agent.metrics()
+    );
 }

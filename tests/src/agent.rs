@@ -23,8 +23,7 @@ pub struct Agent {
     _stdin: ChildStdin,
     socket: PathBuf,
     data_dir: PathBuf,
-    extra: Vec<String>,
-    envs: Vec<(String, String)>,
+    options: AgentOptions,
     probe: Option<std::net::SocketAddr>,
     log: std::sync::Arc<Mutex<Vec<String>>>,
     _dir: Option<tempfile::TempDir>,
@@ -38,6 +37,8 @@ pub struct AgentOptions {
     pub args: Vec<String>,
     /// Extra environment (e.g. `KUBECONFIG`).
     pub envs: Vec<(String, String)>,
+    /// Run through this command prefix (e.g. `nsenter` into a mount namespace).
+    pub prefix: Vec<String>,
 }
 
 impl Agent {
@@ -45,13 +46,7 @@ impl Agent {
     pub fn start(data_dir: &Path, options: AgentOptions) -> Agent {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("agent.sock");
-        let mut agent = Self::spawn(
-            socket,
-            data_dir.to_path_buf(),
-            options.args,
-            options.envs,
-            Some(dir),
-        );
+        let mut agent = Self::spawn(socket, data_dir.to_path_buf(), options, Some(dir));
         agent.wait_ready();
         agent
     }
@@ -59,12 +54,23 @@ impl Agent {
     fn spawn(
         socket: PathBuf,
         data_dir: PathBuf,
-        extra: Vec<String>,
-        envs: Vec<(String, String)>,
+        options: AgentOptions,
         dir: Option<tempfile::TempDir>,
     ) -> Agent {
+        let AgentOptions {
+            args: extra,
+            envs,
+            prefix,
+        } = options;
         let probe = free_port();
-        let mut cmd = Command::new(agent_bin());
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(agent_bin());
+                cmd
+            }
+            None => Command::new(agent_bin()),
+        };
         cmd.arg("--socket")
             .arg(&socket)
             .arg("--data-dir")
@@ -102,8 +108,11 @@ impl Agent {
             _stdin: stdin,
             socket,
             data_dir,
-            extra,
-            envs,
+            options: AgentOptions {
+                args: extra,
+                envs,
+                prefix,
+            },
             probe: Some(probe),
             log,
             _dir: dir,
@@ -141,17 +150,23 @@ impl Agent {
 
     /// `/metrics`, as text.
     pub fn metrics(&self) -> String {
+        self.get("/metrics")
+    }
+
+    /// One plain-HTTP GET of the probe port (`/healthz`, `/readyz`, `/metrics`): the status
+    /// line, headers and body.
+    pub fn get(&self, path: &str) -> String {
         let Some(addr) = self.probe else {
             return String::new();
         };
-        let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect to the probe port");
         std::io::Write::write_all(
             &mut stream,
-            b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n",
+            format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n").as_bytes(),
         )
         .expect("send");
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut stream, &mut text).expect("read /metrics");
+        std::io::Read::read_to_string(&mut stream, &mut text).expect("read the answer");
         text
     }
 
@@ -175,8 +190,7 @@ impl Agent {
         let mut next = Self::spawn(
             self.socket.clone(),
             self.data_dir.clone(),
-            self.extra.clone(),
-            self.envs.clone(),
+            self.options.clone(),
             dir,
         );
         next.wait_ready();

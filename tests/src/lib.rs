@@ -164,7 +164,19 @@ impl<'a> Invocation<'a> {
 
     /// Builds the process (stdin piped) without starting it.
     pub fn command(&self, plugin: &Path) -> Command {
-        let mut cmd = Command::new(plugin);
+        self.command_in(&[], plugin)
+    }
+
+    /// Like [`Self::command`], run through `prefix` (e.g. [`mountns::MountNs::prefix`]).
+    pub fn command_in(&self, prefix: &[String], plugin: &Path) -> Command {
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(plugin);
+                cmd
+            }
+            None => Command::new(plugin),
+        };
         cmd.env_clear()
             .env("CNI_COMMAND", self.command)
             .env("CNI_CONTAINERID", self.container_id)
@@ -423,3 +435,4 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
 
 pub mod agent;
 pub mod demo;
+pub mod mountns;

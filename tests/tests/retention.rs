@@ -344,3 +344,46 @@ fn no_arguments_prints_what_it_is() {
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("list") && text.contains("release"), "{text}");
 }
+
+/// Found by review: after a force delete (`--grace-period=0`) the new sandbox took the address
+/// of the old sandbox of the same pod while that one still ran: two network namespaces, one
+/// address, one bridge. The address moves only once the old sandbox's namespace is gone; until
+/// then the runtime is told to try again (code 11), which it does.
+#[test]
+fn a_force_deleted_pods_old_sandbox_keeps_its_address_until_it_is_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = conf(
+        dir.path(),
+        &format!(r#"{MANAGED}"ipkeep.dev/ip-retention":"1h""#),
+        "0",
+    );
+    let old_netns = dir.path().join("cni-old");
+    std::fs::write(&old_netns, "").expect("a stand-in for the old sandbox's namespace");
+    let args = pod_args("web-0");
+    let old_path = old_netns.display().to_string();
+    let mut old = Invocation::new("ADD", "sandbox-old").args(&args);
+    old.netns = &old_path;
+    let first = old.run(&ipkeep_bin(), &c);
+    assert!(first.ok(), "{first:?}");
+    let new = Invocation::new("ADD", "sandbox-new").args(&args);
+    let refused = new.run(&ipkeep_bin(), &c);
+    assert_eq!(refused.error_code(), Some(11), "{refused:?}");
+    let msg = refused.json()["msg"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        msg.contains("sandbox-old") && msg.contains("still exists"),
+        "{msg}"
+    );
+    assert!(
+        states(dir.path())
+            .iter()
+            .all(|(_, cid, st)| cid == "sandbox-old" && st == "active"),
+        "the old sandbox keeps its addresses"
+    );
+    std::fs::remove_file(&old_netns).expect("the old sandbox is torn down");
+    let retried = new.run(&ipkeep_bin(), &c);
+    assert!(retried.ok(), "{retried:?}");
+    assert_eq!(retried.ips(), first.ips(), "the pod keeps its addresses");
+}

@@ -338,3 +338,102 @@ fn run_cni(
     }
     (Answer::Exit(done.exit_code), command)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeMap;
+
+    use ipkeep_ipam::{NetworkDir, StoreRead};
+
+    use super::*;
+
+    fn served(data: &Path) -> Served {
+        let metrics = Arc::new(Metrics::default());
+        Served {
+            stores: Arc::new(AgentStores::new(data, metrics.clone()).unwrap()),
+            metrics,
+        }
+    }
+
+    fn add(budget_ms: Option<u64>, data: &Path) -> Request {
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ];
+        Request::Cni {
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+            config: format!(
+                r#"{{"cniVersion":"1.0.0","name":"net","ipam":{{"dataDir":"{}","ranges":[[{{"subnet":"10.9.0.0/24"}}]]}}}}"#,
+                data.display()
+            ),
+            budget_ms,
+        }
+    }
+
+    fn stdout_of(frames: &[u8]) -> String {
+        let mut input = frames;
+        let mut out = Vec::new();
+        while let Some((t, p)) = ipkeep_cni::proto::read_frame(&mut input).unwrap() {
+            if t == tag::STDOUT {
+                out.extend(p);
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    /// Found by review: an ADD the plugin had already reported as failed (it stopped waiting)
+    /// was committed later by the agent. Past the plugin's budget, nothing is committed.
+    #[test]
+    fn nothing_is_committed_after_the_plugin_stopped_waiting() {
+        let tmp = tempfile::tempdir().unwrap();
+        let served = served(tmp.path());
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
+        let mut out = Vec::new();
+        let (answer, command) = execute(&served, add(Some(1_000), tmp.path()), long_ago, &mut out);
+        assert_eq!((answer, command), (Answer::Exit(1), "ADD"));
+        let error: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+        assert_eq!(error["code"], 11, "{error}");
+        let dir = NetworkDir::new(tmp.path(), "net").unwrap();
+        let leases = served
+            .stores
+            .slot(&dir)
+            .unwrap()
+            .snapshot(
+                Instant::now() + Duration::from_secs(1),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .all()
+            .unwrap();
+        assert!(leases.is_empty(), "{leases:?}");
+        // Within its budget the same request is served.
+        let mut out = Vec::new();
+        let (answer, _) = execute(
+            &served,
+            add(Some(5_000), tmp.path()),
+            Instant::now(),
+            &mut out,
+        );
+        assert_eq!(answer, Answer::Exit(0), "{}", stdout_of(&out));
+    }
+
+    #[test]
+    fn admin_commands_for_another_data_directory_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let served = served(tmp.path());
+        let list: Request = serde_json::from_value(serde_json::json!({"admin": {"list": {
+            "target": {"network": "net", "dataDir": other.path(),
+                       "lockTimeout": {"secs": 1, "nanos": 0}}, "json": true}}}))
+        .unwrap();
+        let (answer, _) = execute(&served, list, Instant::now(), &mut Vec::new());
+        assert!(matches!(answer, Answer::Refused(why) if why.contains("--data-dir")));
+    }
+}

@@ -446,3 +446,6 @@ fn cmd_status<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(
         .status(&dir)
         .map_err(|why| CniError::new(code::NOT_AVAILABLE, why))
 }
+
+#[cfg(test)]
+mod tests;

@@ -26,7 +26,7 @@ use crate::plugin::Timings;
 pub const FALLBACK_COUNT_FILE: &str = "fallbacks";
 
 /// The least free space under `ipam.dataDir` with which STATUS says the plugin can serve ADD.
-pub const MIN_FREE_BYTES: u64 = 1 << 20;
+pub const MIN_FREE_BYTES: u64 = 256 << 10;
 
 /// Lends a network's store to one command at a time.
 pub trait Stores {

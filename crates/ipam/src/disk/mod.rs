@@ -112,7 +112,7 @@ pub(crate) fn io_err(
 /// Bytes free for unprivileged use on the file system holding `path`.
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     let stat = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;
-    Ok(u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size())))
+    Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
 }
 
 /// The clock as a command sees it when it starts: the wall clock, and the kernel's boot id and

@@ -1,0 +1,215 @@
+//! Whole commands through [`run`] with byte buffers and in-memory stores: the seam the plugin
+//! process and the agent share.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+
+use ipkeep_ipam::{NetworkDir, Reading, StoreRead};
+
+use super::*;
+use crate::netconf;
+use crate::stores::MemoryStores;
+
+const CONF: &str = r#"{"cniVersion":"1.0.0","name":"net","runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ipkeep.dev/persistent-pod-state":"web","ipkeep.dev/ip-retention":"1h"}},"ipam":{"dataDir":"/var/lib/cni/test","ranges":[[{"subnet":"10.5.0.0/29"}]]}}"#;
+
+fn vars(command: &str, cid: &str, pod: &str) -> HashMap<String, String> {
+    [
+        ("CNI_COMMAND", command),
+        ("CNI_CONTAINERID", cid),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/run/netns/none"),
+        ("CNI_PATH", "/opt/cni/bin"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .chain([(
+        "CNI_ARGS".to_string(),
+        format!("K8S_POD_NAMESPACE=db;K8S_POD_NAME={pod}"),
+    )])
+    .collect()
+}
+
+fn at(wall: u64, since_boot: u64) -> Call {
+    Call {
+        reading: Reading {
+            wall,
+            boot: Some(("boot-1".into(), since_boot)),
+        },
+        deadline: None,
+    }
+}
+
+/// Runs one command; returns the exit code and stdout.
+fn invoke(
+    stores: &MemoryStores,
+    command: &str,
+    cid: &str,
+    pod: &str,
+    call: &Call,
+) -> (i32, String) {
+    invoke_with(stores, CONF, command, cid, pod, call)
+}
+
+fn invoke_with<S: Stores>(
+    stores: &S,
+    conf: &str,
+    command: &str,
+    cid: &str,
+    pod: &str,
+    call: &Call,
+) -> (i32, String) {
+    let config = netconf::decode(conf.as_bytes());
+    let mut out = Vec::new();
+    let done = run(stores, &vars(command, cid, pod), &config, &mut out, call);
+    (done.exit_code, String::from_utf8(out).unwrap())
+}
+
+fn ip_of(result: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(result).unwrap();
+    v["ips"][0]["address"].as_str().unwrap().to_string()
+}
+
+fn dir() -> NetworkDir {
+    NetworkDir::new(std::path::Path::new("/var/lib/cni/test"), "net").unwrap()
+}
+
+#[test]
+fn a_rebuilt_pod_gets_its_address_back_through_the_seam() {
+    let stores = MemoryStores::default();
+    let (code, first) = invoke(&stores, "ADD", "a", "web-0", &at(1_000, 10));
+    assert_eq!(code, 0, "{first}");
+    assert_eq!(
+        invoke(&stores, "DEL", "a", "web-0", &at(1_010, 20)),
+        (0, String::new())
+    );
+    let held = stores.get(&dir()).unwrap().held().unwrap();
+    assert_eq!(held.len(), 1);
+    let (_, other) = invoke(&stores, "ADD", "b", "web-1", &at(1_020, 30));
+    assert_ne!(ip_of(&other), ip_of(&first));
+    let (_, again) = invoke(&stores, "ADD", "c", "web-0", &at(1_030, 40));
+    assert_eq!(ip_of(&again), ip_of(&first));
+}
+
+/// Found by review: a forward jump of the wall clock freed every held address for good. The
+/// store's clock advances by the boot clock while the node stays up.
+#[test]
+fn a_forward_clock_jump_frees_no_holding() {
+    let stores = MemoryStores::default();
+    let (_, first) = invoke(&stores, "ADD", "a", "web-0", &at(1_000, 10));
+    invoke(&stores, "DEL", "a", "web-0", &at(1_010, 20));
+    // A year later by the wall clock, 20 seconds later by the boot clock.
+    let year = 365 * 86_400;
+    let (code, other) = invoke(&stores, "ADD", "b", "web-1", &at(1_030 + year, 40));
+    assert_eq!(code, 0, "{other}");
+    assert_eq!(
+        stores.get(&dir()).unwrap().held().unwrap().len(),
+        1,
+        "the holding is still there"
+    );
+    let (_, again) = invoke(&stores, "ADD", "c", "web-0", &at(1_040 + year, 50));
+    assert_eq!(ip_of(&again), ip_of(&first), "web-0 got its address back");
+    // An hour of real time later it has expired, whatever the wall clock says.
+    invoke(&stores, "DEL", "c", "web-0", &at(1_050 + year, 60));
+    invoke(&stores, "ADD", "d", "web-2", &at(1_050 + year, 60 + 3_601));
+    assert!(stores.get(&dir()).unwrap().held().unwrap().is_empty());
+}
+
+/// Captures what `f` logs at `level`, formatted as the plugin formats it.
+fn logged(level: &str, f: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let subscriber = crate::logs::builder(&netconf::Settings::default(), Some(level))
+        .with_writer(move || sink.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buf.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// Found under containerd: a failed ADD's log line named neither the pod nor the container.
+#[test]
+fn every_line_names_the_pod_and_the_container_failures_included() {
+    let stores = MemoryStores::default();
+    let conf = CONF.replace(
+        r#""ranges""#,
+        r#""resolvConf":"/nonexistent/resolv.conf","ranges""#,
+    );
+    let text = logged("warn", || {
+        let (code, _) = invoke_with(&stores, &conf, "ADD", "sandbox-9", "web-3", &at(1, 1));
+        assert_eq!(code, 1);
+    });
+    let line = text
+        .lines()
+        .find(|l| l.contains("CNI command failed"))
+        .unwrap();
+    assert!(
+        line.contains("pod=db/web-3")
+            && line.contains("container=sandbox-9")
+            && line.contains("ADD"),
+        "{line}"
+    );
+}
+
+/// Found under containerd: `logLevel: debug` added nothing to the INFO lines.
+#[test]
+fn debug_says_what_was_decoded_and_decided() {
+    let stores = MemoryStores::default();
+    let info = logged("info", || {
+        invoke(&stores, "ADD", "a", "web-0", &at(1, 1));
+    });
+    let debug = logged("debug", || {
+        invoke(&stores, "ADD", "b", "web-1", &at(2, 2));
+    });
+    assert!(!info.contains("DEBUG"), "{info}");
+    for needle in ["decoded the invocation", "allocating"] {
+        assert!(debug.contains(needle), "{needle}: {debug}");
+    }
+}
+
+#[test]
+fn status_reports_a_store_that_cannot_serve() {
+    struct Broken;
+    impl Stores for Broken {
+        type Store = ipkeep_ipam::MemoryStore;
+        fn exists(&self, _: &NetworkDir) -> bool {
+            true
+        }
+        fn with<R, E: From<ipkeep_ipam::StoreError>>(
+            &self,
+            _: &NetworkDir,
+            _: Duration,
+            _: &mut Timings,
+            f: impl FnOnce(&mut ipkeep_ipam::MemoryStore) -> Result<R, E>,
+        ) -> Result<R, E> {
+            f(&mut ipkeep_ipam::MemoryStore::new())
+        }
+        fn read<R, E: From<ipkeep_ipam::StoreError>>(
+            &self,
+            _: &NetworkDir,
+            _: Duration,
+            f: impl FnOnce(&dyn StoreRead) -> Result<R, E>,
+        ) -> Result<R, E> {
+            f(&ipkeep_ipam::MemoryStore::new())
+        }
+        fn status(&self, _: &NetworkDir) -> Result<(), String> {
+            Err("the disk is full".into())
+        }
+    }
+    let conf = CONF.replace("1.0.0", "1.1.0");
+    let (code, out) = invoke_with(&Broken, &conf, "STATUS", "", "x", &at(1, 1));
+    let err: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, err["code"].as_u64()), (1, Some(50)), "{out}");
+    assert!(err["msg"].as_str().unwrap().contains("disk is full"));
+}
