@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the demonstration and the tests need on a Debian machine: the reference CNI
 # plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
-# ping and arping for traffic, and Python's venv for scripts/validate-deploy.sh (which puts its
-# pinned validators in a virtualenv). Skips apt entirely when everything is already there.
+# ping and arping for traffic, strace for the durability test, and Python's venv for
+# scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv). Skips apt
+# entirely when everything is already there.
 set -euo pipefail
 
 need=()
@@ -10,6 +11,8 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v arping >/dev/null || need+=(iputils-arping)
+# strace: the durability test checks that a commit is fsynced before it is acknowledged.
+command -v strace >/dev/null || need+=(strace)
 # Debian's python3 creates virtualenvs only with python3-venv (ensurepip); other Pythons (pyenv)
 # have it built in.
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

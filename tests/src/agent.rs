@@ -138,6 +138,11 @@ impl Agent {
         }
     }
 
+    /// The agent's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The socket the plugin should use (`ipam.agentSocket`).
     pub fn socket(&self) -> &Path {
         &self.socket

@@ -81,13 +81,20 @@ fn agent_sigkilled_mid_requests_loses_nothing_and_plugins_fall_back() {
         })
         .collect();
     let mut rng = Rng::from_env("agent_sigkilled_mid_requests");
-    for _ in 0..8 {
-        std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
+    // `IPKEEP_AGENT_KILLS` (default 100) kills, each at a random moment under load.
+    let kills: usize = std::env::var("IPKEEP_AGENT_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let started = std::time::Instant::now();
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(20 + rng.below(200)));
         agent.kill();
         // The outage: plugins find a socket nobody listens on and serve themselves.
-        std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
+        std::thread::sleep(Duration::from_millis(rng.below(100)));
         agent.restart();
     }
+    eprintln!("{kills} agent kills in {:.0?}", started.elapsed());
     // Long enough for the last agent to serve requests of its own.
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
