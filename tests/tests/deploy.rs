@@ -19,6 +19,8 @@ mod cli;
 mod consistency;
 #[path = "deploy/manifests.rs"]
 mod manifests;
+#[path = "deploy/security.rs"]
+mod security;
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations as keys;
