@@ -111,6 +111,20 @@ pub struct Plan {
     pub missed_del: Vec<Attachment>,
 }
 
+impl Plan {
+    /// Keeps at most `budget` decisions (holdings first, then missed DELs), takes them from
+    /// the budget, and returns how many were left for a later pass.
+    pub fn limit(&mut self, budget: &mut usize) -> usize {
+        let total = self.release.len() + self.missed_del.len();
+        let allowed = total.min(*budget);
+        *budget -= allowed;
+        self.release.truncate(allowed);
+        self.missed_del
+            .truncate(allowed.saturating_sub(self.release.len()));
+        total - allowed
+    }
+}
+
 /// The PersistentPodState a lease's pod belongs to: the one its lease names, else one whose
 /// StatefulSet would have named the pod. `Err(())` when the named one is gone.
 fn managing<'v>(lease: &Lease, view: &'v ClusterView) -> Result<Option<&'v PpsView>, ()> {
@@ -421,6 +435,31 @@ mod tests {
             verdicts(&[lease(1, "kv-01", None, true, 0)], &v),
             vec![("kv-01".into(), None)]
         );
+    }
+
+    #[test]
+    fn one_pass_acts_on_at_most_its_budget() {
+        let mut v = view(&[]);
+        v.pods.clear();
+        let leases: Vec<Lease> = (1..=5)
+            .map(|i| lease(i, &format!("kv-{i}"), Some("kv"), i > 2, 0))
+            .collect();
+        let mut plan = plan(&leases, &v, NOW, GRACE);
+        assert_eq!((plan.release.len(), plan.missed_del.len()), (3, 2));
+        let mut budget = 4;
+        assert_eq!(plan.limit(&mut budget), 1);
+        assert_eq!(
+            (plan.release.len(), plan.missed_del.len(), budget),
+            (3, 1, 0)
+        );
+        let mut nothing_left = 0;
+        let mut plan = plan_of(&leases, &v);
+        assert_eq!(plan.limit(&mut nothing_left), 5);
+        assert_eq!(plan, Plan::default());
+    }
+
+    fn plan_of(leases: &[Lease], v: &ClusterView) -> Plan {
+        plan(leases, v, NOW, GRACE)
     }
 
     #[test]

@@ -130,13 +130,7 @@ impl Sweeper {
         })?;
         drop(snapshot);
         let mut plan = planner.plan;
-        let total = plan.release.len() + plan.missed_del.len();
-        let allowed = total.min(*budget);
-        report.deferred += total - allowed;
-        *budget -= allowed;
-        plan.release.truncate(allowed);
-        plan.missed_del
-            .truncate(allowed.saturating_sub(plan.release.len()));
+        report.deferred += plan.limit(budget);
         if !plan.release.is_empty() {
             let leases: Vec<Lease> = plan.release.iter().map(|(l, _)| l.clone()).collect();
             let freed = self.locked(slot, |store| {

@@ -148,3 +148,129 @@ pub fn admin_via_agent(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+    use std::path::Path;
+
+    use ipkeep_ipam::NetworkDir;
+
+    use super::*;
+    use crate::netconf;
+    use crate::proto::{Envelope, tag, write_frame};
+    use crate::stores::fallback_count;
+
+    fn vars() -> HashMap<String, String> {
+        [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/run/netns/none"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    fn conf(data: &Path, socket: &Path) -> String {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"net","ipam":{{"dataDir":"{}","agentSocket":"{}","logFile":"{}","lockTimeout":"2s","ranges":[[{{"subnet":"10.6.0.0/24"}}]]}}}}"#,
+            data.display(),
+            socket.display(),
+            data.join("ipkeep.log").display()
+        )
+    }
+
+    /// Relays one ADD; returns the exit code and stdout.
+    fn relay(conf: &str) -> (i32, String) {
+        let config = netconf::decode(conf.as_bytes());
+        let mut out = Vec::new();
+        let done = cni(
+            &vars(),
+            conf.as_bytes(),
+            &config,
+            &mut out,
+            Reading::wall(1_000),
+        );
+        (done.exit_code, String::from_utf8(out).unwrap())
+    }
+
+    /// An agent that answers one request with `frames`, after checking the request.
+    fn agent(socket: &Path, frames: Vec<(u8, Vec<u8>)>) -> std::thread::JoinHandle<Envelope> {
+        let listener = UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut body = Vec::new();
+            s.read_to_end(&mut body).unwrap();
+            for (t, p) in frames {
+                let _ = write_frame(&mut s, t, &p);
+            }
+            serde_json::from_slice(&body).unwrap()
+        })
+    }
+
+    fn network(data: &Path) -> NetworkDir {
+        NetworkDir::new(data, "net").unwrap()
+    }
+
+    #[test]
+    fn without_an_agent_the_command_runs_here_uncounted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (code, out) = relay(&conf(tmp.path(), &tmp.path().join("none.sock")));
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("10.6.0.2"), "{out}");
+        assert!(network(tmp.path()).exists());
+        assert_eq!(fallback_count(&network(tmp.path())), 0);
+    }
+
+    #[test]
+    fn the_agents_answer_is_the_answer_and_its_log_lines_reach_the_log_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("agent.sock");
+        let served = agent(
+            &socket,
+            vec![
+                (
+                    tag::STDOUT,
+                    b"{\"cniVersion\":\"1.0.0\",\"ips\":[]}".to_vec(),
+                ),
+                (tag::STDERR, b"a line the agent logged\n".to_vec()),
+                (tag::EXIT, 0i32.to_be_bytes().to_vec()),
+            ],
+        );
+        let (code, out) = relay(&conf(tmp.path(), &socket));
+        assert_eq!(
+            (code, out.as_str()),
+            (0, r#"{"cniVersion":"1.0.0","ips":[]}"#)
+        );
+        let request = served.join().unwrap();
+        assert!(
+            matches!(&request.request, Request::Cni { budget_ms: Some(ms), .. } if *ms <= 2_000 && *ms > 0),
+            "the plugin tells the agent how long it waits: {request:?}"
+        );
+        let log = std::fs::read_to_string(tmp.path().join("ipkeep.log")).unwrap();
+        assert!(log.contains("a line the agent logged"));
+        assert!(!network(tmp.path()).exists(), "nothing done here");
+    }
+
+    #[test]
+    fn a_refusal_or_a_broken_answer_is_served_here_and_counted() {
+        for frames in [
+            vec![(tag::REFUSED, b"not my data directory".to_vec())],
+            vec![(tag::STDOUT, b"{\"cniVers".to_vec())],
+        ] {
+            let tmp = tempfile::tempdir().unwrap();
+            let socket = tmp.path().join("agent.sock");
+            let served = agent(&socket, frames);
+            let (code, out) = relay(&conf(tmp.path(), &socket));
+            served.join().unwrap();
+            assert_eq!(code, 0, "{out}");
+            assert!(out.contains("10.6.0.2"), "{out}");
+            assert_eq!(fallback_count(&network(tmp.path())), 1);
+        }
+    }
+}
