@@ -26,7 +26,7 @@ use crate::{Error, FIELD_MANAGER};
 pub const LOOP: &str = "generate";
 
 /// Reconciles one StatefulSet's generated PersistentPodState.
-#[instrument(skip_all, fields(statefulset = %sts.name_any(), namespace = sts.namespace().unwrap_or_default()))]
+#[instrument(skip_all, fields(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default()))]
 pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
     ctx.caches.wait_until_ready().await?;
@@ -76,7 +76,8 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
             return Ok(Action::await_change());
         }
         Err(e) => {
-            warn!(error = %e, "cannot generate a PersistentPodState");
+            // The annotations are anyone's with write access to the StatefulSet: logged escaped.
+            warn!(error = ?e.to_string(), "cannot generate a PersistentPodState");
             let note = format!("{e}; the existing PersistentPodState (if any) is left as it is");
             publish(
                 &sts,
@@ -102,7 +103,7 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
             let note = format!(
                 "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. Delete it, or remove the auto-generate annotation"
             );
-            warn!("{note}");
+            warn!(pps = ?name, "a PersistentPodState of this name exists and is not owned by this StatefulSet; not overwritten");
             publish(
                 &sts,
                 &ctx,
@@ -150,7 +151,7 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(statefulset = %sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
+    warn!(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -194,6 +195,6 @@ async fn publish(sts: &StatefulSet, ctx: &Context, type_: EventType, reason: &st
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &sts.object_ref(&())).await {
-        warn!(error = %e, reason, "failed to publish event");
+        warn!(error = ?e.to_string(), reason, "failed to publish event");
     }
 }

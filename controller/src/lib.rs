@@ -9,6 +9,7 @@
 //! - [`caches`]: the watches (trimmed objects, change filters) and the event → PPS mapping.
 //! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss).
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
+//! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
 pub mod caches;
@@ -18,6 +19,7 @@ pub mod generate;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod pin_skipped;
 pub mod record;
 pub mod run;
 

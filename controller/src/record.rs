@@ -27,7 +27,7 @@ use crate::{Error, FIELD_MANAGER};
 pub const LOOP: &str = "record";
 
 /// Reconciles one PersistentPodState.
-#[instrument(skip_all, fields(pps = %pps.name_any(), namespace = pps.namespace().unwrap_or_default()))]
+#[instrument(skip_all, fields(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default()))]
 pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
     ctx.caches.wait_until_ready().await?;
@@ -49,7 +49,8 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     let config = match spec::check(&pps.spec) {
         Ok(config) => config,
         Err(e) => {
-            warn!(error = %e, "invalid spec");
+            // The spec's text is anyone's with write access to it: logged escaped (`?`).
+            warn!(error = ?e.to_string(), "invalid spec");
             let ready = not_ready("InvalidSpec", format!("{e}; fix the spec"));
             let status = next_status(
                 &previous,
@@ -202,7 +203,7 @@ async fn delete_stranded(
         }
     }
     ctx.metrics.stranded_pods_deleted.inc();
-    warn!(pod = %pod.name, "deleted a pod left Pending by a pin that fell back; its StatefulSet creates it again");
+    warn!(pod = ?pod.name, "deleted a pod left Pending by a pin that fell back; its StatefulSet creates it again");
     let note = format!(
         "deleted pod {} (uid {}): it was Pending, pinned to a lost node before the pin fell back to preferred terms; its StatefulSet creates it again without that pin",
         pod.name, pod.uid
@@ -214,7 +215,7 @@ async fn delete_stranded(
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(pps: Arc<PersistentPodState>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(pps = %pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
+    warn!(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -379,6 +380,6 @@ pub async fn publish(
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &pps.object_ref(&())).await {
-        warn!(error = %e, reason, "failed to publish event");
+        warn!(error = ?e.to_string(), reason, "failed to publish event");
     }
 }

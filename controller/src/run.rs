@@ -21,7 +21,7 @@ use crate::caches::{self, Caches};
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderSettings};
-use crate::{generate, record};
+use crate::{generate, pin_skipped, record};
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -145,8 +145,16 @@ async fn run_controllers(
             .default_backoff()
             .modify(caches::trim_pod),
     );
+    // Pods the webhook marked with a skipped pin also go to the announcer (PinSkipped Events).
+    let (skipped_tx, skipped_rx) = mpsc::unbounded_channel();
     let pod_changes =
-        caches::changed_objects(pod_events, caches::pod_fingerprint, relisted_tx.clone());
+        caches::changed_objects(pod_events, caches::pod_fingerprint, relisted_tx.clone()).inspect(
+            move |pod| {
+                if let Ok(pod) = pod {
+                    pin_skipped::forward(pod, &skipped_tx);
+                }
+            },
+        );
     let (node_reader, node_writer) = reflector::store();
     let node_events = reflector(
         node_writer,
@@ -181,6 +189,7 @@ async fn run_controllers(
         health.metrics.clone(),
     ));
 
+    let announce = pin_skipped::announce(ctx.clone(), skipped_rx);
     let (by_sts, by_pod, by_node) = (caches.clone(), caches.clone(), caches.clone());
     let record_loop = pps_controller
         .watches_stream(sts_changes, move |sts: StatefulSet| {
@@ -212,7 +221,7 @@ async fn run_controllers(
             }
         }
     };
-    tokio::join!(record_loop, generate_loop, mark_ready);
+    tokio::join!(record_loop, generate_loop, mark_ready, announce);
     Ok(())
 }
 
@@ -223,11 +232,13 @@ fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
     K: kube::Resource,
 {
     match result {
-        Ok((object, _)) => debug!(controller = loop_name, %object, "reconciled"),
+        Ok((object, _)) => {
+            debug!(controller = loop_name, object = ?object.to_string(), "reconciled")
+        }
         Err(controller::Error::ObjectNotFound(object)) => {
-            debug!(controller = loop_name, %object, "object gone before its reconcile")
+            debug!(controller = loop_name, object = ?object.to_string(), "object gone before its reconcile")
         }
         Err(controller::Error::ReconcilerFailed(_, _)) => {} // logged by the error policy
-        Err(e) => warn!(controller = loop_name, error = %e, "controller stream error"),
+        Err(e) => warn!(controller = loop_name, error = ?e.to_string(), "controller stream error"),
     }
 }

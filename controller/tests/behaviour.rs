@@ -8,7 +8,7 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations as keys;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use support::*;
 
@@ -537,4 +537,124 @@ async fn a_record_removed_by_hand_stays_removed() {
         records(&pps).keys()
     );
     ctl.stop().await.unwrap();
+}
+
+/// The webhook only marks a pod whose recorded pin it skipped; the controller, which sees the
+/// pods that exist, publishes the `PinSkipped` Warning on the PersistentPodState, once per pod.
+#[tokio::test]
+async fn a_pod_marked_pin_skipped_gets_one_event_on_its_pps() {
+    let c = cluster().await;
+    let ctl = start_controller(&c.client, None, "solo");
+    hand_pps(&c.client, "db", json!({})).await;
+    let sts = create_sts(&c.client, "db", 2, 0, &Default::default()).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), NS);
+    let why = "not pinned, because the pod's own constraints exclude its recorded node: spec.nodeSelector requires kubernetes.io/hostname=n2, the record says kubernetes.io/hostname=n1";
+    let pod = |name: &str, node: &str, annotations: serde_json::Value| {
+        serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(json!({
+            "metadata": {"name": name, "annotations": annotations,
+                "labels": {"app": "db", "statefulset.kubernetes.io/pod-name": name},
+                "ownerReferences": [sts.controller_owner_ref(&()).unwrap()]},
+            "spec": {"nodeName": node, "containers": [{"name": "db", "image": "postgres:17"}]}
+        }))
+        .unwrap()
+    };
+    pods.create(
+        &PostParams::default(),
+        &pod("db-0", "n2", json!({keys::PIN_SKIPPED: why})),
+    )
+    .await
+    .unwrap();
+    pods.create(&PostParams::default(), &pod("db-1", "n1", json!({})))
+        .await
+        .unwrap();
+    let pin_skipped = || async {
+        events(&c.client)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("PinSkipped"))
+            .collect::<Vec<_>>()
+    };
+    let event = eventually("the PinSkipped event", || async {
+        pin_skipped().await.into_iter().next()
+    })
+    .await;
+    let regarding = event.regarding.clone().unwrap();
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("PersistentPodState"), Some("db"))
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.clone().unwrap();
+    assert!(note.starts_with("pod db-0 (uid "), "{note}");
+    assert!(note.ends_with(why), "{note}");
+
+    // The pod changes (it becomes Ready): still one Event, published once.
+    set_pod_ready(&c.client, "db-0", "10.9.0.1", true).await;
+    set_pod_ready(&c.client, "db-1", "10.9.0.2", true).await;
+    wait_pps(&c.client, "db", "both recorded", |p| records(p).len() == 2).await;
+    let events = pin_skipped().await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert!(events[0].series.is_none(), "published once: {events:#?}");
+    ctl.stop().await.unwrap();
+}
+
+/// Whatever is logged of an object a user wrote has its newlines escaped: a PersistentPodState
+/// whose `targetRef.kind` carries a log line of its own still logs one line.
+#[tokio::test]
+async fn object_text_cannot_forge_log_lines() {
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    // The binaries' plain format, without colours. A current-thread runtime: every task the
+    // controller spawns logs through this subscriber.
+    let _logs = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_env_filter("warn")
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let c = cluster().await;
+    let ctl = start_controller(&c.client, None, "solo");
+    let forged = "Deployment\n1999-01-01T00:00:00.000000Z  WARN ipkeep_controller: forged=true";
+    let pps: PersistentPodState = serde_json::from_value(json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": {"name": "forged"},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": forged, "name": "x"},
+            "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]}}
+    }))
+    .unwrap();
+    pps_api(&c.client)
+        .create(&PostParams::default(), &pps)
+        .await
+        .unwrap();
+    wait_pps(&c.client, "forged", "InvalidSpec", |p| {
+        condition(p, "Ready").is_some_and(|c| c.1 == "InvalidSpec")
+    })
+    .await;
+    ctl.stop().await.unwrap();
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let spec_lines: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("forged=true"))
+        .collect();
+    assert!(
+        !spec_lines.is_empty(),
+        "the invalid spec is logged: {logged}"
+    );
+    for line in logged.lines() {
+        assert!(!line.starts_with("1999-01-01"), "a forged line:\n{logged}");
+    }
+    for line in spec_lines {
+        assert!(line.contains("invalid spec"), "{line}");
+    }
 }

@@ -117,12 +117,14 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let caches = support::caches(&[support::pps_json()], NODES).await;
-        let state = AppState {
-            caches,
-            metrics: Arc::new(Metrics::default()),
-            events: None,
-            limits: Limits::default(),
+        // Room for 5,000 full Nodes (about 17 MiB): the default limits are sized for
+        // nodeCacheCapable: true.
+        let limits = Limits {
+            extender_body: 32 << 20,
+            in_flight: 64 << 20,
+            ..Limits::default()
         };
+        let state = AppState::new(caches, Arc::new(Metrics::default()), limits);
         let mut names: Value = serde_json::from_str(FILTER).unwrap();
         names["NodeNames"] = json!((0..NODES).map(|i| format!("n{i}")).collect::<Vec<_>>());
         let mut full = names.clone();

@@ -2,6 +2,9 @@
 //! error code for the webhook (the API server then applies the webhook's `failurePolicy`), an
 //! `Error` field for the extender's `filter` (the scheduler shows it), and an HTTP error for
 //! `prioritize` (whose errors the scheduler ignores).
+//!
+//! What a client sent ends up in these messages (a field name, a kind), and they are logged:
+//! [`RequestError::malformed`] escapes control characters, so a request cannot forge log lines.
 
 use std::time::Duration;
 
@@ -38,16 +41,34 @@ pub enum RequestError {
         "ipkeep-scheduler-ext is starting: its PersistentPodState and node caches are not synced yet; retry shortly"
     )]
     NotReady,
+    /// The requests in flight hold the whole memory budget, and did not give back enough of it
+    /// in time.
+    #[error(
+        "ipkeep-scheduler-ext is busy: the requests in flight hold its whole memory budget of {budget} bytes (--max-in-flight-bytes); retry shortly"
+    )]
+    Busy {
+        /// The budget.
+        budget: usize,
+    },
 }
 
 impl RequestError {
+    /// A body that is not what the endpoint takes, with the reason's control characters
+    /// escaped.
+    pub fn malformed(expected: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self::Malformed {
+            expected,
+            reason: escape_controls(&reason.to_string()),
+        }
+    }
+
     /// The HTTP status for this error.
     pub fn status(&self) -> StatusCode {
         match self {
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Body(_) | Self::Malformed { .. } => StatusCode::BAD_REQUEST,
-            Self::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotReady | Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -55,6 +76,7 @@ impl RequestError {
     pub fn outcome(&self) -> &'static str {
         match self {
             Self::NotReady => "not-ready",
+            Self::Busy { .. } => "busy",
             _ => "invalid",
         }
     }
@@ -77,7 +99,7 @@ impl RequestError {
     /// reports it as the scheduling failure); body-level failures keep their HTTP status.
     pub fn into_filter_response(self) -> Response {
         let code = match self {
-            Self::Malformed { .. } | Self::NotReady => StatusCode::OK,
+            Self::Malformed { .. } | Self::NotReady | Self::Busy { .. } => StatusCode::OK,
             _ => self.status(),
         };
         let body = json!({
@@ -90,5 +112,35 @@ impl RequestError {
     /// The extender's `prioritize` answer: an HTTP error with the message as text.
     pub fn into_prioritize_response(self) -> Response {
         (self.status(), self.to_string()).into_response()
+    }
+}
+
+/// `text` with every control character (newlines included) written as an escape (`\n`,
+/// `\u{1b}`), so it stays on one log line.
+pub fn escape_controls(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_reasons_stay_on_one_line() {
+        let e = RequestError::malformed("x", "unknown field `a\nINFO forged\r\u{1b}[31m`");
+        let text = e.to_string();
+        assert!(!text.chars().any(char::is_control), "{text}");
+        assert!(text.contains("`a\\nINFO forged\\r\\u{1b}[31m`"), "{text}");
     }
 }

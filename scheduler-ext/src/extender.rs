@@ -5,86 +5,153 @@
 //!
 //! With `nodeCacheCapable: true` the scheduler sends `NodeNames` and labels come from the node
 //! cache. Otherwise it sends full `Nodes`: each item is kept as raw JSON and echoed byte for
-//! byte, and only its name and labels are parsed.
+//! byte; only its name is read, and of its labels only those a pin names.
+//!
+//! Nothing of the request is copied but the names with escapes and the fields the decision
+//! reads ([`crate::pod`]), and a list holds at most [`MAX_NODES`] nodes, so what a request costs
+//! is its body and little more.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::fmt;
 
 use ipkeep_placement::pin::{self, Decision, PinOutcome, Pinned};
 use k8s_openapi::api::core::v1::Pod;
-use std::borrow::Cow;
-
-use serde::de::{self, MapAccess, Visitor};
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use crate::cache::{self, Caches};
 use crate::error::RequestError;
+use crate::pod;
 
-/// `ExtenderArgs`.
+/// The most nodes one request may list (`Nodes.items` or `NodeNames`): twice the 5,000 nodes
+/// Kubernetes supports in a cluster. It bounds what the node list costs beyond its own bytes.
+pub const MAX_NODES: usize = 10_000;
+
+/// The most bytes of the reason given for each refused node (it names the pinned labels).
+const MAX_REASON: usize = 256;
+
+/// `ExtenderArgs`. Everything is borrowed from the request body: the pod is read by
+/// [`pod::read`], a full node stays raw JSON (echoed as it came), a name is copied only if it
+/// has escapes.
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct ExtenderArgs<'a> {
-    #[serde(default, alias = "pod")]
-    pod: Option<Pod>,
+    #[serde(default, borrow, alias = "pod")]
+    pod: Option<&'a RawValue>,
     #[serde(default, borrow, alias = "nodes")]
     nodes: Option<NodeListIn<'a>>,
-    #[serde(default, alias = "nodeNames", alias = "nodenames")]
-    node_names: Option<Vec<String>>,
+    #[serde(default, borrow, alias = "nodeNames", alias = "nodenames")]
+    node_names: Option<Capped<Name<'a>>>,
 }
 
 #[derive(Deserialize)]
 struct NodeListIn<'a> {
     #[serde(default, borrow)]
-    items: Option<Vec<NodeItem<'a>>>,
+    items: Option<Capped<NodeItem<'a>>>,
 }
 
-/// A node of a full `Nodes` list, read in one pass: every top-level member kept as raw JSON
-/// (to be echoed unchanged), and the name and labels parsed from `metadata`.
+/// A node name.
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A list of at most [`MAX_NODES`] items, refused as soon as it has more.
+struct Capped<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Capped<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Items<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Items<T> {
+            type Value = Capped<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of at most {MAX_NODES} nodes")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Capped<T>, S::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    if items.len() == MAX_NODES {
+                        return Err(de::Error::custom(format!(
+                            "more than {MAX_NODES} nodes in one request"
+                        )));
+                    }
+                    items.push(item);
+                }
+                Ok(Capped(items))
+            }
+        }
+        deserializer.deserialize_seq(Items(std::marker::PhantomData))
+    }
+}
+
+/// A node of a full `Nodes` list: the object as raw JSON (to be echoed unchanged), its name,
+/// and its labels left raw until a pin needs some of them ([`labels`]).
 struct NodeItem<'a> {
-    members: Vec<(Cow<'a, str>, &'a RawValue)>,
-    meta: NodeMeta,
-}
-
-#[derive(Deserialize, Default)]
-struct NodeMeta {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    labels: BTreeMap<String, String>,
+    raw: &'a RawValue,
+    name: Cow<'a, str>,
+    labels: Option<&'a RawValue>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for NodeItem<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Members;
-        impl<'de> Visitor<'de> for Members {
-            type Value = NodeItem<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a Node object")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut item = NodeItem {
-                    members: Vec::with_capacity(5),
-                    meta: NodeMeta::default(),
-                };
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    let raw: &'de RawValue = map.next_value()?;
-                    if key == "metadata" {
-                        item.meta = serde_json::from_str(raw.get()).map_err(de::Error::custom)?;
-                    }
-                    item.members.push((key, raw));
-                }
-                Ok(item)
-            }
+        #[derive(Deserialize)]
+        struct Item<'a> {
+            #[serde(default, borrow)]
+            metadata: Option<Meta<'a>>,
         }
-        deserializer.deserialize_map(Members)
+        #[derive(Deserialize)]
+        struct Meta<'a> {
+            #[serde(default, borrow)]
+            name: Option<Name<'a>>,
+            #[serde(default, borrow)]
+            labels: Option<&'a RawValue>,
+        }
+        let raw = <&'de RawValue>::deserialize(deserializer)?;
+        if !raw.get().starts_with('{') {
+            return Err(de::Error::custom(format!(
+                "expected a Node object, got {}",
+                raw.get().chars().take(20).collect::<String>()
+            )));
+        }
+        let item: Item<'de> = serde_json::from_str(raw.get()).map_err(de::Error::custom)?;
+        let (name, labels) = match item.metadata {
+            Some(meta) => (meta.name.map_or(Cow::Borrowed(""), |n| n.0), meta.labels),
+            None => (Cow::Borrowed(""), None),
+        };
+        Ok(NodeItem { raw, name, labels })
     }
 }
 
-impl Serialize for NodeItem<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.members.iter().map(|(k, v)| (k, v)))
+/// The values of `keys` among a node's raw labels (every other label is skipped unread).
+fn labels(raw: Option<&RawValue>, keys: &[&str]) -> Result<BTreeMap<String, String>, RequestError> {
+    struct Wanted<'k>(&'k [&'k str]);
+    impl<'de> Visitor<'de> for Wanted<'_> {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of labels")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+            let mut found = BTreeMap::new();
+            while let Some(key) = map.next_key::<Name<'de>>()? {
+                if self.0.contains(&key.0.as_ref()) {
+                    let value: Name<'de> = map.next_value()?;
+                    found.insert(key.0.into_owned(), value.0.into_owned());
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
     }
+    let Some(raw) = raw else {
+        return Ok(BTreeMap::new());
+    };
+    let mut json = serde_json::Deserializer::from_str(raw.get());
+    json.deserialize_any(Wanted(keys))
+        .map_err(|e| malformed(format!("node labels: {e}")))
 }
 
 /// Failed nodes with their reason, serialized as a JSON object.
@@ -113,11 +180,11 @@ struct NodeListOut<'a> {
     api_version: &'static str,
     kind: &'static str,
     metadata: BTreeMap<(), ()>,
-    items: Vec<&'a NodeItem<'a>>,
+    items: Vec<&'a RawValue>,
 }
 
 impl<'a> NodeListOut<'a> {
-    fn new(items: Vec<&'a NodeItem<'a>>) -> Self {
+    fn new(items: Vec<&'a RawValue>) -> Self {
         Self {
             api_version: "v1",
             kind: "NodeList",
@@ -130,9 +197,9 @@ impl<'a> NodeListOut<'a> {
 /// `HostPriority`.
 #[derive(Serialize, Debug, PartialEq, Eq)]
 #[serde(rename_all = "PascalCase")]
-pub struct HostPriority {
+pub struct HostPriority<'a> {
     /// The node.
-    pub host: String,
+    pub host: &'a str,
     /// 0..=10.
     pub score: i64,
 }
@@ -148,20 +215,14 @@ pub struct Served {
     pub skipped: Option<&'static str>,
 }
 
-fn malformed(reason: String) -> RequestError {
-    RequestError::Malformed {
-        expected: "extender/v1 ExtenderArgs",
-        reason,
-    }
+fn malformed(reason: impl fmt::Display) -> RequestError {
+    RequestError::malformed("extender/v1 ExtenderArgs", reason)
 }
 
 fn parse(body: &[u8]) -> Result<(ExtenderArgs<'_>, Pod), RequestError> {
-    let mut args: ExtenderArgs<'_> =
-        serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
-    let pod = args
-        .pod
-        .take()
-        .ok_or_else(|| malformed("it has no Pod".into()))?;
+    let args: ExtenderArgs<'_> = serde_json::from_slice(body).map_err(malformed)?;
+    let raw = args.pod.ok_or_else(|| malformed("it has no Pod"))?;
+    let pod = pod::read(raw.get()).map_err(|e| malformed(format!("its Pod: {e}")))?;
     Ok((args, pod))
 }
 
@@ -204,6 +265,18 @@ fn to_body<T: Serialize>(value: &T) -> Result<Vec<u8>, RequestError> {
     serde_json::to_vec(value).map_err(|e| RequestError::Body(e.to_string()))
 }
 
+/// The first `max` bytes of `text`, on a character boundary.
+fn truncated(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
 /// Serves `filter`.
 pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
     let (args, pod) = parse(body)?;
@@ -211,23 +284,33 @@ pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
     // Nodes that do not match the pin are unresolvable: preempting pods there would not help,
     // so the scheduler must not evict anything for them.
     let pinned = pinned.filter(|p| !p.required.is_empty());
-    let refusal = pinned.as_ref().map(Pinned::refusal).unwrap_or_default();
+    let refusal = pinned
+        .as_ref()
+        .map(|p| truncated(p.refusal(), MAX_REASON))
+        .unwrap_or_default();
+    let required: Vec<&str> = pinned
+        .iter()
+        .flat_map(|p| p.required.iter().map(|r| r.key.as_str()))
+        .collect();
     let unknown = "ipkeep: node not in the node cache yet; retry";
     let mut unresolvable: Vec<(&str, &str)> = Vec::new();
     let mut failed: Vec<(&str, &str)> = Vec::new();
     let items = args.nodes.as_ref().and_then(|n| n.items.as_ref());
-    let nodes = items.map(|items| {
-        let mut kept = Vec::with_capacity(items.len());
-        for item in items {
-            match &pinned {
-                Some(p) if !p.admits(&item.meta.labels) => {
-                    unresolvable.push((&item.meta.name, &refusal));
+    let nodes = match items {
+        None => None,
+        Some(items) => {
+            let mut kept = Vec::with_capacity(items.0.len());
+            for item in &items.0 {
+                match &pinned {
+                    Some(p) if !p.admits(&labels(item.labels, &required)?) => {
+                        unresolvable.push((&item.name, &refusal));
+                    }
+                    _ => kept.push(item.raw),
                 }
-                _ => kept.push(item),
             }
+            Some(NodeListOut::new(kept))
         }
-        NodeListOut::new(kept)
-    });
+    };
     // With the hostname pinned, only the recorded node can be admitted (it is where the
     // pod's addresses are held), so the other names need no cache lookup.
     let only = pinned
@@ -235,10 +318,11 @@ pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
         .filter(|p| p.required.iter().any(|r| r.key == pin::HOSTNAME_LABEL))
         .map(|p| p.node.as_str());
     let node_names = args.node_names.as_ref().map(|names| {
-        let mut kept = Vec::with_capacity(names.len());
-        for name in names {
+        let mut kept = Vec::with_capacity(names.0.len());
+        for Name(name) in &names.0 {
+            let name = name.as_ref();
             let Some(pinned) = &pinned else {
-                kept.push(name.as_str());
+                kept.push(name);
                 continue;
             };
             if only.is_some_and(|node| node != name) {
@@ -272,22 +356,35 @@ pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
 pub fn prioritize(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
     let (args, pod) = parse(body)?;
     let (pinned, served) = pin_for(&pod, caches)?;
-    let score = |name: &str, labels: &BTreeMap<String, String>| {
-        pinned.as_ref().map_or(0, |p| p.score(name, labels))
-    };
-    let mut scores: Vec<HostPriority> = Vec::new();
-    for item in args.nodes.and_then(|n| n.items).unwrap_or_default() {
+    let keys: Vec<&str> = pinned
+        .iter()
+        .flat_map(|p| {
+            let preferred = p.preferred.iter().flat_map(|t| t.requirements.iter());
+            p.required.iter().chain(preferred).map(|r| r.key.as_str())
+        })
+        .collect();
+    let mut scores: Vec<HostPriority<'_>> = Vec::new();
+    for item in args
+        .nodes
+        .iter()
+        .flat_map(|n| n.items.iter())
+        .flat_map(|i| &i.0)
+    {
+        let score = match &pinned {
+            Some(p) => p.score(&item.name, &labels(item.labels, &keys)?),
+            None => 0,
+        };
         scores.push(HostPriority {
-            score: score(&item.meta.name, &item.meta.labels),
-            host: item.meta.name,
+            host: &item.name,
+            score,
         });
     }
-    for name in args.node_names.unwrap_or_default() {
-        let node: Option<Arc<_>> = pinned.as_ref().and_then(|_| caches.node(&name));
-        scores.push(HostPriority {
-            score: node.map_or(0, |n| score(&name, cache::labels(&n))),
-            host: name,
-        });
+    for Name(name) in args.node_names.iter().flat_map(|n| &n.0) {
+        let score = match (&pinned, pinned.as_ref().and_then(|_| caches.node(name))) {
+            (Some(p), Some(node)) => p.score(name, cache::labels(&node)),
+            _ => 0,
+        };
+        scores.push(HostPriority { host: name, score });
     }
     Ok(Served {
         body: to_body(&scores)?,

@@ -1,31 +1,41 @@
-//! The HTTP front: routes, body limits and timeouts, metrics and logs per request. The work is
-//! in [`crate::webhook`] and [`crate::extender`]; errors become responses in [`crate::error`].
+//! The HTTP front: routes, body limits and timeouts, the memory budget, metrics and logs per
+//! request. The work is in [`crate::webhook`] and [`crate::extender`]; errors become responses
+//! in [`crate::error`].
+//!
+//! A request's bytes are charged to the shared [`Budget`] before they are read and its answer
+//! until it is sent; decisions (parsing included) run [`DECISIONS_AT_ONCE`] at a time. Together
+//! these bound what any number of concurrent requests cost (`docs/scheduler-ext.md`, "Memory").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tokio::sync::mpsc;
+use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
 
+use crate::budget::{Budget, Charge, ChargedBody};
 use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::metrics::Metrics;
-use crate::webhook::SkippedPin;
 use crate::{extender, webhook};
+
+const MIB: usize = 1 << 20;
 
 /// Request limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Largest AdmissionReview accepted.
+    /// Largest AdmissionReview accepted: a pod (the API server takes at most 3 MiB) and the
+    /// review around it.
     pub webhook_body: usize,
-    /// Largest ExtenderArgs accepted (full `Nodes` lists are big).
+    /// Largest ExtenderArgs accepted: a pod and up to [`extender::MAX_NODES`] node names.
     pub extender_body: usize,
+    /// Most request and response body bytes held at once, across all requests.
+    pub in_flight: usize,
     /// Longest wait for a whole request body.
     pub body_timeout: Duration,
 }
@@ -33,12 +43,36 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            webhook_body: 4 << 20,
-            extender_body: 128 << 20,
+            webhook_body: 4 * MIB,
+            extender_body: 6 * MIB,
+            in_flight: 24 * MIB,
             body_timeout: Duration::from_secs(10),
         }
     }
 }
+
+impl Limits {
+    /// Why these limits cannot work together, if they cannot.
+    pub fn check(&self) -> Result<(), String> {
+        let largest = self.webhook_body.max(self.extender_body);
+        if self.in_flight < largest {
+            return Err(format!(
+                "--max-in-flight-bytes ({}) must be at least the largest body limit ({largest}), or a request of that size could never be served",
+                self.in_flight
+            ));
+        }
+        if u32::try_from(self.in_flight).is_err() {
+            return Err("--max-in-flight-bytes must be under 4 GiB".into());
+        }
+        Ok(())
+    }
+}
+
+/// Decisions (parsing, deciding, building the answer) running at once. They are CPU work of a
+/// few milliseconds at most; the bound keeps what they cost beyond the bytes the budget counts
+/// (parsed fields, an answer being built) to this many requests' worth, and the allocator's
+/// per-thread arenas few (two at once measured 10 to 20 MiB more at the peak).
+pub const DECISIONS_AT_ONCE: usize = 1;
 
 /// Everything a request needs.
 #[derive(Clone, Debug)]
@@ -47,10 +81,25 @@ pub struct AppState {
     pub caches: Caches,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Where skipped pins go to become Events (none in tests that do not look).
-    pub events: Option<mpsc::Sender<SkippedPin>>,
     /// Request limits.
     pub limits: Limits,
+    /// The bytes of requests and answers in flight.
+    pub budget: Budget,
+    /// Turns for decisions.
+    decisions: Arc<Semaphore>,
+}
+
+impl AppState {
+    /// The state for serving with `limits` (see [`Limits::check`]).
+    pub fn new(caches: Caches, metrics: Arc<Metrics>, limits: Limits) -> Self {
+        Self {
+            caches,
+            metrics,
+            limits,
+            budget: Budget::new(limits.in_flight),
+            decisions: Arc::new(Semaphore::new(DECISIONS_AT_ONCE)),
+        }
+    }
 }
 
 /// Bodies above this size are parsed on the blocking pool, so one large `Nodes` list does not
@@ -87,6 +136,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    state.metrics.in_flight(state.budget.in_use());
     (
         [(
             header::CONTENT_TYPE,
@@ -96,24 +146,63 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn read_body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, RequestError> {
-    let collect = Limited::new(body, limit).collect();
-    match tokio::time::timeout(timeout, collect).await {
-        Err(_) => Err(RequestError::SlowBody(timeout)),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(RequestError::TooLarge { limit })
+/// Reads a whole body of at most `limit` bytes within the body timeout. Its bytes are charged
+/// to the budget first: all at once when the length is declared (as the API server and
+/// kube-scheduler do), so requests are served in turn rather than all starving halfway, else as
+/// they arrive.
+async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<(Vec<u8>, Charge), RequestError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(RequestError::TooLarge { limit });
+    }
+    let mut charge = state.budget.charge();
+    let read = async {
+        if let Some(n) = declared {
+            charge.grow(n).await?;
         }
-        Ok(Err(e)) => Err(RequestError::Body(e.to_string())),
+        // Reserved, not touched: memory is used as bytes arrive.
+        let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if bytes.len() + data.len() > limit {
+                return Err(RequestError::TooLarge { limit });
+            }
+            if declared.is_none() {
+                charge.grow(data.len()).await?;
+            }
+            bytes.extend_from_slice(&data);
+        }
+        Ok(bytes)
+    };
+    let timeout = state.limits.body_timeout;
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => Err(RequestError::SlowBody(timeout)),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(bytes)) => Ok((bytes, charge)),
     }
 }
 
-/// Runs `work` on the body, on the blocking pool when the body is large.
+/// Runs `work` on the body in a decision turn (on the blocking pool when the body is large).
+/// The body is freed when `work` returns.
 async fn run<T: Send + 'static>(
     state: &AppState,
-    body: Bytes,
+    body: Vec<u8>,
     work: fn(&[u8], &Caches) -> Result<T, RequestError>,
 ) -> Result<T, RequestError> {
+    // The semaphore is never closed.
+    let _turn = state.decisions.acquire().await;
     if body.len() <= BLOCKING_ABOVE {
         return work(&body, &state.caches);
     }
@@ -123,51 +212,55 @@ async fn run<T: Send + 'static>(
         .unwrap_or_else(|e| Err(RequestError::Body(format!("request handler failed: {e}"))))
 }
 
-fn json_response(body: Vec<u8>) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+/// A JSON answer that holds its bytes of the budget until it is sent.
+async fn json_response(body: Vec<u8>, mut charge: Charge) -> Result<Response, RequestError> {
+    charge.resize(body.len()).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        ChargedBody::new(body, charge).into_body(),
+    )
+        .into_response())
 }
 
-async fn mutate_pods(State(state): State<AppState>, body: Body) -> Response {
+async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     const ENDPOINT: &str = "mutate-pods";
-    let limits = state.limits;
-    let result = match read_body(body, limits.webhook_body, limits.body_timeout).await {
-        Ok(bytes) => {
-            let started = Instant::now();
-            run(&state, bytes, webhook::review)
-                .await
-                .map(|r| (r, started))
-        }
-        Err(e) => Err(e),
-    };
+    let result = async {
+        let (bytes, charge) = read_body(&state, &headers, body, state.limits.webhook_body).await?;
+        let started = Instant::now();
+        let reviewed = run(&state, bytes, webhook::review).await?;
+        let answer = serde_json::to_vec(&reviewed.review).unwrap_or_default();
+        Ok::<_, RequestError>((reviewed, json_response(answer, charge).await?, started))
+    }
+    .await;
     match result {
-        Ok((reviewed, started)) => {
-            let response = &reviewed.review.response;
+        Ok((reviewed, response, started)) => {
+            let answer = &reviewed.review.response;
             if reviewed.outcome != "passed" {
+                let (namespace, pod) = reviewed
+                    .pod
+                    .as_ref()
+                    .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()));
+                // Request fields with `?`: escaped, so a name cannot forge a log line.
                 tracing::info!(
-                    pod = reviewed.pod.as_deref().unwrap_or("?"),
-                    uid = %response.uid,
+                    namespace = ?namespace,
+                    pod = ?pod,
+                    uid = ?answer.uid,
                     outcome = reviewed.outcome,
-                    patched = response.patch.is_some(),
-                    warnings = ?response.warnings,
+                    patched = answer.patch.is_some(),
+                    warnings = ?answer.warnings,
                     "pod admitted"
                 );
             }
             if reviewed.outcome == "pinned" {
                 state.metrics.pin_applied(ENDPOINT);
             }
-            if let Some((reason, skipped)) = reviewed.skipped {
+            if let Some(reason) = reviewed.skipped {
                 state.metrics.pin_skipped(ENDPOINT, reason);
-                if let Some(events) = &state.events
-                    && events.try_send(skipped).is_err()
-                {
-                    tracing::warn!("event queue full; a pin-skipped Event was dropped");
-                }
             }
-            let body = serde_json::to_vec(&reviewed.review).unwrap_or_default();
             state
                 .metrics
                 .request(ENDPOINT, reviewed.outcome, started.elapsed().as_secs_f64());
-            json_response(body)
+            response
         }
         Err(e) => {
             tracing::warn!(error = %e, "admission request refused");
@@ -179,25 +272,29 @@ async fn mutate_pods(State(state): State<AppState>, body: Body) -> Response {
 
 async fn extend(
     state: AppState,
+    headers: HeaderMap,
     body: Body,
     endpoint: &'static str,
     work: fn(&[u8], &Caches) -> Result<extender::Served, RequestError>,
 ) -> Result<Response, RequestError> {
-    let limits = state.limits;
-    let bytes = read_body(body, limits.extender_body, limits.body_timeout)
-        .await
-        .inspect_err(|e| state.metrics.request(endpoint, e.outcome(), 0.0))?;
-    let started = Instant::now();
-    let served = run(&state, bytes, work).await.inspect_err(|e| {
+    let refused = |e: &RequestError| {
         tracing::warn!(endpoint, error = %e, "extender request refused");
         state.metrics.request(endpoint, e.outcome(), 0.0);
-    })?;
+    };
+    let (bytes, charge) = read_body(&state, &headers, body, state.limits.extender_body)
+        .await
+        .inspect_err(refused)?;
+    let started = Instant::now();
+    let served = run(&state, bytes, work).await.inspect_err(refused)?;
     if served.outcome == "pinned" && endpoint == "filter" {
         state.metrics.pin_applied(endpoint);
     }
     if let Some(reason) = served.skipped {
         state.metrics.pin_skipped(endpoint, reason);
     }
+    let response = json_response(served.body, charge)
+        .await
+        .inspect_err(refused)?;
     tracing::debug!(
         endpoint,
         outcome = served.outcome,
@@ -206,17 +303,17 @@ async fn extend(
     state
         .metrics
         .request(endpoint, served.outcome, started.elapsed().as_secs_f64());
-    Ok(json_response(served.body))
+    Ok(response)
 }
 
-async fn filter(State(state): State<AppState>, body: Body) -> Response {
-    extend(state, body, "filter", extender::filter)
+async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    extend(state, headers, body, "filter", extender::filter)
         .await
         .unwrap_or_else(RequestError::into_filter_response)
 }
 
-async fn prioritize(State(state): State<AppState>, body: Body) -> Response {
-    extend(state, body, "prioritize", extender::prioritize)
+async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    extend(state, headers, body, "prioritize", extender::prioritize)
         .await
         .unwrap_or_else(RequestError::into_prioritize_response)
 }

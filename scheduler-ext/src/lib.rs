@@ -5,20 +5,24 @@
 //!   StatefulSet pod to its recorded node/zone (required and preferred node affinity), stamps
 //!   `ipkeep.dev/ip-retention` so the CNI plugin keeps its addresses, and marks it
 //!   `ipkeep.dev/pinned-by`; a pin the pod's own constraints exclude is skipped and explained
-//!   (`ipkeep.dev/pin-skipped`, a `PinSkipped` Event, an admission warning).
+//!   (`ipkeep.dev/pin-skipped` and an admission warning; the controller publishes the
+//!   `PinSkipped` Event once the pod exists).
 //! - **Scheduler extender** `/filter`, `/prioritize` ([`extender`]): the same decision at
 //!   scheduling time, for pods the webhook did not see.
 //!
 //! Decisions read PersistentPodStates and nodes from reflector caches ([`cache`]); a request
-//! never waits on the API server. `/healthz`, `/readyz` (caches synced) and `/metrics` are
-//! served on the same listener, and optionally on a plain-HTTP probe listener.
+//! never waits on the API server, and never writes to it. What requests cost in memory is
+//! bounded ([`budget`], [`pod`], [`http`], [`server`]). `/healthz`, `/readyz` (caches synced)
+//! and `/metrics` are served on the same listener, and optionally on a plain-HTTP probe
+//! listener.
 
+pub mod budget;
 pub mod cache;
 pub mod error;
-pub mod events;
 pub mod extender;
 pub mod http;
 pub mod metrics;
+pub mod pod;
 pub mod server;
 pub mod tls;
 pub mod webhook;
@@ -32,7 +36,6 @@ use anyhow::Context as _;
 use futures::FutureExt;
 use kube::Client;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 
 use crate::cache::Caches;
 use crate::http::{AppState, Limits};
@@ -52,8 +55,6 @@ pub struct Settings {
     pub probe_listen: Option<SocketAddr>,
     /// Request limits.
     pub limits: Limits,
-    /// This replica's name in Events.
-    pub identity: String,
 }
 
 /// Runs the server until `shutdown` resolves.
@@ -62,6 +63,7 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    settings.limits.check().map_err(anyhow::Error::msg)?;
     match ipkeep_api::preflight::check_crd(&client).await {
         Err(e @ ipkeep_api::preflight::PreflightError::CrdMissing) => return Err(e.into()),
         // The watches retry; /readyz stays false until they sync.
@@ -79,24 +81,13 @@ pub async fn run(
         }
     };
     let (caches, writers) = Caches::new();
-    tokio::spawn(cache::watch(client.clone(), writers));
+    tokio::spawn(cache::watch(client, writers));
     let ready = caches.clone();
     tokio::spawn(async move {
         ready.wait_until_ready().await;
         tracing::info!("PersistentPodState and node caches synced; ready");
     });
-    let (events_tx, events_rx) = mpsc::channel(256);
-    tokio::spawn(events::publish(
-        client,
-        settings.identity.clone(),
-        events_rx,
-    ));
-    let state = AppState {
-        caches,
-        metrics,
-        events: Some(events_tx),
-        limits: settings.limits,
-    };
+    let state = AppState::new(caches, metrics, settings.limits);
     let shutdown = shutdown.shared();
     if let Some(addr) = settings.probe_listen {
         let listener = TcpListener::bind(addr)

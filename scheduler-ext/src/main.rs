@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Parser};
-use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
+use ipkeep_daemon::{LogArgs, shutdown_signal};
 use ipkeep_scheduler_ext::http::Limits;
 use ipkeep_scheduler_ext::tls::CertFiles;
 use ipkeep_scheduler_ext::{Settings, run};
@@ -46,19 +46,22 @@ struct Args {
     /// and Prometheus without TLS).
     #[arg(long, env = "IPKEEP_PROBE_LISTEN")]
     probe_listen: Option<SocketAddr>,
-    /// Largest AdmissionReview body accepted, in bytes.
+    /// Largest AdmissionReview body accepted, in bytes (a pod of at most 3 MiB and the review
+    /// around it).
     #[arg(long, env = "IPKEEP_MAX_WEBHOOK_BODY", default_value_t = Limits::default().webhook_body)]
     max_webhook_body: usize,
-    /// Largest extender request body accepted, in bytes (full Nodes lists are large; prefer
-    /// nodeCacheCapable: true).
+    /// Largest extender request body accepted, in bytes: a pod and up to 10,000 node names
+    /// (nodeCacheCapable: true). Full Node objects take about 3 to 20 KiB each: raise it, and
+    /// --max-in-flight-bytes and the memory limit with it, to use them.
     #[arg(long, env = "IPKEEP_MAX_EXTENDER_BODY", default_value_t = Limits::default().extender_body)]
     max_extender_body: usize,
+    /// Most request and response body bytes held at once, across all requests (at least the
+    /// largest body limit). A request that cannot get its share within 1 s gets 503.
+    #[arg(long, env = "IPKEEP_MAX_IN_FLIGHT_BYTES", default_value_t = Limits::default().in_flight)]
+    max_in_flight_bytes: usize,
     /// Longest wait for a whole request body; a slower client gets 408.
     #[arg(long, env = "IPKEEP_BODY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     body_timeout: Duration,
-    /// This replica's name in Events [default: $POD_NAME, else $HOSTNAME].
-    #[arg(long, env = "IPKEEP_IDENTITY")]
-    identity: Option<String>,
     #[command(flatten)]
     logs: LogArgs,
 }
@@ -74,7 +77,6 @@ async fn main() -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
         _ => None,
     };
-    let identity = identity(args.identity, "ipkeep-scheduler-ext");
     let settings = Settings {
         listen: args.listen,
         tls,
@@ -83,9 +85,9 @@ async fn main() -> anyhow::Result<()> {
         limits: Limits {
             webhook_body: args.max_webhook_body,
             extender_body: args.max_extender_body,
+            in_flight: args.max_in_flight_bytes,
             body_timeout: args.body_timeout,
         },
-        identity,
     };
     run(client, settings, shutdown_signal()).await
 }

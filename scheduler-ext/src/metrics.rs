@@ -3,6 +3,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -11,7 +12,8 @@ use prometheus_client::registry::Registry;
 pub struct RequestLabels {
     /// `mutate-pods`, `filter` or `prioritize`.
     pub endpoint: &'static str,
-    /// What came of it: `pinned`, `unrecorded`, `skipped`, `passed`, `invalid`, `not-ready`.
+    /// What came of it: `pinned`, `unrecorded`, `skipped`, `passed`, `invalid`, `not-ready`,
+    /// `busy`.
     pub outcome: &'static str,
 }
 
@@ -47,6 +49,7 @@ pub struct Metrics {
     pins_applied: Family<EndpointLabel, Counter>,
     pins_skipped: Family<SkipLabels, Counter>,
     cert_reloads: Family<ReloadLabel, Counter>,
+    in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -63,6 +66,7 @@ impl Default for Metrics {
             pins_applied: Family::default(),
             pins_skipped: Family::default(),
             cert_reloads: Family::default(),
+            in_flight: Gauge::default(),
         };
         registry.register(
             "requests",
@@ -88,6 +92,11 @@ impl Default for Metrics {
             "certificate_reloads",
             "TLS certificate reloads after the files changed, by result",
             m.cert_reloads.clone(),
+        );
+        registry.register(
+            "in_flight_bytes",
+            "Request and response body bytes held now, out of --max-in-flight-bytes",
+            m.in_flight.clone(),
         );
         Self { registry, ..m }
     }
@@ -116,6 +125,11 @@ impl Metrics {
         self.pins_skipped
             .get_or_create(&SkipLabels { endpoint, reason })
             .inc();
+    }
+
+    /// Sets the bytes in flight (at scrape time).
+    pub fn in_flight(&self, bytes: usize) {
+        self.in_flight.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Counts a certificate reload.

@@ -1,20 +1,31 @@
 //! The mutating admission webhook (`/mutate-pods`, `admission.k8s.io/v1` AdmissionReview): on a
 //! pod CREATE, applies the pin decision as a JSONPatch. Everything that is not a StatefulSet pod
-//! with a PersistentPodState is allowed unchanged, before the pod object is even parsed.
+//! with a PersistentPodState is allowed unchanged. Of the pod, only the fields a decision reads
+//! are parsed ([`crate::pod`]), and the patch is the diff of those.
+//!
+//! Requests are not authenticated, so nothing here acts on what a request claims beyond
+//! answering it: a skipped pin is said in the pod's annotation and an admission warning, and the
+//! controller, which sees the pods that really exist, turns the annotation into an Event.
+//!
+//! Every pod CREATE reviewed also gets an admission warning for a retention annotation that does
+//! not parse (in the one grammar, `ipkeep_values::Retention`): the pod is admitted, and the CNI
+//! plugin falls back to the network's retention for it.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use ipkeep_api::ipkeep_values::Retention;
+use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP};
 use ipkeep_placement::affinity;
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::Resource;
+use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::cache::Caches;
 use crate::error::RequestError;
+use crate::pod;
 
 /// The AdmissionReview version served (and the only one declared in the configuration).
 pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
@@ -85,17 +96,6 @@ pub struct ResponseOut {
     pub audit_annotations: BTreeMap<String, String>,
 }
 
-/// A pin that was not applied, to be told in an Event on the PersistentPodState.
-#[derive(Debug, Clone)]
-pub struct SkippedPin {
-    /// The PersistentPodState.
-    pub regarding: ObjectReference,
-    /// The pod's name.
-    pub pod: String,
-    /// Why.
-    pub message: String,
-}
-
 /// What came of one review.
 #[derive(Debug)]
 pub struct Reviewed {
@@ -103,18 +103,16 @@ pub struct Reviewed {
     pub review: ReviewOut,
     /// The `outcome` metric label.
     pub outcome: &'static str,
-    /// The skip reason label and what to tell, when a pin was skipped (not on dry runs).
-    pub skipped: Option<(&'static str, SkippedPin)>,
-    /// `namespace/name` of the pod, once known (for logs).
-    pub pod: Option<String>,
+    /// The skip reason label, when a pin was skipped (not on dry runs).
+    pub skipped: Option<&'static str>,
+    /// The pod's namespace and name (or generateName), once read (for logs).
+    pub pod: Option<(String, String)>,
 }
 
 /// Reviews one AdmissionReview body.
 pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
-    let malformed = |reason: String| RequestError::Malformed {
-        expected: "admission.k8s.io/v1 AdmissionReview",
-        reason,
-    };
+    let malformed =
+        |reason: String| RequestError::malformed("admission.k8s.io/v1 AdmissionReview", reason);
     let review: ReviewIn<'_> =
         serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
     if review.api_version.as_deref() != Some(ADMISSION_V1)
@@ -157,7 +155,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let Some(object) = request.object.filter(|_| is_pod_create) else {
         return Ok(out);
     };
-    let pod: Pod = match serde_json::from_str(object.get()) {
+    let pod = match pod::read(object.get()) {
         Ok(pod) => pod,
         Err(e) => {
             out.outcome = "invalid";
@@ -167,22 +165,30 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
             return Ok(out);
         }
     };
-    let Some(statefulset) = pin::statefulset_name(&pod) else {
-        return Ok(out);
-    };
-    if !caches.ready() {
-        return Err(RequestError::NotReady);
-    }
     let namespace = request
         .namespace
         .clone()
         .or_else(|| pod.metadata.namespace.clone())
         .unwrap_or_default();
-    let pps = caches.pps_for(&namespace, &statefulset);
-    let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .or_else(|| pod.metadata.generate_name.clone())
+        .unwrap_or_default();
+    out.pod = Some((namespace.clone(), name));
+    let Some(statefulset) = pin::statefulset_name(&pod) else {
+        out.review.response.warnings = retention_warnings(&pod);
         return Ok(out);
     };
-    out.pod = Some(format!("{namespace}/{}", managed.pod));
+    if !caches.ready() {
+        return Err(RequestError::NotReady);
+    }
+    let pps = caches.pps_for(&namespace, &statefulset);
+    let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
+        out.review.response.warnings = retention_warnings(&pod);
+        return Ok(out);
+    };
     let mut after = pod.clone();
     affinity::apply(&managed, &mut after);
     let patch = json_patch::diff(&to_json(&pod), &to_json(&after));
@@ -208,23 +214,44 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
         PinOutcome::Unrecorded(_) => out.outcome = "unrecorded",
         PinOutcome::Skipped(why) => {
             out.outcome = "skipped";
-            let message = format!("ipkeep: pod {} {why}", managed.pod);
-            response.warnings.push(message.clone());
-            if !request.dry_run.unwrap_or(false)
-                && let Some(pps) = &pps
-            {
-                out.skipped = Some((
-                    why.label(),
-                    SkippedPin {
-                        regarding: pps.object_ref(&()),
-                        pod: managed.pod.clone(),
-                        message,
-                    },
-                ));
+            response
+                .warnings
+                .push(format!("ipkeep: pod {} {why}", managed.pod));
+            if !request.dry_run.unwrap_or(false) {
+                out.skipped = Some(why.label());
             }
         }
     }
+    // What the pod is created with, the retention this webhook stamped included.
+    response.warnings.extend(retention_warnings(&after));
     Ok(out)
+}
+
+/// A warning for each retention annotation of `pod` that does not parse, saying what the CNI
+/// plugin does instead (it reads `ipkeep.dev/ip-retention` first, OpenKruise's minutes only
+/// without it).
+pub fn retention_warnings(pod: &Pod) -> Vec<String> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let get = |key| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let mut warnings = Vec::new();
+    if let Some(Err(e)) =
+        get(IP_RETENTION).map(|v| Retention::parse(&format!("annotation {IP_RETENTION}"), v))
+    {
+        warnings.push(format!(
+            "ipkeep: {e}; the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead"
+        ));
+    }
+    if let Some(Err(e)) = get(KRUISE_RESERVED_IP)
+        .map(|v| Retention::parse_kruise_minutes(&format!("annotation {KRUISE_RESERVED_IP}"), v))
+    {
+        let instead = if get(IP_RETENTION).is_some() {
+            format!("it is not used anyway: {IP_RETENTION} takes precedence")
+        } else {
+            "the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead".to_string()
+        };
+        warnings.push(format!("ipkeep: {e}; {instead}"));
+    }
+    warnings
 }
 
 fn to_json(pod: &Pod) -> serde_json::Value {

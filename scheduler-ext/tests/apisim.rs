@@ -85,6 +85,43 @@ async fn handshake(addr: SocketAddr, ca: &str) -> bool {
     connector.connect(name, tcp).await.is_ok()
 }
 
+/// A POST over HTTPS (trusting only `ca`): the status code and the body.
+async fn https_post(addr: SocketAddr, ca: &str, path: &str, body: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from(SERVICE).unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = hyper::Request::post(path)
+        .header("host", SERVICE)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(axum::body::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let code = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (code, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// The binary, killed when dropped.
 struct Ext(Child);
 
@@ -315,7 +352,8 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     assert_eq!(p.annotations()["ipkeep.dev/ip-retention"], "6h");
     assert!(p.spec.as_ref().unwrap().affinity.is_none());
 
-    // db-2: the template insists on n2, the record says n3 → skipped, said three ways.
+    // db-2: the template insists on n2, the record says n3 → skipped, said on the pod (the
+    // controller turns the mark into a PinSkipped Event once it sees the pod).
     let p: Pod = create(
         &client,
         "prod",
@@ -328,21 +366,52 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     .await;
     assert!(p.annotations()["ipkeep.dev/pin-skipped"].contains("kubernetes.io/hostname=n2"));
     assert!(p.spec.as_ref().unwrap().affinity.is_none());
-    let events: Api<Event> = Api::namespaced(client.clone(), "prod");
-    wait_until("the PinSkipped event", || async {
-        events
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("PinSkipped")
-                    && e.involved_object.kind.as_deref() == Some("PersistentPodState")
-                    && e.message.as_deref().is_some_and(|m| m.contains("db-2"))
-            })
+
+    // Anyone who can reach the server can send it a review: a forged one, for a pod that does
+    // not exist, is answered and changes nothing in the cluster.
+    let mut forged = statefulset_pod(
+        "db-7",
+        &sts_uid,
+        json!({"nodeSelector": {"kubernetes.io/hostname": "n2"}}),
+    );
+    forged["metadata"]["namespace"] = json!("prod");
+    let mut review: Value = serde_json::from_str(include_str!(
+        "fixtures/admission-review-sts-pod-create.json"
+    ))
+    .unwrap();
+    review["request"]["namespace"] = json!("prod");
+    review["request"]["name"] = json!("db-7");
+    review["request"]["object"] = forged;
+    // A record for db-7 (its pod is gone), so that the pin the review asks about is skipped.
+    let record = json!({"status": {"podStates": {
+        "db-7": {"nodeName": "n3", "nodeTopologyLabels": {"kubernetes.io/hostname": "n3"}}}}});
+    pps_api
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&record))
+        .await
+        .unwrap();
+    wait_until("the db-7 record in the cache", || async {
+        let (_, answer) = https_post(listen, &first.ca, "/mutate-pods", &review.to_string()).await;
+        answer.contains("not pinned")
     })
     .await;
+    let (code, answer) = https_post(listen, &first.ca, "/mutate-pods", &review.to_string()).await;
+    assert_eq!(code, 200, "{answer}");
+    assert!(answer.contains("\"allowed\":true"), "{answer}");
+    assert!(answer.contains("pod db-7 not pinned"), "{answer}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let events: Api<Event> = Api::namespaced(client.clone(), "prod");
+    let published: Vec<_> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("PinSkipped"))
+        .collect();
+    assert!(
+        published.is_empty(),
+        "the webhook publishes no Events: {published:#?}"
+    );
 
     // Pods the selectors exclude never reach the server.
     let mut unlabelled = statefulset_pod("db-0x", &sts_uid, json!({}));

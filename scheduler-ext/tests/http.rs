@@ -15,10 +15,8 @@ use http_body_util::BodyExt;
 use ipkeep_scheduler_ext::cache::Caches;
 use ipkeep_scheduler_ext::http::{AppState, Limits, router};
 use ipkeep_scheduler_ext::metrics::Metrics;
-use ipkeep_scheduler_ext::webhook::SkippedPin;
 use serde_json::{Value, json};
 use support::{HOST, ZONE, caches, node_json, pps_json};
-use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 const REVIEW: &str = include_str!("fixtures/admission-review-sts-pod-create.json");
@@ -26,7 +24,6 @@ const FILTER: &str = include_str!("fixtures/extender-filter-node-names.json");
 
 struct App {
     state: AppState,
-    events: mpsc::Receiver<SkippedPin>,
 }
 
 async fn app(pps: &[Value]) -> App {
@@ -34,15 +31,8 @@ async fn app(pps: &[Value]) -> App {
 }
 
 fn app_with(caches: Caches, limits: Limits) -> App {
-    let (tx, events) = mpsc::channel(16);
     App {
-        state: AppState {
-            caches,
-            metrics: Arc::new(Metrics::default()),
-            events: Some(tx),
-            limits,
-        },
-        events,
+        state: AppState::new(caches, Arc::new(Metrics::default()), limits),
     }
 }
 
@@ -175,7 +165,7 @@ async fn webhook_first_creation_gets_retention_only() {
 async fn webhook_skips_a_conflicting_pin_and_says_why() {
     let mut pps = pps_json();
     pps["spec"]["requiredPersistentTopology"]["nodeTopologyKeys"] = json!([ZONE]);
-    let mut app = app(&[pps]).await;
+    let app = app(&[pps]).await;
     let review = review_with(|v| {
         v["request"]["object"]["spec"]["nodeSelector"] = json!({ZONE: "z2"});
     });
@@ -205,12 +195,8 @@ async fn webhook_skips_a_conflicting_pin_and_says_why() {
         pod["spec"], original["spec"],
         "a skipped pin is never applied"
     );
-    let event = app.events.try_recv().unwrap();
-    assert_eq!(event.pod, "db-0");
-    assert_eq!(event.regarding.name.as_deref(), Some("db"));
-    assert_eq!(event.regarding.kind.as_deref(), Some("PersistentPodState"));
 
-    // A dry run says the same but publishes nothing.
+    // A dry run says the same but is not counted.
     let dry = review_with(|v| {
         v["request"]["object"]["spec"]["nodeSelector"] = json!({ZONE: "z2"});
         v["request"]["dryRun"] = json!(true);
@@ -221,7 +207,6 @@ async fn webhook_skips_a_conflicting_pin_and_says_why() {
             .to_string()
             .contains("nodeSelector")
     );
-    assert!(app.events.try_recv().is_err(), "no Event for a dry run");
     let (_, metrics) = app.get("/metrics").await;
     assert!(
         metrics.contains(
@@ -349,8 +334,9 @@ async fn webhook_bad_input_gets_a_clear_error_never_a_panic() {
         let said = response["message"].as_str().unwrap();
         assert!(said.contains(message), "{what}: {said:?} lacks {message:?}");
     }
-    // A pod object that is not a pod: allowed, unpinned, with a warning.
-    let review = review_with(|v| v["request"]["object"]["spec"]["containers"] = json!("nope"));
+    // A pod object whose fields the decision reads are not a pod's: allowed, unpinned, with a
+    // warning. (Fields it does not read, such as containers, are the API server's to check.)
+    let review = review_with(|v| v["request"]["object"]["spec"]["nodeSelector"] = json!("nope"));
     let (status, response) = app.post("/mutate-pods", review).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(response["response"]["allowed"], true);
@@ -546,4 +532,139 @@ async fn extender_bad_input_is_an_error_field_not_a_crash() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{what}");
         assert!(text.as_str().unwrap().contains(message), "{what}: {text}");
     }
+}
+
+/// A retention annotation that does not parse never blocks a pod: the webhook admits it and
+/// warns, in the grammar the CNI plugin reads (`ipkeep_values::Retention`).
+#[tokio::test]
+async fn webhook_warns_of_retention_annotations_that_do_not_parse() {
+    let app = app(&[pps_json()]).await;
+    let with = |annotations: Value, ours: bool| {
+        review_with(|v| {
+            v["request"]["object"]["metadata"]["annotations"] = annotations;
+            if !ours {
+                v["request"]["object"]["metadata"]["ownerReferences"][0]["name"] = json!("web");
+            }
+        })
+    };
+    let cases = [
+        (
+            "a typo in a managed pod's retention",
+            with(json!({"ipkeep.dev/ip-retention": "24 hours"}), true),
+            vec![
+                "ipkeep: invalid annotation ipkeep.dev/ip-retention value \"24 hours\": expected a duration such as 30m, 24h or 1h30m (units ns, us, ms, s, m, h, d), \"forever\", or 0 to turn retention off; the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead",
+            ],
+        ),
+        (
+            "OpenKruise minutes on a pod of a StatefulSet without a PersistentPodState",
+            with(
+                json!({"io.kubernetes.cri/reserved-ip-duration": "5m"}),
+                false,
+            ),
+            vec![
+                "ipkeep: invalid annotation io.kubernetes.cri/reserved-ip-duration value \"5m\": expected a whole number of minutes, 0 for off; the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead",
+            ],
+        ),
+        (
+            "OpenKruise minutes beside a retention the webhook stamps",
+            with(
+                json!({"io.kubernetes.cri/reserved-ip-duration": "-1"}),
+                true,
+            ),
+            vec![
+                "ipkeep: invalid annotation io.kubernetes.cri/reserved-ip-duration value \"-1\": expected a whole number of minutes, 0 for off; it is not used anyway: ipkeep.dev/ip-retention takes precedence",
+            ],
+        ),
+        (
+            "both wrong",
+            with(
+                json!({"ipkeep.dev/ip-retention": "10", "io.kubernetes.cri/reserved-ip-duration": "x"}),
+                false,
+            ),
+            vec![
+                "ipkeep.dev/ip-retention value \"10\"",
+                "reserved-ip-duration value \"x\"",
+            ],
+        ),
+        (
+            "readable values",
+            with(
+                json!({"ipkeep.dev/ip-retention": "forever", "io.kubernetes.cri/reserved-ip-duration": "30"}),
+                true,
+            ),
+            vec![],
+        ),
+    ];
+    for (what, review, want) in cases {
+        let (status, response) = app.post("/mutate-pods", review).await;
+        assert_eq!(status, StatusCode::OK, "{what}");
+        assert_eq!(response["response"]["allowed"], true, "{what}");
+        let warnings: Vec<String> = response["response"]["warnings"]
+            .as_array()
+            .map(|w| w.iter().map(|w| w.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        assert_eq!(warnings.len(), want.len(), "{what}: {warnings:#?}");
+        for (got, want) in warnings.iter().zip(&want) {
+            assert!(got.contains(want), "{what}: {got:?} lacks {want:?}");
+        }
+    }
+}
+
+/// The patch is the diff of the fields a decision reads: whatever else the pod has (other
+/// annotations, pod anti-affinity, containers) is neither read nor touched.
+#[tokio::test]
+async fn webhook_patch_adds_to_what_the_pod_has() {
+    let app = app(&[pps_json()]).await;
+    let anti = json!({"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "db"}}}]});
+    let review = review_with(|v| {
+        let pod = &mut v["request"]["object"];
+        pod["metadata"]["annotations"] =
+            json!({"team": "payments", "ipkeep.dev/ip-retention": "forever"});
+        pod["spec"]["affinity"]["podAntiAffinity"] = anti.clone();
+    });
+    let (status, response) = app.post("/mutate-pods", review.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    let pod = patched(&review, &response);
+    assert_eq!(
+        pod["metadata"]["annotations"],
+        json!({"team": "payments", "ipkeep.dev/ip-retention": "forever",
+            "ipkeep.dev/persistent-pod-state": "db", "ipkeep.dev/pinned-by": "db"}),
+        "the pod's own retention wins; other annotations stay"
+    );
+    assert_eq!(pod["spec"]["affinity"]["podAntiAffinity"], anti);
+    assert_eq!(
+        pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][1],
+        pinned_host()
+    );
+    let original: Value =
+        serde_json::from_str::<Value>(&review).unwrap()["request"]["object"].clone();
+    assert_eq!(pod["spec"]["containers"], original["spec"]["containers"]);
+}
+
+#[tokio::test]
+async fn extender_takes_at_most_max_nodes() {
+    use ipkeep_scheduler_ext::extender::MAX_NODES;
+    let app = app(&[pps_json()]).await;
+    let mut args: Value = serde_json::from_str(FILTER).unwrap();
+    args["NodeNames"] = json!((0..MAX_NODES).map(|i| format!("x{i}")).collect::<Vec<_>>());
+    let (status, result) = app.post("/filter", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(result["Error"], "");
+    assert_eq!(
+        result["FailedAndUnresolvableNodes"]
+            .as_object()
+            .unwrap()
+            .len(),
+        MAX_NODES
+    );
+    args["NodeNames"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!("one-too-many"));
+    let (status, result) = app.post("/filter", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let error = result["Error"].as_str().unwrap();
+    assert!(error.contains("more than 10000 nodes"), "{error}");
 }
