@@ -7,6 +7,7 @@
 //! turn "nothing" into C.
 
 use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
+use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
     PreferredSchedulingTerm,
@@ -147,15 +148,20 @@ fn expression(r: &Requirement) -> NodeSelectorRequirement {
 }
 
 /// Writes `managed` into `pod`: the managing PersistentPodState's name, the retention
-/// annotation (unless the pod sets its own), and the pin or the reason it was skipped.
+/// annotation (unless the pod sets a readable one of its own: an unreadable one is replaced, so
+/// the CNI plugin gets the PersistentPodState's retention rather than the network default), and
+/// the pin or the reason it was skipped.
 /// Applying it twice changes nothing the second time, so the webhook is safe to reinvoke.
 pub fn apply(managed: &Managed, pod: &mut Pod) {
     let annotations = pod.metadata.annotations.get_or_insert_default();
     annotations.insert(PERSISTENT_POD_STATE.to_string(), managed.pps.clone());
     if let Some(retention) = &managed.retention {
-        annotations
-            .entry(IP_RETENTION.to_string())
-            .or_insert_with(|| retention.clone());
+        let own_is_readable = annotations
+            .get(IP_RETENTION)
+            .is_some_and(|own| Retention::parse(IP_RETENTION, own).is_ok());
+        if !own_is_readable {
+            annotations.insert(IP_RETENTION.to_string(), retention.clone());
+        }
     }
     match &managed.pin {
         PinOutcome::Unrecorded(_) => {}
@@ -212,5 +218,38 @@ fn inject(spec: &mut PodSpec, pinned: &Pinned) {
     }
     if preferred.is_empty() {
         node_affinity.preferred_during_scheduling_ignored_during_execution = None;
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+    use crate::pin::{Managed, PinOutcome, UnrecordedReason};
+
+    fn stamped(own: Option<&str>) -> Option<String> {
+        let mut pod = Pod::default();
+        if let Some(own) = own {
+            pod.metadata.annotations = Some(
+                [(IP_RETENTION.to_string(), own.to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+        }
+        let managed = Managed {
+            pps: "db".into(),
+            pod: "db-0".into(),
+            retention: Some("24h".into()),
+            pin: PinOutcome::Unrecorded(UnrecordedReason::FirstCreation),
+        };
+        apply(&managed, &mut pod);
+        pod.metadata.annotations?.get(IP_RETENTION).cloned()
+    }
+
+    #[test]
+    fn a_pods_own_retention_is_kept_only_when_it_reads() {
+        assert_eq!(stamped(None).as_deref(), Some("24h"));
+        assert_eq!(stamped(Some("1h")).as_deref(), Some("1h"));
+        assert_eq!(stamped(Some("soon")).as_deref(), Some("24h"));
+        assert_eq!(stamped(Some("10000y")).as_deref(), Some("24h"));
     }
 }
