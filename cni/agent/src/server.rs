@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::netconf::{self, DEFAULT_LOCK_TIMEOUT};
@@ -24,21 +24,19 @@ use crate::metrics::Metrics;
 use crate::release::Reason;
 use crate::stores::AgentStores;
 
-/// Log lines of one command, in memory.
-#[derive(Debug, Clone, Default)]
-struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl CapturedLog {
-    fn bytes(&self) -> Vec<u8> {
-        self.0.lock().map(|b| b.clone()).unwrap_or_default()
-    }
+thread_local! {
+    /// The log lines of the command running on this thread.
+    static CAPTURED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Write for CapturedLog {
+/// Writes into [`CAPTURED`]: one command runs on a blocking thread at a time, so the lines it
+/// logs are exactly those written on its thread while it runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct ThreadLog;
+
+impl Write for ThreadLog {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut b) = self.0.lock() {
-            b.extend_from_slice(buf);
-        }
+        CAPTURED.with(|c| c.borrow_mut().extend_from_slice(buf));
         Ok(buf.len())
     }
 
@@ -47,12 +45,37 @@ impl Write for CapturedLog {
     }
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
-    type Writer = CapturedLog;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
+/// The subscriber that formats a command's lines as the plugin would at `level`: one per level
+/// for the agent's whole life (a new subscriber per request would make tracing recompute every
+/// call site's interest each time, and race with other requests while it does).
+fn command_logger(level: tracing::Level) -> tracing::Dispatch {
+    static LOGGERS: OnceLock<Vec<(tracing::Level, tracing::Dispatch)>> = OnceLock::new();
+    let loggers = LOGGERS.get_or_init(|| {
+        [
+            tracing::Level::ERROR,
+            tracing::Level::WARN,
+            tracing::Level::INFO,
+            tracing::Level::DEBUG,
+            tracing::Level::TRACE,
+        ]
+        .into_iter()
+        .map(|level| {
+            let settings = netconf::Settings {
+                log_level: Some(level),
+                ..netconf::Settings::default()
+            };
+            let subscriber = logs::builder(&settings, None)
+                .with_writer(|| ThreadLog)
+                .finish();
+            (level, tracing::Dispatch::new(subscriber))
+        })
+        .collect()
+    });
+    loggers
+        .iter()
+        .find(|(l, _)| *l == level)
+        .map(|(_, d)| d.clone())
+        .unwrap_or_else(|| loggers[1].1.clone())
 }
 
 /// How long a client may take to send its request.
@@ -304,25 +327,23 @@ fn run_cni(
         .map_or_else(|_| netconf::Settings::default(), |d| d.settings.clone());
     // The command logs exactly as the plugin process would (its level, its format); the lines
     // go back to the plugin, which writes them to its ipam.logFile or stderr.
-    let log = CapturedLog::default();
-    let subscriber = logs::builder(&settings, None)
-        .with_writer(log.clone())
-        .finish();
+    let logger = command_logger(logs::level(&settings, None));
     let stores = served.stores.for_request(deadline);
     let call = Call {
         reading: system_reading(),
         deadline: Some(deadline),
     };
     let mut stdout = Vec::new();
-    let done = tracing::subscriber::with_default(subscriber, || {
+    CAPTURED.with(|c| c.borrow_mut().clear());
+    let done = tracing::dispatcher::with_default(&logger, || {
         plugin::run(&stores, &vars, &decoded, &mut stdout, &call)
     });
+    let stderr = CAPTURED.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let command = done.command.map_or("invalid", |c| c.as_str());
     if let Some(why) = stores.unavailable() {
         warn!(command, %why, "refused: the plugin serves this itself");
         return (Answer::Refused(why), command);
     }
-    let stderr = log.bytes();
     if done.exit_code != 0 {
         warn!(command, log = %String::from_utf8_lossy(&stderr).trim_end(), "plugin command failed");
     }

@@ -31,8 +31,10 @@ pub struct Slot {
     dir: NetworkDir,
     network: String,
     store: parking_lot::Mutex<Option<DiskStore>>,
-    /// Why the last commit failed, until one succeeds.
+    /// Why the last commit or open failed, until a command succeeds.
     failure: Mutex<Option<String>>,
+    /// Whether a forward jump of the wall clock has been reported.
+    clock_jumped: std::sync::atomic::AtomicBool,
 }
 
 impl Slot {
@@ -46,11 +48,24 @@ impl Slot {
         &self.dir
     }
 
-    /// `Err` with the reason while the store cannot commit.
+    /// `Err` with the reason while the store cannot be opened or cannot commit.
     pub fn health(&self) -> Result<(), String> {
         match &*self.failure.lock().unwrap_or_else(PoisonError::into_inner) {
             None => Ok(()),
             Some(why) => Err(format!("network {}: {why}", self.network)),
+        }
+    }
+
+    /// Reports, once until it ends, that the wall clock is `ahead` of the store's clock.
+    pub fn note_clock(&self, ahead: Option<u64>) {
+        use std::sync::atomic::Ordering;
+        let was = self.clock_jumped.swap(ahead.is_some(), Ordering::AcqRel);
+        if let (Some(ahead), false) = (ahead, was) {
+            tracing::warn!(
+                network = %self.network,
+                ahead = %ipkeep_values::time::duration(ahead),
+                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+            );
         }
     }
 
@@ -80,7 +95,14 @@ impl Slot {
             let timeout = lock_timeout.min(deadline.saturating_duration_since(Instant::now()));
             match self.open(timeout) {
                 Ok(store) => *guard = Some(store),
-                Err(e) => return (started.elapsed(), Err(e)),
+                Err(e) => {
+                    // Waiting for a plugin's flock is not a fault of the store; anything else is.
+                    if !matches!(e, StoreError::LockTimeout { .. }) {
+                        tracing::error!(network = %self.network, error = %e, "cannot open the store");
+                        self.set_failure(Some(format!("the store cannot be opened: {e}")));
+                    }
+                    return (started.elapsed(), Err(e));
+                }
             }
         }
         let waited = started.elapsed();
@@ -207,6 +229,7 @@ impl AgentStores {
                     network,
                     store: parking_lot::Mutex::default(),
                     failure: Mutex::default(),
+                    clock_jumped: Default::default(),
                 })
             })
             .clone())
@@ -279,9 +302,10 @@ impl AgentStores {
     }
 }
 
-/// The agent's stores for one request. When a store cannot be had at all (outside the data
-/// directory, or failing to open), that is noted, so the request is refused and the plugin
-/// serves itself rather than being told a failure the agent alone has.
+/// The agent's stores for one request. A network directory outside the agent's data directory
+/// is noted, so the request is refused and the plugin serves itself. A store that fails to open
+/// is an answer like any other (a plugin opening it itself would not check its pages, so it
+/// must not be sent to).
 #[derive(Debug)]
 pub struct RequestStores<'a> {
     stores: &'a AgentStores,
@@ -305,20 +329,6 @@ impl RequestStores<'_> {
             }
         })
     }
-
-    /// Notes an open failure: the request will be refused.
-    fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(e) = &result
-            && !matches!(
-                e,
-                StoreError::LockTimeout { .. } | StoreError::PastDeadline { .. }
-            )
-        {
-            self.unavailable
-                .replace(Some(format!("the store cannot be opened: {e}")));
-        }
-        result
-    }
 }
 
 impl Stores for RequestStores<'_> {
@@ -339,7 +349,7 @@ impl Stores for RequestStores<'_> {
         let (waited, result) = slot.with(self.deadline, timeout, f);
         self.stores.metrics.lock_wait(waited.as_secs_f64());
         timings.push("lock", waited);
-        self.note(result)?
+        result?
     }
 
     fn read<R, E: From<StoreError>>(
@@ -349,7 +359,7 @@ impl Stores for RequestStores<'_> {
         f: impl FnOnce(&dyn StoreRead) -> Result<R, E>,
     ) -> Result<R, E> {
         let slot = self.slot(dir)?;
-        let snapshot = self.note(slot.snapshot(self.deadline, timeout))?;
+        let snapshot = slot.snapshot(self.deadline, timeout)?;
         f(&snapshot)
     }
 

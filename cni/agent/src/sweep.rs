@@ -118,6 +118,7 @@ impl Sweeper {
         }
         let snapshot = slot.snapshot(self.deadline(), self.lock_timeout)?;
         let now = clock::advance(snapshot.clock()?.as_ref(), reading).now;
+        slot.note_clock(clock::wall_ahead(now, reading));
         let empty = ClusterView::default();
         let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &netns_exists);
         let mut gauges = GaugeCounter::new(&snapshot, view.unwrap_or(&empty))?;

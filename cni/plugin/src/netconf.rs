@@ -96,7 +96,7 @@ pub struct IpamConf {
     /// use the agent).
     #[serde(default)]
     pub agent_socket: Option<String>,
-    /// Append logs to this file as well as stderr.
+    /// Append logs to this file instead of stderr.
     #[serde(default)]
     pub log_file: Option<String>,
     /// `error`, `warn` (default), `info`, `debug` or `trace`.

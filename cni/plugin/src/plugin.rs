@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
     AddRequest, Attachment, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION, PodRef,
-    Reading, Retention, Source, allocator,
+    Reading, Retention, Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
@@ -280,6 +280,13 @@ fn cmd_add<S: Stores>(
     let reading = &cx.call.reading;
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
+        let now = clock::advance(store.clock()?.as_ref(), reading).now;
+        if let Some(ahead) = clock::wall_ahead(now, reading) {
+            warn!(
+                ahead = %ipkeep_values::time::duration(ahead),
+                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+            );
+        }
         Ok((allocator::add(store, &req, reading)?, t))
     })?;
     cx.timings.record("alloc_commit", t);

@@ -73,11 +73,12 @@ pub fn advance(mark: Option<&ClockMark>, reading: &Reading) -> ClockMark {
     }
 }
 
-/// How far the wall clock is ahead of the store's clock, when that is worth a warning.
-pub fn wall_ahead(mark: &ClockMark, reading: &Reading) -> Option<u64> {
+/// How far the wall clock is ahead of the store's time `now` (from [`advance`]), when that is
+/// worth a warning: the wall clock jumped forward since the store last saw it.
+pub fn wall_ahead(now: u64, reading: &Reading) -> Option<u64> {
     reading
         .wall
-        .checked_sub(mark.now)
+        .checked_sub(now)
         .filter(|ahead| *ahead > JUMP_WARNING_SECS)
 }
 
@@ -100,9 +101,10 @@ mod tests {
         let next = advance(Some(&first), &reading(1_000 + 365 * 86_400, "b1", 60));
         assert_eq!(next.now, 1_010);
         assert_eq!(
-            wall_ahead(&next, &reading(1_000 + 365 * 86_400, "b1", 60)),
+            wall_ahead(next.now, &reading(1_000 + 365 * 86_400, "b1", 60)),
             Some(365 * 86_400 - 10)
         );
+        assert_eq!(wall_ahead(next.now, &reading(1_100, "b1", 60)), None);
         // A backward step does not take it back either.
         let back = advance(Some(&next), &reading(500, "b1", 70));
         assert_eq!(back.now, 1_020);

@@ -2,8 +2,9 @@
 //! pods that are rebuilt under the same name.
 //!
 //! Layers: [`range`] and [`retention`] are pure values; [`allocator`] decides every command over
-//! the [`store::Store`] trait (no I/O of its own); [`disk`] is the one module that touches the
-//! file system (sled database + flock). [`store::MemoryStore`] is the in-memory twin for tests.
+//! the [`store::Store`] trait (no I/O of its own); [`clock`] is the store's time, pure too;
+//! [`disk`] is the one module that touches the file system (redb database + flock).
+//! [`store::MemoryStore`] is the in-memory twin for tests.
 
 pub mod allocator;
 pub mod clock;

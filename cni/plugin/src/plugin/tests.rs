@@ -100,8 +100,13 @@ fn a_forward_clock_jump_frees_no_holding() {
     invoke(&stores, "DEL", "a", "web-0", &at(1_010, 20));
     // A year later by the wall clock, 20 seconds later by the boot clock.
     let year = 365 * 86_400;
-    let (code, other) = invoke(&stores, "ADD", "b", "web-1", &at(1_030 + year, 40));
+    let mut result = (0, String::new());
+    let warned = logged("warn", || {
+        result = invoke(&stores, "ADD", "b", "web-1", &at(1_030 + year, 40));
+    });
+    let (code, other) = result;
     assert_eq!(code, 0, "{other}");
+    assert!(warned.contains("wall clock is ahead"), "{warned}");
     assert_eq!(
         stores.get(&dir()).unwrap().held().unwrap().len(),
         1,
@@ -115,8 +120,14 @@ fn a_forward_clock_jump_frees_no_holding() {
     assert!(stores.get(&dir()).unwrap().held().unwrap().is_empty());
 }
 
-/// Captures what `f` logs at `level`, formatted as the plugin formats it.
+/// Captures what `f` logs at `level`, formatted as the plugin formats it. One capture at a
+/// time: tracing caches per call site whether anyone listens, and scoped subscribers of other
+/// levels coming and going on other test threads race with that cache.
 fn logged(level: &str, f: impl FnOnce()) -> String {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     #[derive(Clone, Default)]
     struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Buf {
@@ -133,7 +144,10 @@ fn logged(level: &str, f: impl FnOnce()) -> String {
     let subscriber = crate::logs::builder(&netconf::Settings::default(), Some(level))
         .with_writer(move || sink.clone())
         .finish();
-    tracing::subscriber::with_default(subscriber, f);
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let bytes = buf.0.lock().unwrap().clone();
     String::from_utf8(bytes).unwrap()
 }

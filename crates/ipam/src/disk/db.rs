@@ -309,7 +309,9 @@ impl DiskStore {
     /// A database a crash interrupted is repaired here; a damaged or foreign file is refused.
     pub fn open(lock: NetworkLock, options: &OpenOptions) -> Result<Self, StoreError> {
         let path = lock.dir().join(super::DB_FILE);
-        if !path.exists() {
+        // Only a file that is certainly absent is created: an error while looking (EIO,
+        // EACCES) must never lead to a fresh database renamed over an existing one.
+        if !path.try_exists().map_err(io_err("inspect", &path))? {
             create(lock.dir(), &path)?;
         }
         let db = open_existing(&path, options, lock.deadline())?;

@@ -161,11 +161,21 @@ impl NetworkDir {
     /// Creates the directory (0700) if needed and takes its lock, waiting at most `timeout`.
     pub fn lock(&self, timeout: Duration) -> Result<NetworkLock, StoreError> {
         let started = Instant::now();
+        let existed = self
+            .path
+            .try_exists()
+            .map_err(io_err("inspect", &self.path))?;
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.path)
             .map_err(io_err("create", &self.path))?;
+        if !existed && let Some(parent) = self.path.parent() {
+            // The new directory's entry must survive a power cut with the first commit in it.
+            File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err("sync", parent))?;
+        }
         let meta = std::fs::metadata(&self.path).map_err(io_err("inspect", &self.path))?;
         if meta.permissions().mode() & 0o077 != 0 {
             std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700))
