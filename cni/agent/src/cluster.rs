@@ -60,6 +60,8 @@ pub struct Cluster {
     node_seen: Arc<AtomicBool>,
     /// Woken on every change, so a release follows within a pass.
     pub changed: Arc<Notify>,
+    /// Counts changes seen by the watches.
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The cache writers, for [`watch`].
@@ -86,6 +88,7 @@ impl Cluster {
                 current: std::array::from_fn(|_| Arc::new(AtomicBool::new(true))),
                 node_seen: Arc::new(AtomicBool::new(true)),
                 changed: Arc::default(),
+                generation: Arc::default(),
             },
             Writers {
                 nodes: nodes_writer,
@@ -114,6 +117,11 @@ impl Cluster {
         } else {
             Readiness::NodeUnknown
         }
+    }
+
+    /// Counts the changes the watches have seen: a different value means a different view.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Whether decisions can run.
@@ -203,15 +211,15 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
     .reflect(writers.pps);
     let [nodes_current, pods_current, pps_current] = &cluster.current;
     let nodes = nodes.for_each(|event| {
-        track(event, nodes_current, &cluster.changed, "node");
+        track(event, nodes_current, &cluster, "node");
         std::future::ready(())
     });
     let pods = pods.for_each(|event| {
-        track(event, pods_current, &cluster.changed, "pod");
+        track(event, pods_current, &cluster, "pod");
         std::future::ready(())
     });
     let pps = pps.for_each(|event| {
-        track(event, pps_current, &cluster.changed, "PersistentPodState");
+        track(event, pps_current, &cluster, "PersistentPodState");
         std::future::ready(())
     });
     let ready = {
@@ -232,13 +240,15 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
 }
 
 /// Marks a watch current again once a relist completes (or a watch event arrives, which only
-/// happens after one), not current on an error, and wakes the sweep on every change.
+/// happens after one), not current on an error, and counts every change and wakes the sweep.
 fn track<K>(
     event: Result<watcher::Event<K>, watcher::Error>,
     current: &AtomicBool,
-    changed: &Notify,
+    cluster: &Cluster,
     what: &str,
 ) {
+    cluster.generation.fetch_add(1, Ordering::AcqRel);
+    let changed = &cluster.changed;
     match event {
         Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
         Ok(_) => {

@@ -125,6 +125,7 @@ pub async fn run(
         grace: settings.grace,
         lock_timeout: settings.lock_timeout,
         max_releases: settings.max_releases,
+        readings: Default::default(),
     };
     let sweeping = tokio::spawn(sweeper.run(settings.sweep_interval, shutdown.clone()));
     tracing::info!(

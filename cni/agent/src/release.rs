@@ -183,6 +183,9 @@ pub fn lost_its_del(lease: &Lease, view: &ClusterView) -> bool {
     }
 }
 
+/// How long before a vanished pod's address whose sandbox still exists is looked at again.
+pub const RECHECK_SANDBOX_SECS: u64 = 30;
+
 /// Plans one pass, lease by lease (a store streams through in constant memory).
 pub struct Planner<'v> {
     view: &'v ClusterView,
@@ -191,6 +194,10 @@ pub struct Planner<'v> {
     netns_exists: &'v dyn Fn(&str) -> bool,
     /// What the pass should do.
     pub plan: Plan,
+    /// The earliest time (store clock) at which a lease seen here may call for a decision
+    /// that it did not call for yet: a grace period ending, or a sandbox's namespace to look
+    /// at again.
+    pub due: Option<u64>,
 }
 
 impl fmt::Debug for Planner<'_> {
@@ -218,27 +225,38 @@ impl<'v> Planner<'v> {
             grace,
             netns_exists,
             plan: Plan::default(),
+            due: None,
         }
+    }
+
+    fn due_at(&mut self, at: u64) {
+        self.due = Some(self.due.map_or(at, |d| d.min(at)));
     }
 
     /// Considers one lease.
     pub fn consider(&mut self, lease: &Lease) {
         let age = self.now.saturating_sub(lease.since);
         match lease.state {
-            LeaseState::Held { .. } if age >= self.grace.release => {
+            LeaseState::Held { .. } => {
                 if let Some(reason) = holding_verdict(lease, self.view) {
-                    self.plan.release.push((lease.clone(), reason));
+                    if age >= self.grace.release {
+                        self.plan.release.push((lease.clone(), reason));
+                    } else {
+                        self.due_at(lease.since.saturating_add(self.grace.release));
+                    }
                 }
             }
-            LeaseState::Active
-                if age >= self.grace.missed_del
-                    && lost_its_del(lease, self.view)
-                    && !lease.netns.as_deref().is_some_and(self.netns_exists)
-                    && !self.plan.missed_del.contains(&lease.owner) =>
-            {
-                self.plan.missed_del.push(lease.owner.clone());
+            LeaseState::Active if lost_its_del(lease, self.view) => {
+                if age < self.grace.missed_del {
+                    self.due_at(lease.since.saturating_add(self.grace.missed_del));
+                } else if lease.netns.as_deref().is_some_and(self.netns_exists) {
+                    // Its sandbox is still being torn down: look again in a while.
+                    self.due_at(self.now.saturating_add(RECHECK_SANDBOX_SECS));
+                } else if !self.plan.missed_del.contains(&lease.owner) {
+                    self.plan.missed_del.push(lease.owner.clone());
+                }
             }
-            _ => {}
+            LeaseState::Active => {}
         }
     }
 }
@@ -424,6 +442,22 @@ mod tests {
         let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
         planner.consider(&old);
         assert_eq!(planner.plan.missed_del, vec![old.owner.clone()]);
+    }
+
+    #[test]
+    fn the_planner_says_when_a_decision_falls_due() {
+        let v = view(&[("kv-0", "n1")]);
+        let fresh = lease(2, "kv-9", Some("kv"), true, NOW - 2); // pruned, 2 s into its 5 s grace
+        let gone = lease(3, "kv-8", Some("kv"), false, NOW - 60); // missed DEL in 60 s
+        let kept = lease(1, "kv-0", Some("kv"), true, 0); // recorded here: never due
+        let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
+        planner.consider(&kept);
+        assert_eq!(planner.due, None);
+        planner.consider(&gone);
+        assert_eq!(planner.due, Some(NOW + 60));
+        planner.consider(&fresh);
+        assert_eq!(planner.due, Some(NOW + 3));
+        assert!(planner.plan.release.is_empty() && planner.plan.missed_del.is_empty());
     }
 
     #[test]

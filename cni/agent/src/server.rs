@@ -192,7 +192,8 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
 }
 
 async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
-    let mut body = Vec::new();
+    // A request is a CNI configuration and a few variables: one read, usually.
+    let mut body = Vec::with_capacity(16 * 1024);
     let mut limited = (&mut *stream).take(MAX_REQUEST_BYTES as u64 + 1);
     match tokio::time::timeout(READ_TIMEOUT, limited.read_to_end(&mut body)).await {
         Err(_) => return Err("request not received in time".into()),

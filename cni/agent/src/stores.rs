@@ -35,6 +35,8 @@ pub struct Slot {
     failure: Mutex<Option<String>>,
     /// Whether a forward jump of the wall clock has been reported.
     clock_jumped: std::sync::atomic::AtomicBool,
+    /// Counts commands that succeeded (and so may have changed the store).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Slot {
@@ -54,6 +56,11 @@ impl Slot {
             None => Ok(()),
             Some(why) => Err(format!("network {}: {why}", self.network)),
         }
+    }
+
+    /// How many commands have succeeded on this store: changes when the store may have.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Reports, once until it ends, that the wall clock is `ahead` of the store's clock.
@@ -117,6 +124,8 @@ impl Slot {
             *guard = None;
         } else if result.is_ok() {
             self.set_failure(None);
+            self.generation
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         (waited, Ok(result))
     }
@@ -164,6 +173,8 @@ fn vanished() -> StoreError {
 pub struct AgentStores {
     /// The canonical `--data-dir`.
     data_dir: PathBuf,
+    /// `--data-dir` as given (a request naming it so needs no resolving).
+    given: PathBuf,
     slots: Mutex<BTreeMap<String, Arc<Slot>>>,
     metrics: Arc<Metrics>,
 }
@@ -178,6 +189,7 @@ impl AgentStores {
             .mode(0o700)
             .create(data_dir)?;
         Ok(AgentStores {
+            given: data_dir.to_path_buf(),
             data_dir: data_dir.canonicalize()?,
             slots: Mutex::default(),
             metrics,
@@ -191,6 +203,9 @@ impl AgentStores {
 
     /// Whether `dir` (as a plugin names it) is this agent's data directory; `Err` says why not.
     pub fn owns(&self, dir: &Path) -> Result<(), String> {
+        if dir == self.given || dir == self.data_dir {
+            return Ok(());
+        }
         match dir.canonicalize() {
             Ok(canonical) if canonical == self.data_dir => Ok(()),
             _ => Err(format!(
@@ -230,6 +245,7 @@ impl AgentStores {
                     store: parking_lot::Mutex::default(),
                     failure: Mutex::default(),
                     clock_jumped: Default::default(),
+                    generation: Default::default(),
                 })
             })
             .clone())

@@ -2,14 +2,19 @@
 //! Kubernetes says (see [`crate::release`]), and refresh the per-network gauges. Runs on a
 //! timer and soon after any change in the caches.
 //!
-//! A pass reads each store from a snapshot, without its lock, so requests never wait for it
-//! however many leases there are; only the releases it decides take the lock, and each is
-//! re-checked there against the store as it is then. One pass frees at most
-//! `max_releases` addresses on Kubernetes' word (the rest wait for later passes): a
-//! misconfiguration that makes every pod look gone cannot empty a node at once.
+//! Every pass frees expired holdings (one index range, under the store's lock). Reading every
+//! lease, for Kubernetes-aware decisions and the gauges, is done only when there is a reason:
+//! with Kubernetes, the caches or the store changed, or a grace period the last reading noted
+//! ran out; without, the store changed and the gauges are older than [`GAUGE_REFRESH`]. That reading is a snapshot, read without
+//! the lock, so requests never wait for it however many leases there are; only the releases it
+//! decides take the lock, and each is re-checked there against the store as it is then. On a
+//! store of 60,000 leases a reading is a few hundred milliseconds of disk and CPU, which is why
+//! it is not done every pass. One pass frees at most `max_releases` addresses on Kubernetes'
+//! word (the rest wait for later passes): a misconfiguration that makes every pod look gone
+//! cannot empty a node at once.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::admin::Usage;
@@ -40,6 +45,43 @@ pub struct Sweeper {
     pub lock_timeout: Duration,
     /// The most addresses one pass frees or re-holds on Kubernetes' word.
     pub max_releases: usize,
+    /// What the last full reading of each network found, by network name.
+    pub readings: Arc<Mutex<BTreeMap<String, LastReading>>>,
+}
+
+/// How stale the gauges may get while the store changes.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(60);
+
+/// What the last full reading of one store found.
+#[derive(Debug, Clone)]
+pub struct LastReading {
+    /// When it was taken.
+    pub at: Instant,
+    /// The caches' generation it decided from (`None` without Kubernetes).
+    pub cluster: Option<u64>,
+    /// The store's generation it read.
+    pub store: u64,
+    /// The store-clock time at which one of its leases may call for a new decision.
+    pub due: Option<u64>,
+    /// The gauges it counted.
+    pub gauges: NetworkGauges,
+}
+
+/// Whether a pass must read every lease of a store again (see the module comment).
+pub fn needs_reading(
+    last: Option<&LastReading>,
+    cluster: Option<u64>,
+    store: u64,
+    now: u64,
+    at: Instant,
+) -> bool {
+    let Some(last) = last else {
+        return true;
+    };
+    let changed = last.store != store;
+    cluster.is_some() && (last.cluster != cluster || changed)
+        || last.due.is_some_and(|due| now >= due)
+        || changed && at.saturating_duration_since(last.at) >= GAUGE_REFRESH
 }
 
 /// What one pass did, for logs and tests.
@@ -55,6 +97,12 @@ impl Sweeper {
     /// One pass over every store (blocking).
     pub fn pass(&self) -> PassReport {
         let reading = system_reading();
+        // The generation before the view: a change in between makes the next pass read again.
+        let generation = self
+            .cluster
+            .as_ref()
+            .filter(|c| c.synced())
+            .map(Cluster::generation);
         let view = self.cluster.as_ref().and_then(Cluster::view);
         if let Some(cluster) = &self.cluster {
             self.metrics.kubernetes_synced(cluster.synced());
@@ -63,7 +111,8 @@ impl Sweeper {
         let mut gauges = Vec::new();
         let mut budget = self.max_releases;
         for slot in self.stores.slots() {
-            match self.pass_one(&slot, view.as_ref(), &reading, &mut budget, &mut report) {
+            let kubernetes = view.as_ref().zip(generation);
+            match self.pass_one(&slot, kubernetes, &reading, &mut budget, &mut report) {
                 Ok(g) => gauges.push(g),
                 Err(e) => warn!(network = %slot.network(), error = %e, "sweep failed; will retry"),
             }
@@ -100,11 +149,12 @@ impl Sweeper {
     fn pass_one(
         &self,
         slot: &Slot,
-        view: Option<&ClusterView>,
+        kubernetes: Option<(&ClusterView, u64)>,
         reading: &Reading,
         budget: &mut usize,
         report: &mut PassReport,
     ) -> Result<NetworkGauges, StoreError> {
+        let view = kubernetes.map(|(v, _)| v);
         let network = slot.network();
         let count = |report: &mut PassReport, reason: Reason, n: usize| {
             if n > 0 {
@@ -116,9 +166,20 @@ impl Sweeper {
             info!(%network, ip = %lease.ip, pod = %pod_of(&lease), "released an expired holding");
             count(report, Reason::Expired, 1);
         }
+        let store_generation = slot.generation();
         let snapshot = slot.snapshot(self.deadline(), self.lock_timeout)?;
         let now = clock::advance(snapshot.clock()?.as_ref(), reading).now;
         slot.note_clock(clock::wall_ahead(now, reading));
+        let readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = readings.get(network);
+        let at = Instant::now();
+        let cluster_generation = kubernetes.map(|(_, g)| g);
+        if !needs_reading(last, cluster_generation, store_generation, now, at) {
+            return Ok(last
+                .map(|l| slot.refresh(l.gauges.clone()))
+                .unwrap_or_default());
+        }
+        drop(readings);
         let empty = ClusterView::default();
         let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &netns_exists);
         let mut gauges = GaugeCounter::new(&snapshot, view.unwrap_or(&empty))?;
@@ -130,8 +191,10 @@ impl Sweeper {
             Ok(())
         })?;
         drop(snapshot);
+        let due = planner.due;
         let mut plan = planner.plan;
-        report.deferred += plan.limit(budget);
+        let deferred = plan.limit(budget);
+        report.deferred += deferred;
         if !plan.release.is_empty() {
             let leases: Vec<Lease> = plan.release.iter().map(|(l, _)| l.clone()).collect();
             let freed = self.locked(slot, |store| {
@@ -166,7 +229,23 @@ impl Sweeper {
                 outcome.held.len() + outcome.released.len(),
             );
         }
-        Ok(gauges.finish(slot))
+        let gauges = gauges.finish(slot);
+        let acted = deferred > 0 || !plan.release.is_empty() || !plan.missed_del.is_empty();
+        self.readings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                network.to_string(),
+                LastReading {
+                    at,
+                    cluster: cluster_generation,
+                    store: store_generation,
+                    // Whatever was decided (or deferred) is looked at again next pass.
+                    due: if acted { Some(now) } else { due },
+                    gauges: gauges.clone(),
+                },
+            );
+        Ok(gauges)
     }
 
     /// Runs passes every `interval`, and about a second after the caches change, until
@@ -241,7 +320,7 @@ impl<'v> GaugeCounter<'v> {
     }
 
     fn finish(self, slot: &Slot) -> NetworkGauges {
-        NetworkGauges {
+        slot.refresh(NetworkGauges {
             network: slot.network().to_string(),
             active: self.active,
             held: self.held.into_iter().collect(),
@@ -251,8 +330,74 @@ impl<'v> GaugeCounter<'v> {
                 .into_iter()
                 .map(|u| (u.ranges, i64::try_from(u.free).unwrap_or(i64::MAX)))
                 .collect(),
-            fallbacks: i64::try_from(fallback_count(slot.dir())).unwrap_or(i64::MAX),
-            healthy: slot.health().is_ok(),
+            fallbacks: 0,
+            healthy: true,
+        })
+    }
+}
+
+impl Slot {
+    /// `gauges` with what is read cheaply every pass: the fallback count and the store's health.
+    fn refresh(&self, gauges: NetworkGauges) -> NetworkGauges {
+        NetworkGauges {
+            fallbacks: i64::try_from(fallback_count(self.dir())).unwrap_or(i64::MAX),
+            healthy: self.health().is_ok(),
+            ..gauges
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last(at: Instant, cluster: Option<u64>, store: u64, due: Option<u64>) -> LastReading {
+        LastReading {
+            at,
+            cluster,
+            store,
+            due,
+            gauges: NetworkGauges::default(),
+        }
+    }
+
+    #[test]
+    fn a_store_is_read_again_only_when_there_is_a_reason() {
+        let t0 = Instant::now();
+        let later = t0 + GAUGE_REFRESH;
+        assert!(needs_reading(None, None, 0, 100, t0), "never read");
+        let l = last(t0, Some(7), 3, Some(150));
+        assert!(
+            !needs_reading(Some(&l), Some(7), 3, 100, later),
+            "nothing new"
+        );
+        assert!(
+            needs_reading(Some(&l), Some(8), 3, 100, t0),
+            "the caches changed"
+        );
+        assert!(
+            needs_reading(Some(&l), Some(7), 3, 150, t0),
+            "a grace period ran out"
+        );
+        assert!(
+            needs_reading(Some(&l), Some(7), 4, 100, t0),
+            "the store changed"
+        );
+        let without_kubernetes = last(t0, None, 3, None);
+        assert!(!needs_reading(
+            Some(&without_kubernetes),
+            None,
+            3,
+            10_000,
+            later
+        ));
+        assert!(
+            !needs_reading(Some(&without_kubernetes), None, 4, 100, t0),
+            "gauges still fresh"
+        );
+        assert!(
+            needs_reading(Some(&without_kubernetes), None, 4, 100, later),
+            "stale gauges of a changed store"
+        );
     }
 }

@@ -257,9 +257,6 @@ impl<S: StoreRead> StoreRead for Deadlined<'_, S> {
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
         self.store.expired(now)
     }
-    fn held(&self) -> Result<Vec<Lease>, StoreError> {
-        self.store.held()
-    }
     fn scan(
         &self,
         each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,

@@ -73,6 +73,16 @@ pub fn advance(mark: Option<&ClockMark>, reading: &Reading) -> ClockMark {
     }
 }
 
+/// Whether `reading` is the first the store sees of its boot, so the mark [`advance`] returns
+/// must be stored: within one boot every later time follows from it and the boot clock.
+pub fn starts_a_boot(mark: Option<&ClockMark>, reading: &Reading) -> bool {
+    match (mark, &reading.boot) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(m), Some((id, secs))) => m.boot_id.as_deref() != Some(id) || *secs < m.since_boot,
+    }
+}
+
 /// How far the wall clock is ahead of the store's time `now` (from [`advance`]), when that is
 /// worth a warning: the wall clock jumped forward since the store last saw it.
 pub fn wall_ahead(now: u64, reading: &Reading) -> Option<u64> {
@@ -117,6 +127,16 @@ mod tests {
         assert_eq!(advance(Some(&before), &reading(900, "b2", 5)).now, 1_000);
         // A boot clock that went backwards is another boot, whatever the id says.
         assert_eq!(advance(Some(&before), &reading(2_000, "b1", 10)).now, 2_000);
+    }
+
+    #[test]
+    fn a_mark_is_stored_once_per_boot() {
+        let first = advance(None, &reading(1_000, "b1", 50));
+        assert!(starts_a_boot(None, &reading(1_000, "b1", 50)));
+        assert!(!starts_a_boot(Some(&first), &reading(1_900, "b1", 950)));
+        assert!(starts_a_boot(Some(&first), &reading(1_900, "b2", 5)));
+        assert!(starts_a_boot(Some(&first), &reading(1_900, "b1", 10)));
+        assert!(!starts_a_boot(None, &Reading::wall(7)));
     }
 
     #[test]

@@ -145,8 +145,6 @@ pub trait StoreRead {
     fn leases_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Lease>, StoreError>;
     /// Held leases whose holding ended at or before `now`.
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError>;
-    /// Every held lease (timed or forever), in address order.
-    fn held(&self) -> Result<Vec<Lease>, StoreError>;
     /// Calls `each` with every lease in address order, without collecting them; stops at the
     /// first error `each` returns.
     fn scan(&self, each: &mut dyn FnMut(Lease) -> Result<(), StoreError>)
@@ -157,6 +155,19 @@ pub trait StoreRead {
     fn range_sets(&self) -> Result<Option<String>, StoreError>;
     /// The store's clock as of its last commit.
     fn clock(&self) -> Result<Option<ClockMark>, StoreError>;
+
+    /// Every held lease (timed or forever), in address order. Reads every lease: for rare
+    /// decisions only (a full range).
+    fn held(&self) -> Result<Vec<Lease>, StoreError> {
+        let mut out = Vec::new();
+        self.scan(&mut |l| {
+            if !l.is_active() {
+                out.push(l);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
 
     /// Every lease, in address order.
     fn all(&self) -> Result<Vec<Lease>, StoreError> {
@@ -220,10 +231,6 @@ impl StoreRead for MemoryStore {
 
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
         Ok(self.filter(|l| l.is_expired(now)))
-    }
-
-    fn held(&self) -> Result<Vec<Lease>, StoreError> {
-        Ok(self.filter(|l| !l.is_active()))
     }
 
     fn scan(

@@ -47,16 +47,21 @@ struct Pending<'s, S: Store + ?Sized> {
     changes: BTreeMap<IpAddr, LeaseChange>,
     last_reserved: Vec<(String, IpAddr)>,
     clock: ClockMark,
+    /// Whether the clock mark must be written: the first of this boot (later ones follow from
+    /// it and the boot clock, so writing them would only cost every commit a page).
+    new_clock: bool,
 }
 
 impl<'s, S: Store + ?Sized> Pending<'s, S> {
     /// Starts a command at `reading`; the command's time is [`Self::now`].
     fn new(store: &'s S, reading: &Reading) -> Result<Self, StoreError> {
-        let clock = clock::advance(store.clock()?.as_ref(), reading);
+        let stored = store.clock()?;
+        let clock = clock::advance(stored.as_ref(), reading);
         Ok(Pending {
             store,
             changes: BTreeMap::new(),
             last_reserved: Vec::new(),
+            new_clock: clock::starts_a_boot(stored.as_ref(), reading),
             clock,
         })
     }
@@ -119,7 +124,7 @@ impl<'s, S: Store + ?Sized> Pending<'s, S> {
                 .collect(),
             last_reserved: self.last_reserved,
             range_sets: None,
-            clock: Some(self.clock),
+            clock: self.new_clock.then_some(self.clock),
         }
     }
 }

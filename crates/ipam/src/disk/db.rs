@@ -9,7 +9,6 @@
 //! by_owner   (container ID, ifname, ip)         → ()                 index: owner attachment
 //! by_pod     (namespace, pod, ifname, ip)       → ()                 index: pod identity
 //! by_expiry  (until, ip)                        → ()                 index: timed holdings
-//! held       ip                                 → ()                 index: every holding
 //! cursors    range set "start-end,…"            → address text       round-robin cursor
 //! meta       "version"                          → "2"
 //!            "ranges"                           → JSON of the range sets last configured
@@ -43,7 +42,6 @@ const LEASES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("leases");
 const BY_OWNER: TableDefinition<(&str, &str, &[u8]), ()> = TableDefinition::new("by_owner");
 const BY_POD: TableDefinition<(&str, &str, &str, &[u8]), ()> = TableDefinition::new("by_pod");
 const BY_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("by_expiry");
-const HELD: TableDefinition<&[u8], ()> = TableDefinition::new("held");
 const CURSORS: TableDefinition<&str, &str> = TableDefinition::new("cursors");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
@@ -123,7 +121,6 @@ struct ReadTables {
     by_owner: ReadOnlyTable<(&'static str, &'static str, &'static [u8]), ()>,
     by_pod: ReadOnlyTable<(&'static str, &'static str, &'static str, &'static [u8]), ()>,
     by_expiry: ReadOnlyTable<(u64, &'static [u8]), ()>,
-    held: ReadOnlyTable<&'static [u8], ()>,
     cursors: ReadOnlyTable<&'static str, &'static str>,
     meta: ReadOnlyTable<&'static str, &'static [u8]>,
 }
@@ -138,7 +135,6 @@ impl ReadTables {
             by_owner: txn.open_table(BY_OWNER).map_err(err)?,
             by_pod: txn.open_table(BY_POD).map_err(err)?,
             by_expiry: txn.open_table(BY_EXPIRY).map_err(err)?,
-            held: txn.open_table(HELD).map_err(err)?,
             cursors: txn.open_table(CURSORS).map_err(err)?,
             meta: txn.open_table(META).map_err(err)?,
         })
@@ -219,18 +215,6 @@ impl StoreRead for ReadTables {
             .map_err(|e| self.err("scan", e))?
         {
             keys.push(entry.map_err(|e| self.err("scan", e))?.0.value().1.to_vec());
-        }
-        self.leases_at(keys)
-    }
-
-    fn held(&self) -> Result<Vec<Lease>, StoreError> {
-        let mut keys = Vec::new();
-        for entry in self
-            .held
-            .range::<&[u8]>(..)
-            .map_err(|e| self.err("scan", e))?
-        {
-            keys.push(entry.map_err(|e| self.err("scan", e))?.0.value().to_vec());
         }
         self.leases_at(keys)
     }
@@ -394,7 +378,6 @@ impl DiskStore {
             let mut by_owner = txn.open_table(BY_OWNER).map_err(t)?;
             let mut by_pod = txn.open_table(BY_POD).map_err(t)?;
             let mut by_expiry = txn.open_table(BY_EXPIRY).map_err(t)?;
-            let mut held = txn.open_table(HELD).map_err(t)?;
             let mut index = |lease: &Lease, insert: bool| -> Result<(), redb::StorageError> {
                 let ip = ip_key(lease.ip);
                 let owner = (
@@ -411,7 +394,7 @@ impl DiskStore {
                     )
                 });
                 let until = match lease.state {
-                    LeaseState::Held { until } => Some(until),
+                    LeaseState::Held { until } => until,
                     LeaseState::Active => None,
                 };
                 if insert {
@@ -419,22 +402,16 @@ impl DiskStore {
                     if let Some(k) = pod {
                         by_pod.insert(k, ())?;
                     }
-                    if let Some(until) = until {
-                        held.insert(&ip[..], ())?;
-                        if let Some(t) = until {
-                            by_expiry.insert((t, &ip[..]), ())?;
-                        }
+                    if let Some(t) = until {
+                        by_expiry.insert((t, &ip[..]), ())?;
                     }
                 } else {
                     by_owner.remove(owner)?;
                     if let Some(k) = pod {
                         by_pod.remove(k)?;
                     }
-                    if let Some(until) = until {
-                        held.remove(&ip[..])?;
-                        if let Some(t) = until {
-                            by_expiry.remove((t, &ip[..]))?;
-                        }
+                    if let Some(t) = until {
+                        by_expiry.remove((t, &ip[..]))?;
                     }
                 }
                 Ok(())
@@ -497,9 +474,6 @@ impl StoreRead for DiskStore {
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
         self.tables()?.expired(now)
     }
-    fn held(&self) -> Result<Vec<Lease>, StoreError> {
-        self.tables()?.held()
-    }
     fn scan(
         &self,
         each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
@@ -550,9 +524,6 @@ impl StoreRead for DiskSnapshot {
     fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
         self.0.expired(now)
     }
-    fn held(&self) -> Result<Vec<Lease>, StoreError> {
-        self.0.held()
-    }
     fn scan(
         &self,
         each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
@@ -594,7 +565,6 @@ fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
             txn.open_table(BY_OWNER).map_err(t)?;
             txn.open_table(BY_POD).map_err(t)?;
             txn.open_table(BY_EXPIRY).map_err(t)?;
-            txn.open_table(HELD).map_err(t)?;
             txn.open_table(CURSORS).map_err(t)?;
             let mut meta = txn.open_table(META).map_err(t)?;
             meta.insert("version", LAYOUT_VERSION.to_string().as_bytes())

@@ -121,10 +121,16 @@ pub fn system_reading() -> Reading {
     let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|id| id.trim().to_string())
-        .filter(|id| !id.is_empty());
+    // A process never outlives its boot: read the id once.
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let boot_id = BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|id| id.trim().to_string())
+                .filter(|id| !id.is_empty())
+        })
+        .clone();
     let since_boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
         .ok()
         .and_then(|t| u64::try_from(t.tv_sec()).ok());
