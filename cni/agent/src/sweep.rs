@@ -49,6 +49,11 @@ pub struct Sweeper {
     pub readings: Arc<Mutex<BTreeMap<String, LastReading>>>,
 }
 
+/// A full reading pauses [`PACE_PAUSE`] after every this many leases.
+const PACE_EVERY: usize = 500;
+/// See [`PACE_EVERY`].
+const PACE_PAUSE: Duration = Duration::from_millis(1);
+
 /// How stale the gauges may get while the store changes.
 pub const GAUGE_REFRESH: Duration = Duration::from_secs(60);
 
@@ -183,11 +188,18 @@ impl Sweeper {
         let empty = ClusterView::default();
         let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &netns_exists);
         let mut gauges = GaugeCounter::new(&snapshot, view.unwrap_or(&empty))?;
+        let mut read = 0usize;
         snapshot.scan(&mut |lease| {
             if view.is_some() {
                 planner.consider(&lease);
             }
             gauges.add(&lease);
+            // Paced: a reading of a large store is a background task, and must not take the
+            // disk and a core from the requests for its whole length.
+            read += 1;
+            if read % PACE_EVERY == 0 {
+                std::thread::sleep(PACE_PAUSE);
+            }
             Ok(())
         })?;
         drop(snapshot);

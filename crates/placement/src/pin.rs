@@ -7,12 +7,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ipkeep_api::annotations::POD_INDEX_LABEL;
+use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
 use ipkeep_api::{PersistentPodState, PodState};
 
 use crate::affinity;
 use crate::spec::{self, check_ip_retention};
-use crate::view::TargetView;
 
 /// The node label that names a node; a pin on it pins one node.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -209,15 +210,15 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
             UnrecordedReason::RecordsOfEarlierStatefulSet,
         ));
     }
-    // `<statefulset>-<ordinal>`, whatever the ordinal: a record under another name is not this
-    // pod's.
-    let of_target = TargetView {
-        name: owner.name.clone(),
-        uid: owner.uid.clone(),
-        replicas: i32::MAX,
-        ordinals_start: 0,
-    }
-    .wants(&pod_name);
+    // `<statefulset>-<ordinal>`, whatever the ordinal (its `apps.kubernetes.io/pod-index` label
+    // where it has one): a record under another name is not this pod's.
+    let pod_index = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(POD_INDEX_LABEL))
+        .map(String::as_str);
+    let of_target = ordinal::of_pod(&pod_name, &owner.name, pod_index).is_some();
     let Some(record) = status.pod_states.get(&pod_name).filter(|_| of_target) else {
         return managed(PinOutcome::Unrecorded(UnrecordedReason::FirstCreation));
     };

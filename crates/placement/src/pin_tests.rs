@@ -617,3 +617,22 @@ fn extender_filter_and_scores() {
     assert_eq!(pin.score("n2", &labels("n2", "a")), 3);
     assert_eq!(pin.score("n3", &labels("n3", "b")), 0);
 }
+
+/// One grammar with the node agent: the ordinal is the pod's `apps.kubernetes.io/pod-index`
+/// label where it has one, and a name and label that disagree name no pod of the StatefulSet.
+#[test]
+fn the_pod_index_label_names_the_ordinal() {
+    let decide_with = |labels: Value| {
+        let mut p = pod(json!({}));
+        p["metadata"]["labels"] = labels;
+        let pod: Pod = serde_json::from_value(p).unwrap();
+        let pps: PersistentPodState = serde_json::from_value(pps()).unwrap();
+        match decide(&pod, "prod", Some(&pps)) {
+            Decision::Manage(m) => matches!(m.pin, PinOutcome::Pinned(_)),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(decide_with(json!({"apps.kubernetes.io/pod-index": "0"})));
+    assert!(decide_with(json!({})));
+    assert!(!decide_with(json!({"apps.kubernetes.io/pod-index": "1"})));
+}
