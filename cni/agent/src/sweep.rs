@@ -197,7 +197,7 @@ impl Sweeper {
             // Paced: a reading of a large store is a background task, and must not take the
             // disk and a core from the requests for its whole length.
             read += 1;
-            if read % PACE_EVERY == 0 {
+            if read.is_multiple_of(PACE_EVERY) {
                 std::thread::sleep(PACE_PAUSE);
             }
             Ok(())
