@@ -19,7 +19,11 @@
 //!
 //! `IPKEEP_BENCH_SCALE` (float, default 1.0) multiplies every op count (not the pre-fill sizes);
 //! `IPKEEP_BENCH_DIR` chooses where the data directories are created (default: the temp dir).
-//! Any operation that fails aborts the run with the plugin's output.
+//! With `IPKEEP_BENCH_AGENT=1`, ipkeep goes through an `ipkeep-agent` started for each
+//! scenario's data directory (an agent serves its own data directory only); the run fails if
+//! any command fell back to the plugin process, and reports the agent's peak memory. The
+//! pre-filled ipkeep stores hold *held* addresses (deleted pods', with their PersistentPodState),
+//! the agent's heaviest case. Any operation that fails aborts the run with the plugin's output.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -27,13 +31,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ipkeep_ipam::store::LeaseChange;
-use ipkeep_ipam::{
-    Attachment, Commit, DiskStore, Lease, LeaseState, NetworkDir, RangeSet, RangeSpec, Retention,
-    Store, StoreRead,
-};
+use ipkeep_ipam::{DiskStore, NetworkDir, RangeSet, RangeSpec, StoreRead};
 use ipkeep_tests::agent::{Agent, AgentOptions};
-use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, reference_plugin};
+use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, reference_plugin, store};
 use tempfile::TempDir;
 
 const NETWORK: &str = "bench";
@@ -48,7 +48,7 @@ enum Kind {
     HostLocal,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Plugin {
     name: &'static str,
     bin: PathBuf,
@@ -290,6 +290,59 @@ fn load() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// `plugins` for a scenario whose ipkeep data directory is `dir`: with `IPKEEP_BENCH_AGENT`,
+/// ipkeep goes through an agent started for that directory (returned, to be checked with
+/// [`agent_done`]).
+fn for_scenario(plugins: &[Plugin; 2], dir: &Path) -> ([Plugin; 2], Option<Agent>) {
+    let mut plugins = plugins.clone();
+    if std::env::var_os("IPKEEP_BENCH_AGENT").is_none() {
+        return (plugins, None);
+    }
+    let agent = Agent::start(dir, AgentOptions::default());
+    plugins[0].agent_socket = Some(agent.socket().to_path_buf());
+    (plugins, Some(agent))
+}
+
+/// `(VmHWM, VmRSS)` of a process, in MiB.
+fn memory_of(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (kib("VmHWM:"), kib("VmRSS:"))
+}
+
+/// After a scenario through an agent: no command fell back (else the numbers would not be the
+/// agent's), and the agent's peak and current memory.
+fn agent_done(agent: Option<Agent>, dir: &Path, label: &str, memory: &mut Vec<(String, f64, f64)>) {
+    let Some(agent) = agent else {
+        return;
+    };
+    let fallbacks = dir.join(NETWORK).join("fallbacks");
+    assert!(
+        !fallbacks.exists(),
+        "{label}: commands fell back to the plugin process ({}); the agent's log:\n{}",
+        std::fs::read_to_string(&fallbacks)
+            .unwrap_or_default()
+            .trim(),
+        agent.log().join("\n")
+    );
+    let (peak, now) = memory_of(agent.pid());
+    println!("  ipkeep-agent memory: peak {peak:.1} MiB, now {now:.1} MiB");
+    memory.push((label.to_string(), peak, now));
+}
+
 fn cycle(plugin: &Plugin, container_id: &str, conf: &str, into: &mut Vec<Sample>) {
     into.push(run_op(plugin, "ADD", container_id, conf));
     into.push(run_op(plugin, "DEL", container_id, conf));
@@ -356,10 +409,9 @@ fn parallel(plugin: &Plugin, dir: &Path, cycles: usize) -> Run {
     }
 }
 
-fn prefill_ip(i: usize) -> Ipv4Addr {
+fn prefill_ip(i: usize) -> IpAddr {
     // 10.10.0.1 is the gateway; allocation starts at .2 in both plugins.
-    let base = u32::from(Ipv4Addr::new(10, 10, 0, 2));
-    Ipv4Addr::from(base + u32::try_from(i).expect("prefill fits the /16"))
+    store::nth_ip(Ipv4Addr::new(10, 10, 0, 2), i)
 }
 
 fn range_set() -> RangeSet {
@@ -378,55 +430,25 @@ fn open_ipkeep_store(data_dir: &Path) -> DiskStore {
     DiskStore::open(lock, &Default::default()).expect("open the bench store")
 }
 
-/// Writes `n` active leases straight into ipkeep's store, in a few large commits.
+/// Writes `n` held leases (deleted pods' addresses, kept forever) straight into ipkeep's
+/// store, in a few large commits, with the round-robin cursor on the last one.
 fn prefill_ipkeep(data_dir: &Path, n: usize) {
     let set = range_set();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut store = open_ipkeep_store(data_dir);
-    let ips: Vec<usize> = (0..n).collect();
-    let chunks = ips.chunks(PREFILL_CHUNK).count();
-    for (c, chunk) in ips.chunks(PREFILL_CHUNK).enumerate() {
-        let last = c + 1 == chunks;
-        let leases = chunk
-            .iter()
-            .map(|&i| {
-                let ip = IpAddr::V4(prefill_ip(i));
-                LeaseChange {
-                    ip,
-                    before: None,
-                    after: Some(Lease {
-                        ip,
-                        owner: Attachment {
-                            container_id: format!("pre-{i:06}"),
-                            ifname: "eth0".into(),
-                        },
-                        pod: None,
-                        retention: Retention::Off,
-                        state: LeaseState::Active,
-                        since: now,
-                        netns: None,
-                    }),
-                }
-            })
-            .collect();
-        store
-            .commit(Commit {
-                leases,
-                last_reserved: if last {
-                    vec![(set.to_string(), IpAddr::V4(prefill_ip(n - 1)))]
-                } else {
-                    Vec::new()
-                },
-                range_sets: last.then(|| {
-                    serde_json::to_string(std::slice::from_ref(&set)).expect("range sets JSON")
-                }),
-                clock: None,
-            })
-            .expect("pre-fill commit");
-    }
-    let count = store.all().expect("read back the pre-fill").len();
+    let leases = (0..n)
+        .map(|i| store::held_lease(prefill_ip(i), i, "bench", now))
+        .collect();
+    store::write(data_dir, NETWORK, leases, PREFILL_CHUNK, |last| {
+        last.last_reserved = vec![(set.to_string(), prefill_ip(n - 1))];
+        last.range_sets =
+            Some(serde_json::to_string(std::slice::from_ref(&set)).expect("range sets JSON"));
+    });
+    let count = open_ipkeep_store(data_dir)
+        .all()
+        .expect("read back the pre-fill")
+        .len();
     assert_eq!(count, n, "ipkeep pre-fill");
 }
 
@@ -604,19 +626,14 @@ fn main() {
         return;
     };
     let scale = scale();
-    // With IPKEEP_BENCH_AGENT=1, ipkeep goes through a running ipkeep-agent (release build).
-    let agent = std::env::var_os("IPKEEP_BENCH_AGENT").map(|_| {
-        let dir = fresh_dir("agent");
-        let agent = Agent::start(dir.path(), AgentOptions::default());
-        (agent, dir)
-    });
-    let agent_socket = agent.as_ref().map(|(a, _)| a.socket().to_path_buf());
+    let through_agent = std::env::var_os("IPKEEP_BENCH_AGENT").is_some();
+    let mut memory: Vec<(String, f64, f64)> = Vec::new();
     let plugins = [
         Plugin {
             name: "ipkeep",
             bin: ipkeep_bin(),
             kind: Kind::Ipkeep,
-            agent_socket: agent_socket.clone(),
+            agent_socket: None,
         },
         Plugin {
             name: "host-local",
@@ -627,9 +644,10 @@ fn main() {
     ];
     println!(
         "ipkeep path: {}",
-        match &agent_socket {
-            Some(s) => format!("through ipkeep-agent at {}", s.display()),
-            None => "plugin process opens the store itself".into(),
+        if through_agent {
+            "through an ipkeep-agent per scenario (release build, --no-kubernetes)"
+        } else {
+            "plugin process opens the store itself"
         }
     );
     let load_start = load();
@@ -678,10 +696,12 @@ fn main() {
     {
         let cycles = scaled(500, scale);
         let dirs = [fresh_dir("seq-ipkeep"), fresh_dir("seq-hl")];
+        let (plugins, agent) = for_scenario(&plugins, dirs[0].path());
         let runs = sequential(&plugins, &[dirs[0].path(), dirs[1].path()], cycles, "seq");
         for (p, d) in plugins.iter().zip(&dirs) {
             assert_eq!(lease_count(p, d.path()), 0, "{} left leases", p.name);
         }
+        agent_done(agent, dirs[0].path(), "sequential", &mut memory);
         let s = Scenario {
             name: "sequential".into(),
             what: "ADD+DEL cycles, empty /16".into(),
@@ -696,12 +716,17 @@ fn main() {
     // 2. 16 threads, the same number of ops.
     {
         let cycles = scaled(500, scale);
-        let runs = plugins.each_ref().map(|p| {
-            let dir = fresh_dir(&format!("par-{}", p.name));
-            let run = parallel(p, dir.path(), cycles);
+        let mut runs: [Run; 2] = Default::default();
+        for (k, run) in runs.iter_mut().enumerate() {
+            let dir = fresh_dir(&format!("par-{}", plugins[k].name));
+            let (scenario_plugins, agent) = for_scenario(&plugins, dir.path());
+            let p = &scenario_plugins[k];
+            *run = parallel(p, dir.path(), cycles);
             assert_eq!(lease_count(p, dir.path()), 0, "{} left leases", p.name);
-            run
-        });
+            if k == 0 {
+                agent_done(agent, dir.path(), "parallel-16", &mut memory);
+            }
+        }
         let s = Scenario {
             name: "parallel-16".into(),
             what: format!(
@@ -738,6 +763,7 @@ fn main() {
             mib(hl_disk),
             t_hl.as_secs_f64(),
         );
+        let (plugins, agent) = for_scenario(&plugins, dirs[0].path());
         let runs = sequential(&plugins, &[dirs[0].path(), dirs[1].path()], cycles, label);
         for (p, d) in plugins.iter().zip(&dirs) {
             assert_eq!(
@@ -747,6 +773,7 @@ fn main() {
                 p.name
             );
         }
+        agent_done(agent, dirs[0].path(), label, &mut memory);
         let s = Scenario {
             name: label.into(),
             what: format!("ADD+DEL cycles, {entries} leases already in the /16"),
@@ -789,7 +816,7 @@ fn main() {
     }
     println!("\n### ipkeep phases (mean ms per op, ADD and DEL together)\n");
     println!(
-        "| scenario | parse | lock wait | sled open | alloc+commit | rest (close) | total (in process) | wall | process start+exit |"
+        "| scenario | parse | lock wait | store open | alloc+commit | rest (close) | total (in process) | wall | process start+exit |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in scenarios.iter().filter(|s| s.name != "version") {

@@ -4,17 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ipkeep_ipam::store::LeaseChange;
-use ipkeep_ipam::{
-    Attachment, Commit, DiskStore, Lease, LeaseState, NetworkDir, PodRef, Retention, Store,
-};
 use ipkeep_tests::agent::{Agent, AgentOptions};
-use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
+use ipkeep_tests::{Invocation, ipkeep_bin, store, with_agent_socket};
 
 fn conf(data: &Path, socket: &Path, network: &str) -> String {
     let base = format!(
@@ -138,52 +134,13 @@ fn an_interface_name_with_a_nul_is_refused() {
     assert!(!data.path().join("net").exists(), "nothing stored");
 }
 
-/// Writes `n` held leases into a fresh store of network `net`, in large commits.
+/// Writes `n` held leases into a fresh store of network `net`.
 fn prefill(data: &Path, n: usize) {
-    let dir = NetworkDir::new(data, "net").expect("name");
-    let mut store = DiskStore::open(
-        dir.lock(Duration::from_secs(5)).expect("lock"),
-        &Default::default(),
-    )
-    .expect("open");
-    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
-        let leases = chunk
-            .iter()
-            .map(|&i| {
-                let ip = IpAddr::V4(Ipv4Addr::from(
-                    u32::from(Ipv4Addr::new(10, 70, 0, 2)) + i as u32,
-                ));
-                LeaseChange {
-                    ip,
-                    before: None,
-                    after: Some(Lease {
-                        ip,
-                        owner: Attachment {
-                            // Real sandbox IDs are 64 hex digits.
-                            container_id: format!("{:064x}", 0xabcdef0000_u64 + i as u64),
-                            ifname: "eth0".into(),
-                        },
-                        pod: Some(PodRef {
-                            namespace: "db".into(),
-                            name: format!("kv-{i}"),
-                            uid: Some(format!("uid-{i:06}")),
-                            persistent_pod_state: Some("kv".into()),
-                        }),
-                        retention: Retention::Forever,
-                        state: LeaseState::Held { until: None },
-                        since: 1_700_000_000,
-                        netns: None,
-                    }),
-                }
-            })
-            .collect();
-        store
-            .commit(Commit {
-                leases,
-                ..Commit::default()
-            })
-            .expect("commit");
-    }
+    let first = Ipv4Addr::new(10, 70, 0, 2);
+    let leases = (0..n)
+        .map(|i| store::held_lease(store::nth_ip(first, i), i, "db", 1_700_000_000))
+        .collect();
+    store::write(data, "net", leases, 10_000, |_| {});
 }
 
 /// Found by review: `ipkeep list --json` through the agent failed at about 50,000 leases (the

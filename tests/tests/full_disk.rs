@@ -79,6 +79,18 @@ fn ownership(
     (active, owners)
 }
 
+/// Twenty pods while there is room; their acknowledged addresses.
+fn add_twenty(ns: &MountNs, conf: &str) -> BTreeMap<String, Vec<String>> {
+    (0..20)
+        .map(|i| {
+            let cid = format!("c{i}");
+            let out = cni(ns, "ADD", &cid, &pod(i), conf);
+            assert!(out.ok(), "{out:?}");
+            (cid, out.ips())
+        })
+        .collect()
+}
+
 /// Fills the tmpfs, then ADDs until one fails; returns the acknowledged ADDs and the container
 /// whose ADD failed.
 fn fill_until_an_add_fails(
@@ -134,13 +146,7 @@ fn full_disk_root_direct() {
     let data = tempfile::tempdir().expect("tempdir");
     ns.mount_tmpfs(data.path(), "2m");
     let conf = conf(data.path(), "1.1.0");
-    let mut acked = BTreeMap::new();
-    for i in 0..20 {
-        let cid = format!("c{i}");
-        let out = cni(&ns, "ADD", &cid, &pod(i), &conf);
-        assert!(out.ok(), "{out:?}");
-        acked.insert(cid, out.ips());
-    }
+    let mut acked = add_twenty(&ns, &conf);
     let failed = fill_until_an_add_fails(&ns, data.path(), &conf, &mut acked);
     let status = cni(&ns, "STATUS", "", "", &conf);
     assert_eq!(
@@ -179,13 +185,7 @@ fn full_disk_root_through_the_agent() {
     );
     let socket = agent.socket().to_path_buf();
     let conf = with_agent_socket(&conf(data.path(), "1.1.0"), &socket);
-    let mut acked = BTreeMap::new();
-    for i in 0..20 {
-        let cid = format!("c{i}");
-        let out = cni(&ns, "ADD", &cid, &pod(i), &conf);
-        assert!(out.ok(), "{out:?}");
-        acked.insert(cid, out.ips());
-    }
+    let mut acked = add_twenty(&ns, &conf);
     let failed = fill_until_an_add_fails(&ns, data.path(), &conf, &mut acked);
     let health = agent.get("/healthz");
     assert!(

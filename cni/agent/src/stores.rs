@@ -350,10 +350,6 @@ impl RequestStores<'_> {
 impl Stores for RequestStores<'_> {
     type Store = DiskStore;
 
-    fn exists(&self, dir: &NetworkDir) -> bool {
-        dir.exists()
-    }
-
     fn with<R, E: From<StoreError>>(
         &self,
         dir: &NetworkDir,

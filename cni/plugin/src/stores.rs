@@ -34,7 +34,9 @@ pub trait Stores {
     type Store: Store;
 
     /// Whether the network has a store at all (DEL and CHECK of an unknown network do nothing).
-    fn exists(&self, dir: &NetworkDir) -> bool;
+    fn exists(&self, dir: &NetworkDir) -> bool {
+        dir.exists()
+    }
 
     /// Runs `f` with exclusive use of the store of `dir` (created if needed), waiting at most
     /// `timeout` for it. Records the `lock` and `open` phases in `timings`.
@@ -101,10 +103,6 @@ impl OpenPerCall {
 
 impl Stores for OpenPerCall {
     type Store = DiskStore;
-
-    fn exists(&self, dir: &NetworkDir) -> bool {
-        dir.exists()
-    }
 
     fn with<R, E: From<StoreError>>(
         &self,
