@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ipkeep_api::ipkeep_values::Retention;
-use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP};
+use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use ipkeep_placement::affinity;
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
 use k8s_openapi::api::core::v1::Pod;
@@ -178,7 +178,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
         .unwrap_or_default();
     out.pod = Some((namespace.clone(), name));
     let Some(statefulset) = pin::statefulset_name(&pod) else {
-        out.review.response.warnings = retention_warnings(&pod);
+        out.review.response.warnings = retention_warnings(&pod, &pod);
         return Ok(out);
     };
     if !caches.ready() {
@@ -186,7 +186,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     }
     let pps = caches.pps_for(&namespace, &statefulset);
     let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
-        out.review.response.warnings = retention_warnings(&pod);
+        out.review.response.warnings = retention_warnings(&pod, &pod);
         return Ok(out);
     };
     let mut after = pod.clone();
@@ -222,36 +222,48 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
             }
         }
     }
-    // What the pod is created with, the retention this webhook stamped included.
-    response.warnings.extend(retention_warnings(&after));
+    // What the pod came with, and what it is created with (the retention stamped included).
+    response.warnings.extend(retention_warnings(&pod, &after));
     Ok(out)
 }
 
-/// A warning for each retention annotation of `pod` that does not parse, saying what the CNI
-/// plugin does instead (it reads `ipkeep.dev/ip-retention` first, OpenKruise's minutes only
-/// without it).
-pub fn retention_warnings(pod: &Pod) -> Vec<String> {
-    let annotations = pod.metadata.annotations.as_ref();
-    let get = |key| annotations.and_then(|a| a.get(key)).map(String::as_str);
+/// A warning for each retention annotation of `before` (the pod as submitted) that does not
+/// parse, saying what happens instead in `after` (the pod as created): the webhook stamped its
+/// PersistentPodState's retention over it, or the CNI plugin ignores it (it reads
+/// `ipkeep.dev/ip-retention` first, OpenKruise's minutes only without it).
+pub fn retention_warnings(before: &Pod, after: &Pod) -> Vec<String> {
+    let ignored = "the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead";
     let mut warnings = Vec::new();
-    if let Some(Err(e)) =
-        get(IP_RETENTION).map(|v| Retention::parse(&format!("annotation {IP_RETENTION}"), v))
-    {
-        warnings.push(format!(
-            "ipkeep: {e}; the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead"
-        ));
+    let own = annotation(before, IP_RETENTION);
+    if let Some(Err(e)) = own.map(|v| Retention::parse(&format!("annotation {IP_RETENTION}"), v)) {
+        let instead = match annotation(after, IP_RETENTION) {
+            Some(stamped) if Some(stamped) != own => format!(
+                "replaced by the retention of its PersistentPodState ({}), {stamped:?}",
+                annotation(after, PERSISTENT_POD_STATE).unwrap_or_default()
+            ),
+            _ => ignored.to_string(),
+        };
+        warnings.push(format!("ipkeep: {e}; {instead}"));
     }
-    if let Some(Err(e)) = get(KRUISE_RESERVED_IP)
+    if let Some(Err(e)) = annotation(before, KRUISE_RESERVED_IP)
         .map(|v| Retention::parse_kruise_minutes(&format!("annotation {KRUISE_RESERVED_IP}"), v))
     {
-        let instead = if get(IP_RETENTION).is_some() {
+        let instead = if annotation(after, IP_RETENTION).is_some() {
             format!("it is not used anyway: {IP_RETENTION} takes precedence")
         } else {
-            "the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead".to_string()
+            ignored.to_string()
         };
         warnings.push(format!("ipkeep: {e}; {instead}"));
     }
     warnings
+}
+
+fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
 }
 
 fn to_json(pod: &Pod) -> serde_json::Value {

@@ -535,7 +535,8 @@ async fn extender_bad_input_is_an_error_field_not_a_crash() {
 }
 
 /// A retention annotation that does not parse never blocks a pod: the webhook admits it and
-/// warns, in the grammar the CNI plugin reads (`ipkeep_values::Retention`).
+/// warns, in the grammar the CNI plugin reads (`ipkeep_values::Retention`), saying what is used
+/// instead (a managed pod's typo is replaced by its PersistentPodState's retention).
 #[tokio::test]
 async fn webhook_warns_of_retention_annotations_that_do_not_parse() {
     let app = app(&[pps_json()]).await;
@@ -552,7 +553,7 @@ async fn webhook_warns_of_retention_annotations_that_do_not_parse() {
             "a typo in a managed pod's retention",
             with(json!({"ipkeep.dev/ip-retention": "24 hours"}), true),
             vec![
-                "ipkeep: invalid annotation ipkeep.dev/ip-retention value \"24 hours\": expected a duration such as 30m, 24h or 1h30m (units ns, us, ms, s, m, h, d), \"forever\", or 0 to turn retention off; the ipkeep CNI plugin ignores it and holds this pod's IPs for the network's retention (ipam.retention) instead",
+                "ipkeep: invalid annotation ipkeep.dev/ip-retention value \"24 hours\": expected a duration such as 30m, 24h or 1h30m (units ns, us, ms, s, m, h, d), \"forever\", or 0 to turn retention off; replaced by the retention of its PersistentPodState (",
             ],
         ),
         (
