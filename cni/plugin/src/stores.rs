@@ -95,7 +95,13 @@ impl OpenPerCall {
                 tracing::debug!(error = %e, "could not count the fallback");
             }
         }
-        let store = DiskStore::open(lock, &StoreOptions::default())?;
+        // Checksums verified on every open: a file damaged behind our back is refused with an
+        // error naming it, never read as if it were what was committed (docs/store.md).
+        let options = StoreOptions {
+            verify: true,
+            ..StoreOptions::default()
+        };
+        let store = DiskStore::open(lock, &options)?;
         timings.record("open", t);
         Ok(store)
     }
