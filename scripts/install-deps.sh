@@ -13,6 +13,9 @@ command -v ping >/dev/null || need+=(iputils-ping)
 command -v arping >/dev/null || need+=(iputils-arping)
 # strace: the durability test checks that a commit is fsynced before it is acknowledged.
 command -v strace >/dev/null || need+=(strace)
+# openssl and curl: scripts/cluster.sh makes the test cluster's certificates and probes it.
+command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
 # Debian's python3 creates virtualenvs only with python3-venv (ensurepip); other Pythons (pyenv)
 # have it built in.
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

@@ -434,6 +434,7 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
 }
 
 pub mod agent;
+pub mod cluster;
 pub mod demo;
 pub mod mountns;
 pub mod store;

@@ -1,0 +1,366 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on this machine, with ipkeep installed from deploy/.
+#
+#   scripts/cluster.sh up [--kwok-nodes N] [--state DIR] [--port-base P] [--without-ipkeep]
+#   scripts/cluster.sh status [--state DIR]
+#   scripts/cluster.sh down [--state DIR]
+#
+# up starts, as local processes on 127.0.0.1: etcd; kube-apiserver (TLS, Node and RBAC
+# authorization, service-account token signing, default admission plugins);
+# kube-controller-manager (each controller with its own service account, node-loss timeouts of
+# seconds); kube-scheduler with the extender stanza of deploy/scheduler-ext/scheduler-config.yaml;
+# and with --kwok-nodes N, kwok with N fake nodes kwok-0..kwok-N-1 (labels kubernetes.io/hostname
+# and topology.kubernetes.io/zone zone-0..zone-2). Then it installs ipkeep from deploy/ (namespace,
+# CRD, RBAC, the webhook configuration with a url on loopback and a real caBundle) and runs two
+# ipkeep-controller replicas (leader election) and ipkeep-scheduler-ext, each with a kubeconfig
+# holding only its own ServiceAccount's token, so a permission missing from deploy/ fails. It
+# returns when everything is ready; its last line is `export KUBECONFIG=...` (an admin
+# kubeconfig). The Kubernetes binaries come from scripts/k8s-build.sh (built on first use).
+#
+# Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
+# extender), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers' probes), P+7
+# (kube-scheduler's), P+8 (kube-controller-manager's); P defaults to 16440. The state (certificates, data, logs in DIR/logs, pids in DIR/pids) is in DIR, default
+# $IPKEEP_CLUSTER_STATE or /tmp/ipkeep-cluster. up refuses a taken port or a state directory in
+# use; on any failure it stops what it started. down stops every process up started, by pid,
+# and removes DIR.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+state=${IPKEEP_CLUSTER_STATE:-/tmp/ipkeep-cluster}
+port_base=16440
+kwok_nodes=0
+ipkeep=1
+
+say() { echo "cluster: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+while [ $# -gt 0 ]; do
+  case $1 in
+    --state) state=${2:?--state needs a directory}; shift 2 ;;
+    --port-base) port_base=${2:?--port-base needs a number}; shift 2 ;;
+    --kwok-nodes) kwok_nodes=${2:?--kwok-nodes needs a number}; shift 2 ;;
+    --without-ipkeep) ipkeep=0; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+[[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
+[[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
+state=$(realpath -m "$state")
+
+p_etcd=$port_base p_peer=$((port_base + 1)) p_api=$((port_base + 2)) p_ext=$((port_base + 3))
+p_ext_probe=$((port_base + 4)) p_ctl0=$((port_base + 5)) p_ctl1=$((port_base + 6))
+p_sched=$((port_base + 7)) p_kcm=$((port_base + 8))
+up_done=
+
+# --- processes -------------------------------------------------------------------------------
+
+# start NAME CMD...: runs CMD in the background, logging to logs/NAME.log, pid in pids/NAME.
+start() {
+  local name=$1; shift
+  "$@" >>"$state/logs/$name.log" 2>&1 &
+  echo $! >"$state/pids/$name"
+}
+
+alive() { [ -f "$state/pids/$1" ] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null; }
+
+stop_all() {
+  local f pid waited
+  for f in "$state"/pids/*; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for f in "$state"/pids/*; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    waited=0
+    while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
+
+# wait_for WHAT SECONDS PROCESS CMD...: retries CMD until it succeeds; fails (with the process's
+# last log lines) if PROCESS dies or time runs out.
+wait_for() {
+  local what=$1 secs=$2 proc=$3; shift 3
+  local t0; t0=$(date +%s)
+  until "$@" >/dev/null 2>&1; do
+    if [ -n "$proc" ] && ! alive "$proc"; then
+      tail -20 "$state/logs/$proc.log" >&2 || true
+      die "$proc exited while waiting for $what (log: $state/logs/$proc.log)"
+    fi
+    if (( $(date +%s) - t0 >= secs )); then
+      [ -n "$proc" ] && { tail -20 "$state/logs/$proc.log" >&2 || true; }
+      die "$what not ready after ${secs}s${proc:+ (log: $state/logs/$proc.log)}"
+    fi
+    sleep 0.5
+  done
+  say "  $what ready ($(( $(date +%s) - t0 )) s)"
+}
+
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# --- certificates ----------------------------------------------------------------------------
+
+pki() {
+  local d=$state/pki
+  mkdir -p "$d"
+  # ssl ARGS...: openssl, quiet unless it fails.
+  ssl() {
+    local out
+    out=$(openssl "$@" 2>&1) || die "openssl $1 failed: $out"
+  }
+  # cert NAME SUBJECT [SAN]: a key and a certificate signed by the CA.
+  cert() {
+    local ext=()
+    if [ -n "${3:-}" ]; then
+      printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" >"$d/$1.ext"
+      ext=(-extfile "$d/$1.ext")
+    fi
+    ssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$d/$1.key" -out "$d/$1.csr"
+    ssl x509 -req -in "$d/$1.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 30 -out "$d/$1.crt" "${ext[@]}"
+  }
+  ssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=ipkeep-test-ca" \
+    -keyout "$d/ca.key" -out "$d/ca.crt"
+  cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  cert admin "/O=system:masters/CN=ipkeep-test-admin"
+  cert kcm "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert scheduler-ext "/CN=ipkeep-scheduler-ext" "IP:127.0.0.1,DNS:ipkeep-scheduler-ext.ipkeep-system.svc"
+  ssl genrsa -out "$d/sa.key" 2048
+  ssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub"
+}
+
+# kubeconfig FILE USER-ARGS... (cert NAME | token TOKEN) [NAMESPACE]
+kubeconfig() {
+  local file=$1 kind=$2 cred=$3 ns=${4:-default}
+  local k=(env KUBECONFIG="$file" "$bin/kubectl")
+  "${k[@]}" config set-cluster local --server="https://127.0.0.1:$p_api" \
+    --certificate-authority="$state/pki/ca.crt" --embed-certs=true >/dev/null
+  if [ "$kind" = cert ]; then
+    "${k[@]}" config set-credentials user --client-certificate="$state/pki/$cred.crt" \
+      --client-key="$state/pki/$cred.key" --embed-certs=true >/dev/null
+  else
+    "${k[@]}" config set-credentials user --token="$cred" >/dev/null
+  fi
+  "${k[@]}" config set-context local --cluster=local --user=user --namespace="$ns" >/dev/null
+  "${k[@]}" config use-context local >/dev/null
+  chmod 600 "$file"
+}
+
+# --- up --------------------------------------------------------------------------------------
+
+up() {
+  [ ! -e "$state/pids" ] || die "$state is in use by another cluster (scripts/cluster.sh down --state $state)"
+  local p
+  for p in $p_etcd $p_peer $p_api $p_ext $p_ext_probe $p_ctl0 $p_ctl1 $p_sched $p_kcm; do
+    port_taken "$p" && die "port $p on 127.0.0.1 is taken (choose other ports with --port-base)"
+  done
+  command -v openssl >/dev/null || die "openssl is not installed (apt-get install openssl)"
+  command -v curl >/dev/null || die "curl is not installed (apt-get install curl)"
+  local t0; t0=$(date +%s)
+  say "building or reusing the Kubernetes binaries (scripts/k8s-build.sh)"
+  bin=$("$repo/scripts/k8s-build.sh" --without-kubelet --print-dir | tail -1)
+  local ib=""
+  if [ "$ipkeep" = 1 ]; then
+    say "building ipkeep-controller and ipkeep-scheduler-ext"
+    (cd "$repo" && cargo build -q -p ipkeep-controller -p ipkeep-scheduler-ext) || die "cargo build failed"
+    ib=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
+  fi
+  rm -rf "$state/etcd" "$state/logs"
+  mkdir -p "$state"/{logs,pids,etcd}
+  # Whatever ends `up` before it is done (an error, die, a signal) stops what it started.
+  trap 'if [ -z "$up_done" ]; then say "failed; stopping what was started (logs kept in $state/logs)"; stop_all; rm -rf "$state/pids"; fi' EXIT
+  trap 'exit 130' INT TERM
+  echo "$bin" >"$state/bin"
+  pki
+  kubeconfig "$state/admin.kubeconfig" cert admin
+  kubeconfig "$state/kcm.kubeconfig" cert kcm
+  kubeconfig "$state/scheduler.kubeconfig" cert scheduler
+  local kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
+
+  say "starting etcd on 127.0.0.1:$p_etcd"
+  start etcd "$bin/etcd" --name=node0 --data-dir="$state/etcd" \
+    --listen-client-urls="http://127.0.0.1:$p_etcd" --advertise-client-urls="http://127.0.0.1:$p_etcd" \
+    --listen-peer-urls="http://127.0.0.1:$p_peer" --initial-advertise-peer-urls="http://127.0.0.1:$p_peer" \
+    --initial-cluster="node0=http://127.0.0.1:$p_peer" --unsafe-no-fsync=true \
+    --auto-compaction-retention=1 --quota-backend-bytes=$((4 << 30))
+  wait_for etcd 60 etcd curl -fsS "http://127.0.0.1:$p_etcd/readyz"
+
+  say "starting kube-apiserver on https://127.0.0.1:$p_api"
+  start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
+    --bind-address=127.0.0.1 --secure-port="$p_api" \
+    --tls-cert-file="$state/pki/apiserver.crt" --tls-private-key-file="$state/pki/apiserver.key" \
+    --client-ca-file="$state/pki/ca.crt" \
+    --service-account-issuer=https://kubernetes.default.svc \
+    --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
+    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
+    --endpoint-reconciler-type=none \
+    --default-not-ready-toleration-seconds=10 --default-unreachable-toleration-seconds=10
+  wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
+
+  say "starting kube-controller-manager and kube-scheduler"
+  start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$state/kcm.kubeconfig" \
+    --authentication-kubeconfig="$state/kcm.kubeconfig" --authorization-kubeconfig="$state/kcm.kubeconfig" \
+    --service-account-private-key-file="$state/pki/sa.key" --root-ca-file="$state/pki/ca.crt" \
+    --use-service-account-credentials=true --leader-elect=false \
+    --bind-address=127.0.0.1 --secure-port="$p_kcm" \
+    --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
+    --node-monitor-period=1s --node-monitor-grace-period=8s \
+    --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10
+  scheduler_config >"$state/scheduler-config.yaml"
+  start kube-scheduler "$bin/kube-scheduler" --config="$state/scheduler-config.yaml" \
+    --authentication-kubeconfig="$state/scheduler.kubeconfig" --authorization-kubeconfig="$state/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$p_sched"
+  wait_for kube-controller-manager 60 kube-controller-manager curl -kfsS "https://127.0.0.1:$p_kcm/healthz"
+  wait_for kube-scheduler 60 kube-scheduler curl -kfsS "https://127.0.0.1:$p_sched/readyz"
+  wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
+
+  if [ "$kwok_nodes" -gt 0 ]; then
+    kwok_up
+  fi
+  if [ "$ipkeep" = 1 ]; then
+    ipkeep_up "$ib"
+  fi
+  up_done=1
+  say "up in $(( $(date +%s) - t0 )) s; logs in $state/logs; stop with: $0 down --state $state"
+  echo "export KUBECONFIG=$state/admin.kubeconfig"
+}
+
+# The scheduler's configuration: deploy/scheduler-ext/scheduler-config.yaml with this cluster's
+# kubeconfig, the extender on loopback and its CA inline.
+scheduler_config() {
+  local file=$repo/deploy/scheduler-ext/scheduler-config.yaml ca
+  ca=$(base64 -w0 <"$state/pki/ca.crt")
+  grep -q 'urlPrefix: https://ipkeep-scheduler-ext.ipkeep-system.svc:443' "$file" &&
+    grep -q 'caFile: ' "$file" && grep -q 'kubeconfig: ' "$file" ||
+    die "$file no longer has the urlPrefix, caFile and kubeconfig lines this script rewrites"
+  sed -e "s#kubeconfig: .*#kubeconfig: $state/scheduler.kubeconfig#" \
+      -e "s#urlPrefix: .*#urlPrefix: https://127.0.0.1:$p_ext#" \
+      -e "s#caFile: .*#caData: $ca#" "$file"
+  printf 'leaderElection:\n  leaderElect: false\n'
+}
+
+kwok_up() {
+  local stages=$bin/kwok-stages cfg=$state/kwok.yaml i
+  say "starting kwok with $kwok_nodes nodes"
+  {
+    # With a config file kwok applies no defaults to what it leaves out: every parallelism is set.
+    printf 'apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n'
+    printf '  enableCNI: false\n  nodeLeaseParallelism: 4\n  podPlayStageParallelism: 4\n'
+    printf '  nodePlayStageParallelism: 4\n  podsOnNodeSyncParallelism: 1\n'
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      [ -f "$stages/$f" ] || die "kwok stage $f is missing from $stages"
+      printf -- '---\n'
+      cat "$stages/$f"
+    done
+  } >"$cfg"
+  start kwok "$bin/kwok" --kubeconfig="$state/admin.kubeconfig" --config="$cfg" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds=8 --cidr=10.0.0.0/16 --node-ip=10.255.0.1
+  for ((i = 0; i < kwok_nodes; i++)); do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-$i
+  annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels:
+    kubernetes.io/hostname: kwok-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    topology.kubernetes.io/zone: zone-$((i % 3))
+    type: kwok
+status:
+  allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
+  capacity: {cpu: "32", memory: 256Gi, pods: "110"}
+EOF
+  done >"$state/nodes.yaml"
+  "${kubectl[@]}" apply -f "$state/nodes.yaml" >/dev/null
+  wait_for "$kwok_nodes kwok nodes" 120 kwok nodes_ready "$kwok_nodes"
+}
+
+nodes_ready() {
+  local n
+  n=$("${kubectl[@]}" get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true)
+  [ "$n" -ge "$1" ]
+}
+
+ipkeep_up() {
+  local ib=$1 sa token ca
+  say "installing ipkeep from deploy/"
+  for f in namespace.yaml crd.yaml controller/rbac.yaml scheduler-ext/rbac.yaml; do
+    "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
+  done
+  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  ca=$(base64 -w0 <"$state/pki/ca.crt")
+  "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[
+    {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
+     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}}]" \
+    >"$state/webhook.yaml"
+  for sa in ipkeep-controller ipkeep-scheduler-ext; do
+    token=$("${kubectl[@]}" -n ipkeep-system create token "$sa" --duration=48h)
+    kubeconfig "$state/$sa.kubeconfig" token "$token" ipkeep-system
+  done
+  say "starting ipkeep-scheduler-ext on https://127.0.0.1:$p_ext and two ipkeep-controller replicas"
+  start scheduler-ext env KUBECONFIG="$state/ipkeep-scheduler-ext.kubeconfig" \
+    "$ib/ipkeep-scheduler-ext" --listen="127.0.0.1:$p_ext" --probe-listen="127.0.0.1:$p_ext_probe" \
+    --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key"
+  start controller-0 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-0 \
+    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl0" --lease-duration=6s
+  start controller-1 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-1 \
+    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl1" --lease-duration=6s
+  wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
+  wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
+  wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"
+  "${kubectl[@]}" apply -f "$state/webhook.yaml" >/dev/null
+  cat >"$state/ipkeep.env" <<EOF
+IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
+IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe
+IPKEEP_CONTROLLER_PROBES=http://127.0.0.1:$p_ctl0,http://127.0.0.1:$p_ctl1
+EOF
+}
+
+# --- status / down ---------------------------------------------------------------------------
+
+status() {
+  [ -d "$state/pids" ] || { say "no cluster in $state"; exit 1; }
+  local f ok=0
+  for f in "$state"/pids/*; do
+    [ -f "$f" ] || continue
+    if kill -0 "$(cat "$f")" 2>/dev/null; then
+      printf '%-24s running (pid %s)\n' "$(basename "$f")" "$(cat "$f")"
+    else
+      printf '%-24s NOT RUNNING (log: %s)\n' "$(basename "$f")" "$state/logs/$(basename "$f").log"
+      ok=1
+    fi
+  done
+  bin=$(cat "$state/bin")
+  KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl" get nodes 2>&1 | head -5 || ok=1
+  echo "export KUBECONFIG=$state/admin.kubeconfig"
+  return $ok
+}
+
+down() {
+  if [ ! -d "$state/pids" ]; then
+    say "no cluster in $state"
+    return 0
+  fi
+  stop_all
+  rm -rf "$state"
+  say "stopped and removed $state"
+}
+
+case $cmd in
+  up) up ;;
+  status) status ;;
+  down) down ;;
+  *) die "usage: $0 up|status|down [options] (see --help)" ;;
+esac

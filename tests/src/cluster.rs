@@ -1,0 +1,198 @@
+//! A real Kubernetes control plane for tests: `scripts/cluster.sh up` (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and kwok built from their upstream modules, ipkeep
+//! installed from `deploy/`), driven with the kubectl built beside them, and `down` on drop.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running cluster; dropping it stops every process and removes its state.
+#[derive(Debug)]
+pub struct Cluster {
+    repo: PathBuf,
+    state: PathBuf,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Whether the cluster tests can run here (Go to build the components). Without it they are
+/// skipped loudly, and under CI that is a failure.
+pub fn require_go(test: &str) -> bool {
+    let found = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return true;
+    }
+    let msg = format!("SKIPPED (needs Go to build the Kubernetes components): {test}");
+    assert!(std::env::var_os("CI").is_none(), "{msg}");
+    eprintln!("{msg}");
+    false
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_path_buf()
+}
+
+impl Cluster {
+    /// `scripts/cluster.sh up --kwok-nodes <nodes>` on ports of its own. Panics with the
+    /// script's output if it fails.
+    pub fn up(nodes: usize) -> Cluster {
+        let repo = repo_root();
+        let dir = tempfile::Builder::new()
+            .prefix("ipkeep-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let state = dir.path().join("state");
+        // Nine ports from P; spread by process so that parallel test binaries do not collide.
+        let base = 20000 + (std::process::id() % 4000) * 10;
+        let t = Instant::now();
+        let out = Command::new(repo.join("scripts/cluster.sh"))
+            .arg("up")
+            .arg("--state")
+            .arg(&state)
+            .args(["--port-base", &base.to_string()])
+            .args(["--kwok-nodes", &nodes.to_string()])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run scripts/cluster.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "scripts/cluster.sh up failed: {stdout}"
+        );
+        eprintln!("cluster up in {:.1} s", t.elapsed().as_secs_f64());
+        let bin = std::fs::read_to_string(state.join("bin")).expect("the state names its binaries");
+        Cluster {
+            kubeconfig: state.join("admin.kubeconfig"),
+            kubectl: Path::new(bin.trim()).join("kubectl"),
+            repo,
+            state,
+            _dir: dir,
+        }
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The cluster's state directory (logs in `logs/`, pids in `pids/`).
+    pub fn state(&self) -> &Path {
+        &self.state
+    }
+
+    /// A kubectl command for this cluster, as the admin.
+    pub fn kubectl(&self) -> Command {
+        let mut c = Command::new(&self.kubectl);
+        c.env("KUBECONFIG", &self.kubeconfig);
+        c
+    }
+
+    /// Runs kubectl with `args` (and `stdin`), returning its output whatever the exit status.
+    pub fn try_run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut c = self.kubectl();
+        c.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn kubectl");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("write kubectl's stdin");
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// Runs kubectl; panics with its stderr unless it succeeds; returns stdout.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = self.try_run(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `yaml`; panics unless it succeeds.
+    pub fn apply(&self, yaml: &str) -> String {
+        let out = self.try_run(&["apply", "-f", "-"], Some(yaml));
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl get -o json` of `what` (e.g. `["pod", "db-0", "-n", "db"]`), or `None` if it
+    /// does not exist.
+    pub fn get(&self, what: &[&str]) -> Option<serde_json::Value> {
+        let mut args = vec!["get", "-o", "json"];
+        args.extend_from_slice(what);
+        let out = self.try_run(&args, None);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("NotFound"), "kubectl {args:?} failed: {err}");
+            return None;
+        }
+        Some(serde_json::from_slice(&out.stdout).expect("kubectl printed JSON"))
+    }
+
+    /// The last `lines` lines of a component's log (`kube-scheduler`, `controller-0`, …).
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.state.join("logs").join(format!("{component}.log")))
+                .unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The pid of a process the script started.
+    pub fn pid(&self, component: &str) -> Option<i32> {
+        std::fs::read_to_string(self.state.join("pids").join(component))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(self.repo.join("scripts/cluster.sh"))
+            .arg("down")
+            .arg("--state")
+            .arg(&self.state)
+            .status();
+    }
+}
+
+/// Polls `f` every 250 ms until it returns `Some`, at most `timeout`; panics naming `what`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
