@@ -162,6 +162,47 @@ impl Cluster {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Starts `node` (labels like the script's kwok nodes, in `zone`) under a kwok process of
+    /// its own, and waits for it to be Ready. Killing the returned process makes the node stop
+    /// heartbeating, as a lost node does.
+    pub fn lossable_node(&self, node: &str, zone: &str) -> Kwok {
+        let bin =
+            std::fs::read_to_string(self.state.join("bin")).expect("the state names its binaries");
+        let log = std::fs::File::create(self.state.join("logs").join(format!("kwok-{node}.log")))
+            .expect("kwok log");
+        let child = Command::new(Path::new(bin.trim()).join("kwok"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!(
+                "--config={}",
+                self.state.join("kwok.yaml").display()
+            ))
+            .arg("--manage-all-nodes=false")
+            .arg(format!(
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node={node}"
+            ))
+            .args([
+                "--node-lease-duration-seconds=8",
+                "--cidr=10.1.0.0/16",
+                "--node-ip=10.255.0.2",
+            ])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start kwok");
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  annotations: {{kwok.x-k8s.io/node: {node}}}\n  labels: {{kubernetes.io/hostname: {node}, topology.kubernetes.io/zone: {zone}, type: kwok}}\nstatus:\n  allocatable: {{cpu: \"32\", memory: 256Gi, pods: \"110\"}}\n  capacity: {{cpu: \"32\", memory: 256Gi, pods: \"110\"}}\n"
+        ));
+        wait_until(&format!("{node} Ready"), Duration::from_secs(60), || {
+            let n = self.get(&["node", node])?;
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        });
+        Kwok(child)
+    }
+
     /// The pid of a process the script started.
     pub fn pid(&self, component: &str) -> Option<i32> {
         std::fs::read_to_string(self.state.join("pids").join(component))
@@ -179,6 +220,24 @@ impl Drop for Cluster {
             .arg("--state")
             .arg(&self.state)
             .status();
+    }
+}
+
+/// A kwok process started by a test; killed on drop.
+#[derive(Debug)]
+pub struct Kwok(std::process::Child);
+
+impl Kwok {
+    /// SIGKILL: its nodes stop heartbeating.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Kwok {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

@@ -63,6 +63,8 @@ fn ipkeep_on_a_real_control_plane() {
     cluster.run(&["create", "namespace", "db"]);
     statefulset_pods_are_recorded_pinned_and_pruned(&cluster);
     leader_election_hands_over(&cluster);
+    a_lost_node_lets_its_pod_go_after_the_policy(&cluster);
+    the_extender_alone_pins(&cluster);
     pods_pass_while_the_webhook_is_down(&cluster);
     for component in ["controller-0", "controller-1", "scheduler-ext"] {
         let log = cluster.log_tail(component, 100_000);
@@ -110,27 +112,148 @@ fn leader_election_hands_over(cluster: &Cluster) {
     );
 }
 
-/// failurePolicy Ignore: with ipkeep-scheduler-ext gone, pods are still created (unpinned) and
-/// scheduled (the extender is ignorable).
-fn pods_pass_while_the_webhook_is_down(cluster: &Cluster) {
-    let pid = cluster.pid("scheduler-ext").expect("scheduler-ext's pid");
+fn kill(cluster: &Cluster, component: &str) {
+    let pid = cluster.pid(component).expect("the component's pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )
-    .expect("kill scheduler-ext");
-    let old = cluster.get(&["pod", "web-0", "-n", "db"]).expect("web-0");
-    let old_uid = old["metadata"]["uid"].as_str().expect("a uid").to_string();
-    cluster.run(&["delete", "pod", "web-0", "-n", "db", "--wait=false"]);
-    let pod = wait_until(
-        "web-0 re-created and scheduled without ipkeep",
-        LONG,
-        || {
-            let p = cluster.get(&["pod", "web-0", "-n", "db"])?;
-            let new = p["metadata"]["uid"].as_str() != Some(old_uid.as_str());
-            (new && p["spec"]["nodeName"].is_string()).then_some(p)
-        },
+    .expect("kill");
+}
+
+fn uid(pod: &Value) -> String {
+    pod["metadata"]["uid"].as_str().expect("a uid").to_string()
+}
+
+/// Deletes `pod` (forcibly if `force`) and waits for the StatefulSet controller's new one to be
+/// scheduled.
+fn rebuild(cluster: &Cluster, pod: &str, force: bool) -> Value {
+    let old = uid(&cluster
+        .get(&["pod", pod, "-n", "db"])
+        .expect("the pod exists"));
+    let mut args = vec!["delete", "pod", pod, "-n", "db", "--wait=false"];
+    if force {
+        args.extend(["--force", "--grace-period=0"]);
+    }
+    cluster.run(&args);
+    wait_until(&format!("{pod} rebuilt and scheduled"), LONG, || {
+        let p = cluster.get(&["pod", pod, "-n", "db"])?;
+        (uid(&p) != old && p["spec"]["nodeName"].is_string()).then_some(p)
+    })
+}
+
+/// A node stops heartbeating (kwok lets go of it): the real node lifecycle controller marks it
+/// NotReady, the controller marks the record lost, and after `nodeLossPolicy.after` a rebuilt
+/// pod is pinned by preference only and starts elsewhere.
+fn a_lost_node_lets_its_pod_go_after_the_policy(cluster: &Cluster) {
+    cluster.apply(
+        r#"apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata: {name: lost, namespace: db}
+spec:
+  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: lost}
+  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
+  preferredPersistentTopology:
+    - weight: 50
+      preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
+  nodeLossPolicy: {action: FallbackToPreferred, after: 5s}
+"#,
     );
+    // The pod starts on a node of its own kwok: every other node is cordoned meanwhile.
+    let mut kwok = cluster.lossable_node("lossy-0", "zone-0");
+    let others: Vec<String> = (0..NODES).map(|i| format!("kwok-{i}")).collect();
+    for n in &others {
+        cluster.run(&["cordon", n]);
+    }
+    let sts = statefulset("lost", 1).replace(
+        "    ipkeep.dev/auto-generate-persistent-pod-state: \"true\"\n",
+        "",
+    );
+    cluster.apply(&sts);
+    let record = |c: &Cluster| -> Option<Value> {
+        c.get(&["pps", "lost", "-n", "db"])?["status"]["podStates"]["lost-0"]
+            .as_object()
+            .map(|o| Value::Object(o.clone()))
+    };
+    let node = wait_until("lost-0 recorded", LONG, || {
+        record(cluster)?["nodeName"].as_str().map(str::to_string)
+    });
+    assert_eq!(
+        node, "lossy-0",
+        "node loss: the pod did not start on the lossable node"
+    );
+    for n in &others {
+        cluster.run(&["uncordon", n]);
+    }
+    kwok.kill();
+    wait_until("the record falls back to preferred placement", LONG, || {
+        (record(cluster)?["preferredOnly"] == true).then_some(())
+    });
+    let pps = cluster.get(&["pps", "lost", "-n", "db"]).expect("pps");
+    let lost = pps["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "NodeLost" && c["status"] == "True");
+    assert!(lost, "node loss: no NodeLost condition: {}", pps["status"]);
+    // The old pod cannot finish terminating on a node nobody runs: an operator force-deletes it.
+    let rebuilt = rebuild(cluster, "lost-0", true);
+    let affinity = &rebuilt["spec"]["affinity"]["nodeAffinity"];
+    assert!(
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"].is_null(),
+        "node loss: still required on {node}: {affinity}"
+    );
+    assert!(
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+            .to_string()
+            .contains(&node),
+        "node loss: the lost node is no longer even preferred: {affinity}"
+    );
+    assert_ne!(
+        rebuilt["spec"]["nodeName"],
+        node.as_str(),
+        "node loss: placed on the lost node"
+    );
+}
+
+/// With the webhook configuration removed, kube-scheduler's calls to the extender alone keep
+/// rebuilt pods on their nodes.
+fn the_extender_alone_pins(cluster: &Cluster) {
+    cluster.run(&[
+        "delete",
+        "mutatingwebhookconfiguration",
+        "ipkeep-scheduler-ext",
+    ]);
+    let states =
+        cluster.get(&["pps", "web", "-n", "db"]).expect("pps web")["status"]["podStates"].clone();
+    for pod in ["web-0", "web-1"] {
+        let recorded = states[pod]["nodeName"]
+            .as_str()
+            .expect("a recorded node")
+            .to_string();
+        let rebuilt = rebuild(cluster, pod, false);
+        assert!(
+            rebuilt["metadata"]["annotations"]
+                .get("ipkeep.dev/pinned-by")
+                .is_none(),
+            "extender: the webhook was removed, yet {pod} was mutated"
+        );
+        assert_eq!(
+            rebuilt["spec"]["nodeName"],
+            recorded.as_str(),
+            "extender: {pod} left its node"
+        );
+    }
+    let webhook =
+        std::fs::read_to_string(cluster.state().join("webhook.yaml")).expect("webhook.yaml");
+    cluster.apply(&webhook);
+}
+
+/// failurePolicy Ignore: with ipkeep-scheduler-ext gone, pods are still created (unpinned) and
+/// scheduled (the extender is ignorable).
+fn pods_pass_while_the_webhook_is_down(cluster: &Cluster) {
+    kill(cluster, "scheduler-ext");
+    let pod = rebuild(cluster, "web-0", false);
     assert!(
         pod["metadata"]["annotations"]
             .get("ipkeep.dev/pinned-by")
@@ -218,16 +341,11 @@ fn statefulset_pods_are_recorded_pinned_and_pruned(cluster: &Cluster) {
         });
         (complete.count() == 3).then_some(s)
     });
-    let node_of_1 = states["db-1"]["nodeName"].as_str().expect("a recorded node").to_string();
-    let first = cluster.get(&["pod", "db-1", "-n", "db"]).expect("db-1");
-    let first_uid = first["metadata"]["uid"].as_str().expect("a uid").to_string();
-
-    cluster.run(&["delete", "pod", "db-1", "-n", "db", "--wait=false"]);
-    let rebuilt = wait_until("db-1 rebuilt and scheduled", LONG, || {
-        let p = cluster.get(&["pod", "db-1", "-n", "db"])?;
-        let new = p["metadata"]["uid"].as_str() != Some(first_uid.as_str());
-        (new && p["spec"]["nodeName"].is_string()).then_some(p)
-    });
+    let node_of_1 = states["db-1"]["nodeName"]
+        .as_str()
+        .expect("a recorded node")
+        .to_string();
+    let rebuilt = rebuild(cluster, "db-1", false);
     let required = &rebuilt["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
     assert!(
         required.to_string().contains(&node_of_1),
