@@ -175,3 +175,22 @@ fn list_streams_sixty_thousand_leases_through_the_agent() {
     assert_eq!(by_state.get("held"), Some(&60_000));
     assert!(requests_served(&agent, "admin") >= 1, "served by the agent");
 }
+
+/// Logs written to a file or a pipe (a container runtime's log, `kubectl logs`) carry no
+/// terminal colour codes, which would make them unreadable and ungreppable at 3 a.m.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let agent = Agent::start(data.path(), AgentOptions::default());
+    let out = Invocation::new("ADD", "colours")
+        .args("IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0")
+        .run(&ipkeep_bin(), &conf(data.path(), agent.socket(), "colours"));
+    assert!(out.ok(), "{out:?}");
+    let log = agent.log();
+    assert!(!log.is_empty(), "the agent logged nothing");
+    let coloured: Vec<&String> = log.iter().filter(|l| l.contains('\u{1b}')).collect();
+    assert!(
+        coloured.is_empty(),
+        "escape codes in the agent's log: {coloured:?}"
+    );
+}

@@ -62,12 +62,22 @@ pub fn init_logging(format: LogFormat, filter: &str) -> Result<(), LogError> {
     })?;
     let logs = tracing_subscriber::fmt()
         .with_env_filter(env_filter)
+        .with_ansi(colours(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()),
+        ))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Plain => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
     Ok(())
+}
+
+/// Colours only for a person at a terminal: never in a file or a pipe (a container's log), nor
+/// with `NO_COLOR` set (no-color.org).
+fn colours(stderr_is_terminal: bool, no_color: bool) -> bool {
+    stderr_is_terminal && !no_color
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
