@@ -2,6 +2,7 @@
 # A real Kubernetes control plane on this machine, with ipkeep installed from deploy/.
 #
 #   scripts/cluster.sh up [--kwok-nodes N] [--state DIR] [--port-base P] [--without-ipkeep]
+#                         [--without-extender]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh down [--state DIR]
 #
@@ -19,8 +20,10 @@
 #
 # Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
 # extender), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers' probes), P+7
-# (kube-scheduler's), P+8 (kube-controller-manager's); P defaults to 16440. The state (certificates, data, logs in DIR/logs, pids in DIR/pids) is in DIR, default
-# $IPKEEP_CLUSTER_STATE or /tmp/ipkeep-cluster. up refuses a taken port or a state directory in
+# (kube-scheduler's), P+8 (kube-controller-manager's); P defaults to 16440. The state
+# (certificates, data, logs in DIR/logs, pids in DIR/pids) is in DIR, default
+# $IPKEEP_CLUSTER_STATE or /tmp/ipkeep-cluster. --without-extender leaves the extender out of
+# kube-scheduler's configuration (the webhook alone). up refuses a taken port or a state directory in
 # use; on any failure it stops what it started. down stops every process up started, by pid,
 # and removes DIR.
 set -euo pipefail
@@ -30,11 +33,13 @@ state=${IPKEEP_CLUSTER_STATE:-/tmp/ipkeep-cluster}
 port_base=16440
 kwok_nodes=0
 ipkeep=1
+extender=1
 
 say() { echo "cluster: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 cmd=${1:-}
+case $cmd in -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 [ $# -gt 0 ] && shift
 while [ $# -gt 0 ]; do
   case $1 in
@@ -42,7 +47,8 @@ while [ $# -gt 0 ]; do
     --port-base) port_base=${2:?--port-base needs a number}; shift 2 ;;
     --kwok-nodes) kwok_nodes=${2:?--kwok-nodes needs a number}; shift 2 ;;
     --without-ipkeep) ipkeep=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --without-extender) extender=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -212,7 +218,7 @@ up() {
     --bind-address=127.0.0.1 --secure-port="$p_kcm" \
     --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
     --node-monitor-period=1s --node-monitor-grace-period=8s \
-    --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10
+    --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000
   scheduler_config >"$state/scheduler-config.yaml"
   start kube-scheduler "$bin/kube-scheduler" --config="$state/scheduler-config.yaml" \
     --authentication-kubeconfig="$state/scheduler.kubeconfig" --authorization-kubeconfig="$state/scheduler.kubeconfig" \
@@ -240,9 +246,16 @@ scheduler_config() {
   grep -q 'urlPrefix: https://ipkeep-scheduler-ext.ipkeep-system.svc:443' "$file" &&
     grep -q 'caFile: ' "$file" && grep -q 'kubeconfig: ' "$file" ||
     die "$file no longer has the urlPrefix, caFile and kubeconfig lines this script rewrites"
-  sed -e "s#kubeconfig: .*#kubeconfig: $state/scheduler.kubeconfig#" \
-      -e "s#urlPrefix: .*#urlPrefix: https://127.0.0.1:$p_ext#" \
-      -e "s#caFile: .*#caData: $ca#" "$file"
+  # The client rate limits are raised (as for kube-scheduler's own density tests) so that
+  # what a benchmark measures is scheduling, not client-side throttling.
+  if [ "$extender" = 1 ]; then
+    sed -e "s#kubeconfig: .*#kubeconfig: $state/scheduler.kubeconfig\n  qps: 500\n  burst: 1000#" \
+        -e "s#urlPrefix: .*#urlPrefix: https://127.0.0.1:$p_ext#" \
+        -e "s#caFile: .*#caData: $ca#" "$file"
+  else
+    printf 'apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n'
+    printf 'clientConnection:\n  kubeconfig: %s\n  qps: 500\n  burst: 1000\n' "$state/scheduler.kubeconfig"
+  fi
   printf 'leaderElection:\n  leaderElect: false\n'
 }
 

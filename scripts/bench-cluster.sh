@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# kube-scheduler throughput on the real control plane, with and without ipkeep.
+#
+#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook full"]
+#
+# For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
+#   none     no ipkeep at all (the baseline);
+#   webhook  ipkeep installed, kube-scheduler without the extender;
+#   full     ipkeep installed, kube-scheduler calling the extender.
+# Then a StatefulSet of N pods (default 1,000, podManagementPolicy Parallel) with a
+# PersistentPodState is created, and timed until all N are Ready ("create"); then all its pods
+# are deleted at once and the StatefulSet controller rebuilds them, pinned to their recorded
+# nodes when ipkeep runs, timed again ("rebuild"). Throughput is N over the wall time of a wave.
+# kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
+# which includes its calls to the extender) is read from its /metrics before and after each
+# wave. Prints one table, with each mode's ratio to the baseline of the same run.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+pods=1000
+nodes=500
+modes="none webhook full"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pods) pods=${2:?}; shift 2 ;;
+    --nodes) nodes=${2:?}; shift 2 ;;
+    --modes) modes=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+  esac
+done
+
+state=$(mktemp -d /tmp/ipkeep-bench-cluster.XXXXXX)
+trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true; rm -rf "$state"' EXIT
+say() { echo "bench-cluster: $*" >&2; }
+
+# Mean and quantiles of the scheduler's attempt-duration histogram between two scrapes.
+attempts() { # before-file after-file -> "count p50 p99" in ms
+  python3 - "$1" "$2" <<'EOF'
+import re, sys
+def read(path):
+    buckets, count = {}, 0.0
+    for line in open(path):
+        m = re.match(r'scheduler_scheduling_attempt_duration_seconds_bucket\{([^}]*)\} (\S+)', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("result") != "scheduled":
+            continue
+        le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
+        buckets[le] = buckets.get(le, 0.0) + float(m.group(2))
+    return buckets
+a, b = read(sys.argv[1]), read(sys.argv[2])
+d = sorted((le, b[le] - a.get(le, 0.0)) for le in b)
+total = d[-1][1] if d else 0
+def q(p):
+    for le, c in d:
+        if c >= p * total:
+            return le * 1000
+    return float("nan")
+print(f"{int(total)} {q(0.5):.1f} {q(0.99):.1f}")
+EOF
+}
+
+# Milliseconds from $2 (date +%s%N) until N pods of the StatefulSet are Ready, none of them
+# one listed in $1 (the pods of the previous wave, by UID).
+wave() {
+  local old=$1 t0=$2
+  while :; do
+    n=$($k -n bench get pods -l app=bench -o jsonpath='{range .items[*]}{.metadata.uid} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+      grep ' True$' | grep -v -F -f "$old" | wc -l || true)
+    [ "$n" -ge "$pods" ] && break
+    sleep 1
+  done
+  echo "$(( ($(date +%s%N) - t0) / 1000000 ))"
+}
+
+results=()
+for mode in $modes; do
+  flags=()
+  case $mode in
+    none) flags=(--without-ipkeep) ;;
+    webhook) flags=(--without-extender) ;;
+    full) ;;
+    *) say "unknown mode $mode"; exit 1 ;;
+  esac
+  say "mode $mode: starting a cluster with $nodes kwok nodes"
+  "$repo/scripts/cluster.sh" up --state "$state/c" --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
+  export KUBECONFIG=$state/c/admin.kubeconfig
+  k=$(cat "$state/c/bin")/kubectl
+  port_sched=$(grep -o -- '--secure-port=[0-9]*' <(tr '\0' ' ' </proc/"$(cat "$state/c/pids/kube-scheduler")"/cmdline) | cut -d= -f2)
+  scrape() { curl -ksS --cert "$state/c/pki/admin.crt" --key "$state/c/pki/admin.key" "https://127.0.0.1:$port_sched/metrics" >"$1"; }
+  $k create namespace bench >/dev/null
+  if [ "$mode" != none ]; then
+    $k apply -f - >/dev/null <<EOF
+apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata: {name: bench, namespace: bench}
+spec:
+  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: bench}
+  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
+  preferredPersistentTopology:
+    - weight: 50
+      preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
+EOF
+  fi
+  scrape "$state/m0"
+  echo none >"$state/uids"
+  t0=$(date +%s%N)
+  $k apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: bench, namespace: bench}
+spec:
+  serviceName: bench
+  replicas: $pods
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: bench}}
+  template:
+    metadata:
+      labels: {app: bench}
+      annotations: {ipkeep.dev/persistent-pod-state: bench}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
+EOF
+  create=$(wave "$state/uids" "$t0")
+  scrape "$state/m1"
+  if [ "$mode" != none ]; then
+    # The records must be complete before the rebuild, or some pods come back unpinned.
+    until [ "$($k -n bench get pps bench -o jsonpath='{.status.recordedPods}')" = "$pods" ]; do sleep 0.5; done
+  fi
+  $k -n bench get pods -l app=bench -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' >"$state/uids"
+  t0=$(date +%s%N)
+  $k -n bench delete pods -l app=bench --wait=false >/dev/null
+  rebuild=$(wave "$state/uids" "$t0")
+  scrape "$state/m2"
+  read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
+  read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
+  say "mode $mode: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms)"
+  results+=("$mode $create $rebuild $p50c $p99c $p50r $p99r")
+  "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
+done
+
+python3 - "$pods" "$nodes" "${results[@]}" <<'EOF'
+import sys
+pods, nodes = int(sys.argv[1]), int(sys.argv[2])
+rows = [r.split() for r in sys.argv[3:]]
+base = {r[0]: r for r in rows}.get("none")
+print(f"\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until all Ready\n")
+print("| mode | create pods/s | vs none | rebuild pods/s | vs none | attempt p50 / p99 ms (create) | attempt p50 / p99 ms (rebuild) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for mode, c, r, p50c, p99c, p50r, p99r in rows:
+    tc, tr = pods * 1000 / float(c), pods * 1000 / float(r)
+    vc = f"{tc / (pods * 1000 / float(base[1])):.2f}x" if base else "-"
+    vr = f"{tr / (pods * 1000 / float(base[2])):.2f}x" if base else "-"
+    print(f"| {mode} | {tc:.1f} | {vc} | {tr:.1f} | {vr} | {p50c} / {p99c} | {p50r} / {p99r} |")
+EOF
