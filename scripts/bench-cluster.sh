@@ -8,9 +8,11 @@
 #   webhook  ipkeep installed, kube-scheduler without the extender;
 #   full     ipkeep installed, kube-scheduler calling the extender.
 # Then a StatefulSet of N pods (default 1,000, podManagementPolicy Parallel) with a
-# PersistentPodState is created, and timed until all N are Ready ("create"); then all its pods
-# are deleted at once and the StatefulSet controller rebuilds them, pinned to their recorded
-# nodes when ipkeep runs, timed again ("rebuild"). Throughput is N over the wall time of a wave.
+# PersistentPodState is created, and timed until kube-scheduler has bound all N ("create");
+# once every pod is recorded, all its pods are deleted at once and the StatefulSet controller
+# re-creates them, through the webhook and pinned to their recorded nodes when ipkeep runs,
+# timed again until all are bound ("rebuild"). Throughput is N over the wall time of a wave,
+# which covers pod creation (admission included) and scheduling (extender calls included).
 # kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
 # which includes its calls to the extender) is read from its /metrics before and after each
 # wave. Prints one table, with each mode's ratio to the baseline of the same run.
@@ -62,16 +64,18 @@ print(f"{int(total)} {q(0.5):.1f} {q(0.99):.1f}")
 EOF
 }
 
-# Milliseconds from $2 (date +%s%N) until N pods of the StatefulSet are Ready, none of them
-# one listed in $1 (the pods of the previous wave, by UID).
+# How many pods kube-scheduler has bound so far (its scheduler_schedule_attempts_total with
+# result "scheduled"): read from its own /metrics, so polling loads neither the apiserver nor
+# etcd.
+scheduled() {
+  scrape "$state/poll"
+  awk '/^scheduler_schedule_attempts_total\{.*result="scheduled"/ {n += $2} END {printf "%d\n", n}' "$state/poll"
+}
+
+# Milliseconds from $2 (date +%s%N) until kube-scheduler has bound $1 pods in all.
 wave() {
-  local old=$1 t0=$2
-  while :; do
-    n=$($k -n bench get pods -l app=bench -o jsonpath='{range .items[*]}{.metadata.uid} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
-      grep ' True$' | grep -v -F -f "$old" | wc -l || true)
-    [ "$n" -ge "$pods" ] && break
-    sleep 1
-  done
+  local target=$1 t0=$2
+  while [ "$(scheduled)" -lt "$target" ]; do sleep 0.2; done
   echo "$(( ($(date +%s%N) - t0) / 1000000 ))"
 }
 
@@ -105,7 +109,7 @@ spec:
 EOF
   fi
   scrape "$state/m0"
-  echo none >"$state/uids"
+  base=$(scheduled)
   t0=$(date +%s%N)
   $k apply -f - >/dev/null <<EOF
 apiVersion: apps/v1
@@ -124,16 +128,21 @@ spec:
       terminationGracePeriodSeconds: 0
       containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
 EOF
-  create=$(wave "$state/uids" "$t0")
+  create=$(wave $((base + pods)) "$t0")
   scrape "$state/m1"
   if [ "$mode" != none ]; then
     # The records must be complete before the rebuild, or some pods come back unpinned.
-    until [ "$($k -n bench get pps bench -o jsonpath='{.status.recordedPods}')" = "$pods" ]; do sleep 0.5; done
+    # kwok marks pods Ready slowly under load; give up on the rebuild after 3 minutes.
+    for ((i = 0; i < 90; i++)); do
+      [ "$($k -n bench get pps bench -o jsonpath='{.status.recordedPods}')" = "$pods" ] && break
+      sleep 2
+    done
+    [ "$i" -lt 90 ] || say "mode $mode: only $($k -n bench get pps bench -o jsonpath='{.status.recordedPods}') of $pods pods recorded after 180 s (kwok has not marked the rest Ready); the rebuild wave runs anyway, partly unpinned"
   fi
-  $k -n bench get pods -l app=bench -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}' >"$state/uids"
+  base=$(scheduled)
   t0=$(date +%s%N)
   $k -n bench delete pods -l app=bench --wait=false >/dev/null
-  rebuild=$(wave "$state/uids" "$t0")
+  rebuild=$(wave $((base + pods)) "$t0")
   scrape "$state/m2"
   read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
   read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
@@ -147,7 +156,7 @@ import sys
 pods, nodes = int(sys.argv[1]), int(sys.argv[2])
 rows = [r.split() for r in sys.argv[3:]]
 base = {r[0]: r for r in rows}.get("none")
-print(f"\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until all Ready\n")
+print(f"\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until kube-scheduler bound all\n")
 print("| mode | create pods/s | vs none | rebuild pods/s | vs none | attempt p50 / p99 ms (create) | attempt p50 / p99 ms (rebuild) |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for mode, c, r, p50c, p99c, p50r, p99r in rows:
