@@ -120,11 +120,41 @@ fn a_forward_clock_jump_frees_no_holding() {
     assert!(stores.get(&dir()).unwrap().held().unwrap().is_empty());
 }
 
+/// A global subscriber that records nothing but never lets tracing cache "nobody listens" for
+/// a call site. Without it, a test on another thread that reaches a call site first, while no
+/// capture is running, can make tracing skip that call site for a capture that starts later
+/// (seen in CI as a missing "CNI command failed" line).
+struct AlwaysAsk;
+
+impl tracing::Subscriber for AlwaysAsk {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 /// Captures what `f` logs at `level`, formatted as the plugin formats it. One capture at a
-/// time: tracing caches per call site whether anyone listens, and scoped subscribers of other
-/// levels coming and going on other test threads race with that cache.
+/// time, and every call site asked afresh ([`AlwaysAsk`]).
 fn logged(level: &str, f: impl FnOnce()) -> String {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        // Fails only if a global subscriber exists already, which then decides instead.
+        let _ = tracing::subscriber::set_global_default(AlwaysAsk);
+    });
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
