@@ -9,6 +9,14 @@ use std::process::{Command, Output, Stdio};
 use ipkeep_tests::{demo_bin, require_root};
 
 /// Runs `ipkeep-demo args` and returns its output, failing with it on a non-zero exit.
+/// One whole system at a time: each starts a dozen processes, and on a small CI machine two at
+/// once starved each other's timed expectations.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn demo(args: &[&str]) -> String {
     let Output {
         status,
@@ -35,6 +43,7 @@ fn expectations_held(output: &str) -> usize {
 
 #[test]
 fn scenario_in_network_namespaces_needs_root() {
+    let _turn = one_at_a_time();
     if !require_root("scenario_in_network_namespaces_needs_root") {
         return;
     }
@@ -57,6 +66,7 @@ fn scenario_in_network_namespaces_needs_root() {
 
 #[test]
 fn scenario_survives_restarts_of_every_component() {
+    let _turn = one_at_a_time();
     let mut args = vec!["--restarts"];
     if !nix::unistd::Uid::effective().is_root() {
         args.push("--ipam-only");
@@ -77,6 +87,7 @@ fn scenario_survives_restarts_of_every_component() {
 /// `--keep-running`: the same story through nothing but the Kubernetes API.
 #[test]
 fn kubeconfig_mode_runs_the_scenario_against_a_running_cluster() {
+    let _turn = one_at_a_time();
     let work = tempfile::tempdir().unwrap();
     let mut cluster = Command::new(demo_bin())
         .args(["--keep-running", "--ipam-only", "--work-dir"])
@@ -106,7 +117,10 @@ fn kubeconfig_mode_runs_the_scenario_against_a_running_cluster() {
     )
     .unwrap();
     let status = cluster.wait().unwrap();
-    assert!(status.success(), "the kept system exited with {status}");
+    assert!(
+        status.success(),
+        "the kept system exited with {status}; what it printed before it was kept running:\n{seen}"
+    );
     assert!(
         out.contains("node loss is shown on the local system only"),
         "{out}"
