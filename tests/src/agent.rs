@@ -62,7 +62,6 @@ impl Agent {
             envs,
             prefix,
         } = options;
-        let probe = free_port();
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
                 let mut cmd = Command::new(program);
@@ -75,8 +74,10 @@ impl Agent {
             .arg(&socket)
             .arg("--data-dir")
             .arg(&data_dir)
+            // Port 0: the kernel picks a free port and the agent logs it (a port picked here
+            // and passed on could be taken by another test in between).
             .arg("--probe-listen")
-            .arg(probe.to_string())
+            .arg("127.0.0.1:0")
             .arg("--exit-on-stdin-close")
             .args(&extra)
             .env_remove("KUBECONFIG")
@@ -113,7 +114,7 @@ impl Agent {
                 envs,
                 prefix,
             },
-            probe: Some(probe),
+            probe: None,
             log,
             _dir: dir,
         }
@@ -132,6 +133,25 @@ impl Agent {
                 Instant::now() < deadline,
                 "ipkeep-agent did not listen on {} within 30 s:\n{}",
                 self.socket.display(),
+                self.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.probe = None;
+        while self.probe.is_none() {
+            self.probe = self.log().iter().find_map(|line| probe_address(line));
+            if self.probe.is_some() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "ipkeep-agent exited with {status}:\n{}",
+                    self.log().join("\n")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ipkeep-agent did not log its probe address within 30 s:\n{}",
                 self.log().join("\n")
             );
             std::thread::sleep(Duration::from_millis(10));
@@ -210,9 +230,13 @@ impl Drop for Agent {
     }
 }
 
-fn free_port() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+/// The address in the agent's `serving /healthz, /readyz, /metrics addr=…` line.
+fn probe_address(line: &str) -> Option<std::net::SocketAddr> {
+    if !line.contains("serving /healthz") {
+        return None;
+    }
+    let rest = &line[line.find("addr=")? + "addr=".len()..];
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// The agent serving `data_dir` in a `*_via_agent` test binary: one per data directory (an
