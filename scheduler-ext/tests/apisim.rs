@@ -2,6 +2,8 @@
 //! in-memory API server through the MutatingWebhookConfiguration in `deploy/` on pod CREATE.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -46,13 +48,6 @@ fn pki() -> Pki {
         cert: cert.pem(),
         key: key.serialize_pem(),
     }
-}
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 /// `/mutate-pods` requests served so far, all outcomes, from `/metrics`.
@@ -201,8 +196,8 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_calls_the_webhook_over_https_on_pod_create() {
-    let listen = free_port();
-    let probe = free_port();
+    let listen = support::free_port();
+    let probe = support::free_port();
     let server = ApiServer::start_with(ServerConfig {
         service_endpoints: HashMap::from([(
             (

@@ -48,13 +48,6 @@ fn proc_status(pid: u32, key: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// One HTTP/1.1 POST over a fresh connection; the status code and body. With `stall`, the
 /// client sends its whole request, then waits that long before it reads a byte of the answer.
 fn post(addr: SocketAddr, path: &str, body: &[u8], stall: Duration) -> (u16, String) {
@@ -295,7 +288,7 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig("default")).unwrap();
-    let listen = free_port();
+    let listen = support::free_port();
     let ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([
             "--insecure-http",

@@ -52,8 +52,10 @@ impl Cluster {
             .tempdir()
             .expect("tempdir");
         let state = dir.path().join("state");
-        // Nine ports from P; spread by process so that parallel test binaries do not collide.
-        let base = 20000 + (std::process::id() % 4000) * 10;
+        // Nine ports from P; spread by process so that parallel test binaries do not collide,
+        // and below the kernel's ephemeral range (from 32768), where outgoing connections
+        // could take them first.
+        let base = 20000 + (std::process::id() % 1200) * 10;
         let t = Instant::now();
         let out = Command::new(repo.join("scripts/cluster.sh"))
             .arg("up")

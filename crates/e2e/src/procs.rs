@@ -151,7 +151,17 @@ impl Drop for Process {
     }
 }
 
-/// A loopback address with a port nobody listens on now.
+/// A loopback address with a port nobody listens on now, chosen outside the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`, 32768–60999 by default): a port from that
+/// range can be taken by any outgoing connection before the process it is meant for binds it.
 pub fn free_port() -> Result<std::net::SocketAddr> {
+    use std::hash::{BuildHasher, RandomState};
+    let start = RandomState::new().hash_one(std::process::id());
+    for i in 0..2000u64 {
+        let port = 10_000 + (start.wrapping_add(i) % 10_000) as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(listener.local_addr()?);
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
