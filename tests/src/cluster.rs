@@ -2,18 +2,19 @@
 //! kube-controller-manager, kube-scheduler and kwok built from their upstream modules, ipkeep
 //! installed from `deploy/`), driven with the kubectl built beside them, and `down` on drop.
 
-use std::io::Write;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::kubectl::Kubectl;
 
 /// A running cluster; dropping it stops every process and removes its state.
 #[derive(Debug)]
 pub struct Cluster {
     repo: PathBuf,
     state: PathBuf,
-    kubeconfig: PathBuf,
-    kubectl: PathBuf,
+    kubectl: Kubectl,
     _dir: tempfile::TempDir,
 }
 
@@ -74,85 +75,19 @@ impl Cluster {
         eprintln!("cluster up in {:.1} s", t.elapsed().as_secs_f64());
         let bin = std::fs::read_to_string(state.join("bin")).expect("the state names its binaries");
         Cluster {
-            kubeconfig: state.join("admin.kubeconfig"),
-            kubectl: Path::new(bin.trim()).join("kubectl"),
+            kubectl: Kubectl::new(
+                &Path::new(bin.trim()).join("kubectl"),
+                &state.join("admin.kubeconfig"),
+            ),
             repo,
             state,
             _dir: dir,
         }
     }
 
-    /// The admin kubeconfig.
-    pub fn kubeconfig(&self) -> &Path {
-        &self.kubeconfig
-    }
-
     /// The cluster's state directory (logs in `logs/`, pids in `pids/`).
     pub fn state(&self) -> &Path {
         &self.state
-    }
-
-    /// A kubectl command for this cluster, as the admin.
-    pub fn kubectl(&self) -> Command {
-        let mut c = Command::new(&self.kubectl);
-        c.env("KUBECONFIG", &self.kubeconfig);
-        c
-    }
-
-    /// Runs kubectl with `args` (and `stdin`), returning its output whatever the exit status.
-    pub fn try_run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut c = self.kubectl();
-        c.args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("spawn kubectl");
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(input.as_bytes())
-                .expect("write kubectl's stdin");
-        }
-        drop(child.stdin.take());
-        child.wait_with_output().expect("kubectl output")
-    }
-
-    /// Runs kubectl; panics with its stderr unless it succeeds; returns stdout.
-    pub fn run(&self, args: &[&str]) -> String {
-        let out = self.try_run(args, None);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `kubectl apply -f -` of `yaml`; panics unless it succeeds.
-    pub fn apply(&self, yaml: &str) -> String {
-        let out = self.try_run(&["apply", "-f", "-"], Some(yaml));
-        assert!(
-            out.status.success(),
-            "kubectl apply failed: {}\n{yaml}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `kubectl get -o json` of `what` (e.g. `["pod", "db-0", "-n", "db"]`), or `None` if it
-    /// does not exist.
-    pub fn get(&self, what: &[&str]) -> Option<serde_json::Value> {
-        let mut args = vec!["get", "-o", "json"];
-        args.extend_from_slice(what);
-        let out = self.try_run(&args, None);
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("NotFound"), "kubectl {args:?} failed: {err}");
-            return None;
-        }
-        Some(serde_json::from_slice(&out.stdout).expect("kubectl printed JSON"))
     }
 
     /// The last `lines` lines of a component's log (`kube-scheduler`, `controller-0`, …).
@@ -173,7 +108,7 @@ impl Cluster {
         let log = std::fs::File::create(self.state.join("logs").join(format!("kwok-{node}.log")))
             .expect("kwok log");
         let child = Command::new(Path::new(bin.trim()).join("kwok"))
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
             .arg(format!(
                 "--config={}",
                 self.state.join("kwok.yaml").display()
@@ -212,6 +147,15 @@ impl Cluster {
             .trim()
             .parse()
             .ok()
+    }
+}
+
+/// kubectl as the cluster's admin (`kubeconfig()`, `run`, `apply`, `get`, …).
+impl Deref for Cluster {
+    type Target = Kubectl;
+
+    fn deref(&self) -> &Kubectl {
+        &self.kubectl
     }
 }
 

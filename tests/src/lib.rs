@@ -434,7 +434,9 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
 }
 
 pub mod agent;
+pub mod apisim;
 pub mod cluster;
 pub mod demo;
+pub mod kubectl;
 pub mod mountns;
 pub mod store;

@@ -5,12 +5,20 @@
 //! One cluster serves the steps below in order (starting one takes tens of seconds); each step
 //! names itself in its assertions.
 
+#[path = "cluster/conventions.rs"]
+mod conventions;
+#[path = "cluster/pins.rs"]
+mod pins;
+#[path = "cluster/records.rs"]
+mod records;
+
 use std::time::Duration;
 
 use ipkeep_tests::cluster::{Cluster, require_go, wait_until};
 use serde_json::Value;
 
-const NODES: usize = 6;
+/// Enough for placement to mean something: a rebuilt pod finds its node among 50.
+const NODES: usize = 50;
 const LONG: Duration = Duration::from_secs(90);
 
 fn statefulset(name: &str, replicas: u32) -> String {
@@ -60,12 +68,15 @@ fn ipkeep_on_a_real_control_plane() {
     }
     let cluster = Cluster::up(NODES);
     crd_is_structural_and_validates(&cluster);
+    conventions::apisim_agrees_with_kube_apiserver(&cluster);
     cluster.run(&["create", "namespace", "db"]);
     statefulset_pods_are_recorded_pinned_and_pruned(&cluster);
+    records::kruise_spelling_and_ordinals_start(&cluster);
+    pins::a_conflicting_pin_is_skipped_and_explained(&cluster);
     leader_election_hands_over(&cluster);
     a_lost_node_lets_its_pod_go_after_the_policy(&cluster);
-    the_extender_alone_pins(&cluster);
-    pods_pass_while_the_webhook_is_down(&cluster);
+    pins::the_extender_alone_pins(&cluster);
+    pins::pods_pass_while_the_webhook_is_down(&cluster);
     for component in ["controller-0", "controller-1", "scheduler-ext"] {
         let log = cluster.log_tail(component, 100_000);
         assert!(
@@ -161,10 +172,8 @@ spec:
     );
     // The pod starts on a node of its own kwok: every other node is cordoned meanwhile.
     let mut kwok = cluster.lossable_node("lossy-0", "zone-0");
-    let others: Vec<String> = (0..NODES).map(|i| format!("kwok-{i}")).collect();
-    for n in &others {
-        cluster.run(&["cordon", n]);
-    }
+    let others = "type=kwok,kubernetes.io/hostname!=lossy-0";
+    cluster.run(&["cordon", "-l", others]);
     let sts = statefulset("lost", 1).replace(
         "    ipkeep.dev/auto-generate-persistent-pod-state: \"true\"\n",
         "",
@@ -182,9 +191,7 @@ spec:
         node, "lossy-0",
         "node loss: the pod did not start on the lossable node"
     );
-    for n in &others {
-        cluster.run(&["uncordon", n]);
-    }
+    cluster.run(&["uncordon", "-l", others]);
     kwok.kill();
     wait_until("the record falls back to preferred placement", LONG, || {
         (record(cluster)?["preferredOnly"] == true).then_some(())
@@ -213,53 +220,6 @@ spec:
         rebuilt["spec"]["nodeName"],
         node.as_str(),
         "node loss: placed on the lost node"
-    );
-}
-
-/// With the webhook configuration removed, kube-scheduler's calls to the extender alone keep
-/// rebuilt pods on their nodes.
-fn the_extender_alone_pins(cluster: &Cluster) {
-    cluster.run(&[
-        "delete",
-        "mutatingwebhookconfiguration",
-        "ipkeep-scheduler-ext",
-    ]);
-    let states =
-        cluster.get(&["pps", "web", "-n", "db"]).expect("pps web")["status"]["podStates"].clone();
-    for pod in ["web-0", "web-1"] {
-        let recorded = states[pod]["nodeName"]
-            .as_str()
-            .expect("a recorded node")
-            .to_string();
-        let rebuilt = rebuild(cluster, pod, false);
-        assert!(
-            rebuilt["metadata"]["annotations"]
-                .get("ipkeep.dev/pinned-by")
-                .is_none(),
-            "extender: the webhook was removed, yet {pod} was mutated"
-        );
-        assert_eq!(
-            rebuilt["spec"]["nodeName"],
-            recorded.as_str(),
-            "extender: {pod} left its node"
-        );
-    }
-    let webhook =
-        std::fs::read_to_string(cluster.state().join("webhook.yaml")).expect("webhook.yaml");
-    cluster.apply(&webhook);
-}
-
-/// failurePolicy Ignore: with ipkeep-scheduler-ext gone, pods are still created (unpinned) and
-/// scheduled (the extender is ignorable).
-fn pods_pass_while_the_webhook_is_down(cluster: &Cluster) {
-    kill(cluster, "scheduler-ext");
-    let pod = rebuild(cluster, "web-0", false);
-    assert!(
-        pod["metadata"]["annotations"]
-            .get("ipkeep.dev/pinned-by")
-            .is_none(),
-        "webhook down, yet the pod was pinned: {}",
-        pod["metadata"]
     );
 }
 

@@ -121,10 +121,12 @@ pub fn validate(
             }
             if let Some(old) = old {
                 // Pod specs are immutable but for a few fields; ipkeep relies on the node pin.
+                // `nodeName` is set only by `pods/binding`, never by an update (as in
+                // kube-apiserver: found by tests/tests/cluster/conventions.rs).
                 for field in ["nodeName", "affinity", "nodeSelector"] {
                     let was = &old["spec"][field];
                     let is = &object["spec"][field];
-                    if was != is && !(field == "nodeName" && was.is_null()) {
+                    if was != is {
                         problems.push((
                             format!("spec.{field}"),
                             "Forbidden: pod updates may not change fields other than \
@@ -255,8 +257,8 @@ mod tests {
         let mut moved = pod.clone();
         moved["spec"]["nodeName"] = json!("n1");
         assert!(
-            validate(pods, &moved, Some(&pod)).is_empty(),
-            "binding sets nodeName once"
+            !validate(pods, &moved, Some(&pod)).is_empty(),
+            "only pods/binding sets nodeName, never an update"
         );
         let mut moved_again = moved.clone();
         moved_again["spec"]["nodeName"] = json!("n2");
