@@ -7,6 +7,7 @@
 #   none     no ipkeep at all (the baseline);
 #   webhook  ipkeep installed, kube-scheduler without the extender;
 #   full     ipkeep installed, kube-scheduler calling the extender.
+# ipkeep runs its release build (scripts/cluster.sh --release).
 # Then a StatefulSet of N pods (default 1,000, podManagementPolicy Parallel) with a
 # PersistentPodState is created, and timed until kube-scheduler has bound all N ("create");
 # once every pod is recorded, all its pods are deleted at once and the StatefulSet controller
@@ -89,7 +90,7 @@ for mode in $modes; do
     *) say "unknown mode $mode"; exit 1 ;;
   esac
   say "mode $mode: starting a cluster with $nodes kwok nodes"
-  "$repo/scripts/cluster.sh" up --state "$state/c" --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
+  "$repo/scripts/cluster.sh" up --release --upstream-node-timeouts --state "$state/c" --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
   export KUBECONFIG=$state/c/admin.kubeconfig
   k=$(cat "$state/c/bin")/kubectl
   port_sched=$(grep -o -- '--secure-port=[0-9]*' <(tr '\0' ' ' </proc/"$(cat "$state/c/pids/kube-scheduler")"/cmdline) | cut -d= -f2)

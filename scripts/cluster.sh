@@ -2,7 +2,7 @@
 # A real Kubernetes control plane on this machine, with ipkeep installed from deploy/.
 #
 #   scripts/cluster.sh up [--kwok-nodes N] [--state DIR] [--port-base P] [--without-ipkeep]
-#                         [--without-extender]
+#                         [--without-extender] [--release] [--upstream-node-timeouts]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh down [--state DIR]
 #
@@ -23,7 +23,11 @@
 # (kube-scheduler's), P+8 (kube-controller-manager's); P defaults to 16440. The state
 # (certificates, data, logs in DIR/logs, pids in DIR/pids) is in DIR, default
 # $IPKEEP_CLUSTER_STATE or /tmp/ipkeep-cluster. --without-extender leaves the extender out of
-# kube-scheduler's configuration (the webhook alone). up refuses a taken port or a state directory in
+# kube-scheduler's configuration (the webhook alone); --release runs ipkeep's optimised build
+# (for benchmarks; the default is the debug build the tests use). Node loss is detected in
+# seconds by default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node
+# grace 50 s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat
+# neither marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks. up refuses a taken port or a state directory in
 # use; on any failure it stops what it started. down stops every process up started, by pid,
 # and removes DIR.
 set -euo pipefail
@@ -34,6 +38,8 @@ port_base=16440
 kwok_nodes=0
 ipkeep=1
 extender=1
+profile=debug
+node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -48,6 +54,8 @@ while [ $# -gt 0 ]; do
     --kwok-nodes) kwok_nodes=${2:?--kwok-nodes needs a number}; shift 2 ;;
     --without-ipkeep) ipkeep=0; shift ;;
     --without-extender) extender=0; shift ;;
+    --release) profile=release; shift ;;
+    --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -174,9 +182,10 @@ up() {
   bin=$("$repo/scripts/k8s-build.sh" --without-kubelet --print-dir | tail -1)
   local ib=""
   if [ "$ipkeep" = 1 ]; then
-    say "building ipkeep-controller and ipkeep-scheduler-ext"
-    (cd "$repo" && cargo build -q -p ipkeep-controller -p ipkeep-scheduler-ext) || die "cargo build failed"
-    ib=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug
+    say "building ipkeep-controller and ipkeep-scheduler-ext ($profile)"
+    local release=(); [ "$profile" = release ] && release=(--release)
+    (cd "$repo" && cargo build -q "${release[@]}" -p ipkeep-controller -p ipkeep-scheduler-ext) || die "cargo build failed"
+    ib=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile
   fi
   rm -rf "$state/etcd" "$state/logs"
   mkdir -p "$state"/{logs,pids,etcd}
@@ -207,7 +216,8 @@ up() {
     --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
     --endpoint-reconciler-type=none \
-    --default-not-ready-toleration-seconds=10 --default-unreachable-toleration-seconds=10
+    --default-not-ready-toleration-seconds="$toleration_seconds" \
+    --default-unreachable-toleration-seconds="$toleration_seconds"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
 
   say "starting kube-controller-manager and kube-scheduler"
@@ -217,7 +227,7 @@ up() {
     --use-service-account-credentials=true --leader-elect=false \
     --bind-address=127.0.0.1 --secure-port="$p_kcm" \
     --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
-    --node-monitor-period=1s --node-monitor-grace-period=8s \
+    --node-monitor-period=1s --node-monitor-grace-period="$node_grace" \
     --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000
   scheduler_config >"$state/scheduler-config.yaml"
   start kube-scheduler "$bin/kube-scheduler" --config="$state/scheduler-config.yaml" \
@@ -276,7 +286,7 @@ kwok_up() {
   } >"$cfg"
   start kwok "$bin/kwok" --kubeconfig="$state/admin.kubeconfig" --config="$cfg" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-lease-duration-seconds=8 --cidr=10.0.0.0/16 --node-ip=10.255.0.1
+    --node-lease-duration-seconds="$lease_seconds" --cidr=10.0.0.0/16 --node-ip=10.255.0.1
   for ((i = 0; i < kwok_nodes; i++)); do
     cat <<EOF
 ---

@@ -6,6 +6,14 @@ use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
 use tokio::sync::watch;
 
+/// The field manager of `identity`'s writes to the Lease. kube-lease-manager takes a free Lease
+/// with a server-side apply that is not forced, so when two replicas find it free at once the
+/// second gets 409 Conflict, but only if their managers differ: with one manager for every
+/// replica both applies succeed and both lead (seen on a real control plane at start-up).
+pub fn field_manager(identity: &str) -> String {
+    format!("{}-{identity}", crate::FIELD_MANAGER)
+}
+
 /// Where the lease lives and who we are.
 #[derive(Debug, Clone)]
 pub struct LeaderSettings {
@@ -41,7 +49,7 @@ impl Election {
                     settings.lease_seconds,
                     settings.renew_before_seconds,
                 )
-                .with_field_manager(crate::FIELD_MANAGER),
+                .with_field_manager(field_manager(&settings.identity)),
             )
             .build()
             .await

@@ -35,6 +35,47 @@ async fn reporting_instances(client: &kube::Client) -> Vec<String> {
         .collect()
 }
 
+/// What kube-lease-manager does when two replicas find the Lease free at the same moment: each
+/// applies itself as the holder, without force. The second must get 409 Conflict; it did not
+/// while both replicas wrote as one field manager, and both led.
+#[tokio::test]
+async fn two_replicas_taking_a_free_lease_at_once_do_not_both_win() {
+    use ipkeep_controller::leader::field_manager;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, Patch, PatchParams};
+    let c = cluster().await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), NS);
+    let take = |holder: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "ipkeep-controller"},
+               "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}})
+    };
+    leases
+        .patch(
+            "ipkeep-controller",
+            &PatchParams::apply(&field_manager("replica-a")),
+            &Patch::Apply(take("replica-a")),
+        )
+        .await
+        .unwrap();
+    let second = leases
+        .patch(
+            "ipkeep-controller",
+            &PatchParams::apply(&field_manager("replica-b")),
+            &Patch::Apply(take("replica-b")),
+        )
+        .await;
+    match second {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 409, "{status:?}"),
+        other => panic!("replica-b took a Lease replica-a had just taken: {other:?}"),
+    }
+    let lease = leases.get("ipkeep-controller").await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("replica-a")
+    );
+}
+
 #[tokio::test]
 async fn only_the_leader_writes_and_the_standby_takes_over() {
     let c = cluster().await;

@@ -101,6 +101,17 @@ fn leader(cluster: &Cluster) -> Option<String> {
 /// over and records again.
 fn leader_election_hands_over(cluster: &Cluster) {
     let first = wait_until("a controller holds the Lease", LONG, || leader(cluster));
+    // Both replicas started together: exactly one of them may have led since (two did while
+    // they shared one field manager for the Lease).
+    let led: Vec<&str> = ["controller-0", "controller-1"]
+        .into_iter()
+        .filter(|c| cluster.log_tail(c, 100_000).contains("became the leader"))
+        .collect();
+    assert_eq!(
+        led,
+        [first.as_str()],
+        "leader election: more than one leader"
+    );
     let pid = cluster.pid(&first).expect("the leader's pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
