@@ -35,6 +35,8 @@ done
 
 state=$(mktemp -d /tmp/ipkeep-bench-cluster.XXXXXX)
 trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true; rm -rf "$state"' EXIT
+# shellcheck source=scripts/bench-lib.sh
+. "$repo/scripts/bench-lib.sh"
 say() { echo "bench-cluster: $*" >&2; }
 
 # Mean and quantiles of the scheduler's attempt-duration histogram between two scrapes.
@@ -82,20 +84,9 @@ wave() {
 
 results=()
 for mode in $modes; do
-  flags=()
-  case $mode in
-    none) flags=(--without-ipkeep) ;;
-    webhook) flags=(--without-extender) ;;
-    full) ;;
-    *) say "unknown mode $mode"; exit 1 ;;
-  esac
-  say "mode $mode: starting a cluster with $nodes kwok nodes"
-  "$repo/scripts/cluster.sh" up --release --upstream-node-timeouts --state "$state/c" --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
-  export KUBECONFIG=$state/c/admin.kubeconfig
-  k=$(cat "$state/c/bin")/kubectl
+  bench_up "$mode"
   port_sched=$(grep -o -- '--secure-port=[0-9]*' <(tr '\0' ' ' </proc/"$(cat "$state/c/pids/kube-scheduler")"/cmdline) | cut -d= -f2)
   scrape() { curl -ksS --cert "$state/c/pki/admin.crt" --key "$state/c/pki/admin.key" "https://127.0.0.1:$port_sched/metrics" >"$1"; }
-  $k create namespace bench >/dev/null
   if [ "$mode" != none ]; then
     $k apply -f - >/dev/null <<EOF
 apiVersion: ipkeep.dev/v1alpha1

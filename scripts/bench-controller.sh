@@ -35,6 +35,8 @@ pods=$((sets * replicas))
 
 state=$(mktemp -d /tmp/ipkeep-bench-controller.XXXXXX)
 trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true; rm -rf "$state"' EXIT
+# shellcheck source=scripts/bench-lib.sh
+. "$repo/scripts/bench-lib.sh"
 say() { echo "bench-controller: $*" >&2; }
 now() { date +%s.%N; }
 
@@ -93,18 +95,8 @@ pps_writes() {
 
 results=()
 for mode in $modes; do
-  flags=()
-  case $mode in
-    none) flags=(--without-ipkeep) ;;
-    full) ;;
-    *) say "unknown mode $mode"; exit 1 ;;
-  esac
-  say "mode $mode: starting a cluster with $nodes kwok nodes"
-  "$repo/scripts/cluster.sh" up --release --upstream-node-timeouts --state "$state/c" --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
-  export KUBECONFIG=$state/c/admin.kubeconfig
-  k=$(cat "$state/c/bin")/kubectl
+  bench_up "$mode"
   api=$($k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-  $k create namespace bench >/dev/null
   statefulsets >"$state/sts.yaml"
   writes0=0
   [ "$mode" = none ] || writes0=$(pps_writes)
@@ -152,7 +144,7 @@ sets, replicas, nodes = sys.argv[1:4]
 rows = [r.split() for r in sys.argv[4:]]
 base = {r[0]: r for r in rows}.get("none")
 print(f"\n{sets} StatefulSets x {replicas} pods on {nodes} kwok nodes\n")
-print("| mode | create -> all Ready s | vs none | last Ready -> last record s (1 s resolution) | controller VmHWM MiB (two replicas) | API writes per pod |")
+print("| mode | create -> all Ready s (1 s resolution) | vs none | last Ready -> last record s (1 s resolution) | controller VmHWM MiB (two replicas) | API writes per pod |")
 print("|---|---:|---:|---:|---:|---:|")
 for mode, ready, lag, r0, r1, per_pod in rows:
     ratio = f"{float(ready) / float(base[1]):.2f}x" if base and float(base[1]) > 0 else "-"

@@ -1,0 +1,20 @@
+# Shared by scripts/bench-cluster.sh and scripts/bench-controller.sh (sourced, not run).
+#
+# bench_up MODE: a fresh cluster in $state/c with $nodes kwok nodes, ipkeep's release build and
+# upstream's node timeouts; MODE is none (no ipkeep), webhook (no extender) or full. Exports
+# KUBECONFIG, sets k (the cluster's kubectl) and creates the namespace bench.
+bench_up() {
+  local mode=$1 flags=()
+  case $mode in
+    none) flags=(--without-ipkeep) ;;
+    webhook) flags=(--without-extender) ;;
+    full) ;;
+    *) say "unknown mode $mode"; exit 1 ;;
+  esac
+  say "mode $mode: starting a cluster with $nodes kwok nodes"
+  "$repo/scripts/cluster.sh" up --release --upstream-node-timeouts --state "$state/c" \
+    --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
+  export KUBECONFIG=$state/c/admin.kubeconfig
+  k=$(cat "$state/c/bin")/kubectl
+  $k create namespace bench >/dev/null
+}
