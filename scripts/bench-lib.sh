@@ -12,7 +12,7 @@ bench_up() {
     *) say "unknown mode $mode"; exit 1 ;;
   esac
   say "mode $mode: starting a cluster with $nodes kwok nodes"
-  "$repo/scripts/cluster.sh" up --release --upstream-node-timeouts --state "$state/c" \
+  "$repo/scripts/cluster.sh" up --nodes 0 --release --upstream-node-timeouts --state "$state/c" \
     --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
   export KUBECONFIG=$state/c/admin.kubeconfig
   k=$(cat "$state/c/bin")/kubectl

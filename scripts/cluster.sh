@@ -1,41 +1,67 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane on this machine, with ipkeep installed from deploy/.
+# A real Kubernetes cluster on this machine, with ipkeep installed from deploy/.
 #
-#   scripts/cluster.sh up [--kwok-nodes N] [--state DIR] [--port-base P] [--without-ipkeep]
-#                         [--without-extender] [--release] [--upstream-node-timeouts]
+#   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
+#                         [--without-ipkeep] [--without-extender] [--release]
+#                         [--upstream-node-timeouts]
 #   scripts/cluster.sh status [--state DIR]
+#   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
+#   scripts/cluster.sh images [--state DIR]
 #   scripts/cluster.sh down [--state DIR]
 #
-# up starts, as local processes on 127.0.0.1: etcd; kube-apiserver (TLS, Node and RBAC
+# up starts the control plane as local processes: etcd; kube-apiserver (TLS, Node and RBAC
 # authorization, service-account token signing, default admission plugins);
-# kube-controller-manager (each controller with its own service account, node-loss timeouts of
-# seconds); kube-scheduler with the extender stanza of deploy/scheduler-ext/scheduler-config.yaml;
-# and with --kwok-nodes N, kwok with N fake nodes kwok-0..kwok-N-1 (labels kubernetes.io/hostname
-# and topology.kubernetes.io/zone zone-0..zone-2). Then it installs ipkeep from deploy/ (namespace,
-# CRD, RBAC, the webhook configuration with a url on loopback and a real caBundle) and runs two
-# ipkeep-controller replicas (leader election) and ipkeep-scheduler-ext, each with a kubeconfig
-# holding only its own ServiceAccount's token, so a permission missing from deploy/ fails. It
-# returns when everything is ready; its last line is `export KUBECONFIG=...` (an admin
+# kube-controller-manager (each controller with its own service account, node pod CIDRs from
+# 10.244.0.0/16, node-loss timeouts of seconds); kube-scheduler.
+#
+# --nodes N (default 2; needs root) adds N real nodes node-0..node-N-1 (scripts/lib/nodes.sh):
+# each its own network and mount namespaces and cgroup, with Debian's containerd and runc,
+# kubelet and kube-proxy, zone labels zone-0, zone-1, ..., and routes between their pod CIDRs.
+# ipkeep is then installed as a user installs it: its image (and a busybox and a pause image)
+# built by scripts/images.py from the release build and imported into every node (there is no
+# registry), `kubectl apply -k` of an overlay of deploy/ that sets the image names and adds the
+# deploy/cni component (the agent writes each node's CNI configuration), the webhook's
+# certificate by deploy/scheduler-ext/make-certificate.sh, and kube-scheduler configured with
+# deploy/scheduler-ext/scheduler-config.yaml (the extender at the Service's cluster IP). A
+# kube-proxy on the host gives kube-apiserver and kube-scheduler the Service IPs.
+#
+# --kwok-nodes N adds N fake nodes kwok-0..kwok-N-1 (kwok; labels kubernetes.io/hostname and
+# topology.kubernetes.io/zone zone-0..zone-2; tainted NoSchedule when real nodes exist). With
+# --nodes 0, ipkeep's controller (two replicas, leader election) and scheduler-ext run as local
+# processes instead, each with a kubeconfig holding only its own ServiceAccount's token (so a
+# permission missing from deploy/ fails), and the webhook is registered with a url on loopback.
+#
+# up returns when everything is ready; its last line is `export KUBECONFIG=...` (an admin
 # kubeconfig). The Kubernetes binaries come from scripts/k8s-build.sh (built on first use).
 #
+# node stop NAME stops a real node's kubelet and containerd (its pods keep running); node start
+# NAME starts them again; node kill NAME powers the node off (every process of the node, pods
+# included, is killed; its disk directories stay, its /run is gone). images lists the images
+# every real node has.
+#
 # Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
-# extender), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers' probes), P+7
-# (kube-scheduler's), P+8 (kube-controller-manager's); P defaults to 16440. The state
-# (certificates, data, logs in DIR/logs, pids in DIR/pids) is in DIR, default
-# $IPKEEP_CLUSTER_STATE or /tmp/ipkeep-cluster. --without-extender leaves the extender out of
-# kube-scheduler's configuration (the webhook alone); --release runs ipkeep's optimised build
-# (for benchmarks; the default is the debug build the tests use). Node loss is detected in
-# seconds by default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node
-# grace 50 s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat
-# neither marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks. up refuses a taken port or a state directory in
-# use; on any failure it stops what it started. down stops every process up started, by pid,
-# and removes DIR.
+# extender, local processes), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers'
+# probes), P+7 (kube-scheduler's), P+8 (kube-controller-manager's), P+9 and P+10 (the host's
+# kube-proxy); P defaults to 16440. With real nodes kube-apiserver listens on 10.200.0.1 (the
+# nodes' bridge), else on 127.0.0.1. The state (certificates, data, logs in DIR/logs, pids in
+# DIR/pids, the nodes' disks in DIR/nodes) is in DIR, default $IPKEEP_CLUSTER_STATE or
+# /tmp/ipkeep-cluster. --without-ipkeep leaves ipkeep out (real nodes then run Debian's bridge
+# with host-local: the baseline); --without-extender leaves the extender out of kube-scheduler's
+# configuration (the webhook alone); --release runs ipkeep's optimised build as local processes
+# (real nodes always run the release build, in the image). Node loss is detected in seconds by
+# default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node grace 50
+# s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat neither
+# marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks. up refuses
+# a taken port or a state directory in use; on any failure it stops what it started. down stops
+# every process up started (by pid, and every process of each real node by its cgroup), removes
+# the nodes' namespaces, routes and kube-proxy rules, and removes DIR.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 state=${IPKEEP_CLUSTER_STATE:-/tmp/ipkeep-cluster}
 port_base=16440
 kwok_nodes=0
+nodes=2
 ipkeep=1
 extender=1
 profile=debug
@@ -47,8 +73,15 @@ die() { say "error: $*"; exit 1; }
 cmd=${1:-}
 case $cmd in -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 [ $# -gt 0 ] && shift
+node_cmd= node_name=
+if [ "$cmd" = node ]; then
+  node_cmd=${1:-} node_name=${2:-}
+  [[ $node_cmd =~ ^(stop|start|kill)$ ]] && [ -n "$node_name" ] || die "usage: $0 node stop|start|kill NAME [--state DIR]"
+  shift 2
+fi
 while [ $# -gt 0 ]; do
   case $1 in
+    --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
     --state) state=${2:?--state needs a directory}; shift 2 ;;
     --port-base) port_base=${2:?--port-base needs a number}; shift 2 ;;
     --kwok-nodes) kwok_nodes=${2:?--kwok-nodes needs a number}; shift 2 ;;
@@ -62,12 +95,23 @@ while [ $# -gt 0 ]; do
 done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
+[[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 state=$(realpath -m "$state")
 
 p_etcd=$port_base p_peer=$((port_base + 1)) p_api=$((port_base + 2)) p_ext=$((port_base + 3))
 p_ext_probe=$((port_base + 4)) p_ctl0=$((port_base + 5)) p_ctl1=$((port_base + 6))
 p_sched=$((port_base + 7)) p_kcm=$((port_base + 8))
+p_proxy_health=$((port_base + 9)) p_proxy_metrics=$((port_base + 10))
+api_host=127.0.0.1
+[ "$nodes" -gt 0 ] && api_host=10.200.0.1
+# The image tag of the images built for real nodes; the scheduler extension's fixed cluster IP.
+image_tag=dev
+ext_cluster_ip=10.96.0.50
 up_done=
+# shellcheck source=scripts/lib/nodes.sh
+. "$repo/scripts/lib/nodes.sh"
+# shellcheck source=scripts/lib/install.sh
+. "$repo/scripts/lib/install.sh"
 
 # --- processes -------------------------------------------------------------------------------
 
@@ -97,6 +141,17 @@ stop_all() {
   done
 }
 
+# stop_one NAME: stops one process up started (TERM, then KILL after 10 s).
+stop_one() {
+  local f=$state/pids/$1 pid waited=0
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  kill -TERM "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$f"
+}
+
 # wait_for WHAT SECONDS PROCESS CMD...: retries CMD until it succeeds; fails (with the process's
 # last log lines) if PROCESS dies or time runs out.
 wait_for() {
@@ -120,28 +175,32 @@ port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # --- certificates ----------------------------------------------------------------------------
 
+# ssl ARGS...: openssl, quiet unless it fails.
+ssl() {
+  local out
+  out=$(openssl "$@" 2>&1) || die "openssl $1 failed: $out"
+}
+
+# cert NAME SUBJECT [SAN]: a key and a certificate signed by the cluster's CA, in DIR/pki.
+cert() {
+  local d=$state/pki ext=()
+  if [ -n "${3:-}" ]; then
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" >"$d/$1.ext"
+    ext=(-extfile "$d/$1.ext")
+  fi
+  ssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$d/$1.key" -out "$d/$1.csr"
+  ssl x509 -req -in "$d/$1.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 30 -out "$d/$1.crt" "${ext[@]}"
+}
+
 pki() {
   local d=$state/pki
   mkdir -p "$d"
-  # ssl ARGS...: openssl, quiet unless it fails.
-  ssl() {
-    local out
-    out=$(openssl "$@" 2>&1) || die "openssl $1 failed: $out"
-  }
-  # cert NAME SUBJECT [SAN]: a key and a certificate signed by the CA.
-  cert() {
-    local ext=()
-    if [ -n "${3:-}" ]; then
-      printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" >"$d/$1.ext"
-      ext=(-extfile "$d/$1.ext")
-    fi
-    ssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$d/$1.key" -out "$d/$1.csr"
-    ssl x509 -req -in "$d/$1.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
-      -days 30 -out "$d/$1.crt" "${ext[@]}"
-  }
   ssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=ipkeep-test-ca" \
     -keyout "$d/ca.key" -out "$d/ca.crt"
-  cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.200.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  # kube-apiserver's client certificate for kubelets (logs, exec).
+  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   cert admin "/O=system:masters/CN=ipkeep-test-admin"
   cert kcm "/CN=system:kube-controller-manager"
   cert scheduler "/CN=system:kube-scheduler"
@@ -154,7 +213,7 @@ pki() {
 kubeconfig() {
   local file=$1 kind=$2 cred=$3 ns=${4:-default}
   local k=(env KUBECONFIG="$file" "$bin/kubectl")
-  "${k[@]}" config set-cluster local --server="https://127.0.0.1:$p_api" \
+  "${k[@]}" config set-cluster local --server="https://$api_host:$p_api" \
     --certificate-authority="$state/pki/ca.crt" --embed-certs=true >/dev/null
   if [ "$kind" = cert ]; then
     "${k[@]}" config set-credentials user --client-certificate="$state/pki/$cred.crt" \
@@ -172,32 +231,40 @@ kubeconfig() {
 up() {
   [ ! -e "$state/pids" ] || die "$state is in use by another cluster (scripts/cluster.sh down --state $state)"
   local p
-  for p in $p_etcd $p_peer $p_api $p_ext $p_ext_probe $p_ctl0 $p_ctl1 $p_sched $p_kcm; do
+  for p in $p_etcd $p_peer $p_api $p_ext $p_ext_probe $p_ctl0 $p_ctl1 $p_sched $p_kcm $p_proxy_health $p_proxy_metrics; do
     port_taken "$p" && die "port $p on 127.0.0.1 is taken (choose other ports with --port-base)"
   done
   command -v openssl >/dev/null || die "openssl is not installed (apt-get install openssl)"
   command -v curl >/dev/null || die "curl is not installed (apt-get install curl)"
+  [ "$nodes" -gt 0 ] && nodes_preflight
   local t0; t0=$(date +%s)
   say "building or reusing the Kubernetes binaries (scripts/k8s-build.sh)"
-  bin=$("$repo/scripts/k8s-build.sh" --without-kubelet --print-dir | tail -1)
+  local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
+  bin=$("$repo/scripts/k8s-build.sh" "${without_node[@]}" --print-dir | tail -1)
   local ib=""
-  if [ "$ipkeep" = 1 ]; then
-    say "building ipkeep-controller and ipkeep-scheduler-ext ($profile)"
-    local release=(); [ "$profile" = release ] && release=(--release)
-    (cd "$repo" && cargo build -q "${release[@]}" -p ipkeep-controller -p ipkeep-scheduler-ext) || die "cargo build failed"
-    ib=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile
+  if [ "$nodes" -gt 0 ]; then
+    ib=$(ipkeep_build release ipkeep-cni ipkeep-agent ipkeep-controller ipkeep-scheduler-ext)
+  elif [ "$ipkeep" = 1 ]; then
+    ib=$(ipkeep_build "$profile" ipkeep-controller ipkeep-scheduler-ext)
   fi
   rm -rf "$state/etcd" "$state/logs"
   mkdir -p "$state"/{logs,pids,etcd}
   # Whatever ends `up` before it is done (an error, die, a signal) stops what it started.
-  trap 'if [ -z "$up_done" ]; then say "failed; stopping what was started (logs kept in $state/logs)"; stop_all; rm -rf "$state/pids"; fi' EXIT
+  # (IPKEEP_CLUSTER_KEEP_FAILED=1 keeps it running, to look at; then `down` it.)
+  trap 'if [ -z "$up_done" ] && [ -n "${IPKEEP_CLUSTER_KEEP_FAILED:-}" ]; then say "failed; kept running (IPKEEP_CLUSTER_KEEP_FAILED)"; elif [ -z "$up_done" ]; then say "failed; stopping what was started (logs kept in $state/logs)"; teardown; fi' EXIT
   trap 'exit 130' INT TERM
   echo "$bin" >"$state/bin"
+  if [ "$nodes" -gt 0 ]; then
+    say "building the images for the nodes (scripts/images.py)"
+    python3 "$repo/scripts/images.py" --release-dir "$ib" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
+      die "building the images failed"
+    underlay_up
+  fi
   pki
   kubeconfig "$state/admin.kubeconfig" cert admin
   kubeconfig "$state/kcm.kubeconfig" cert kcm
   kubeconfig "$state/scheduler.kubeconfig" cert scheduler
-  local kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
+  kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
 
   say "starting etcd on 127.0.0.1:$p_etcd"
   start etcd "$bin/etcd" --name=node0 --data-dir="$state/etcd" \
@@ -207,20 +274,26 @@ up() {
     --auto-compaction-retention=1 --quota-backend-bytes=$((4 << 30))
   wait_for etcd 60 etcd curl -fsS "http://127.0.0.1:$p_etcd/readyz"
 
-  say "starting kube-apiserver on https://127.0.0.1:$p_api"
+  # With real nodes, pods reach kube-apiserver through the `kubernetes` Service, whose endpoint
+  # is the advertised address; without, nothing outside this machine's loopback needs it.
+  local endpoints=(--endpoint-reconciler-type=none)
+  [ "$nodes" -gt 0 ] && endpoints=(--advertise-address="$api_host")
+  say "starting kube-apiserver on https://$api_host:$p_api"
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
-    --bind-address=127.0.0.1 --secure-port="$p_api" \
+    --bind-address="$api_host" --secure-port="$p_api" "${endpoints[@]}" \
     --tls-cert-file="$state/pki/apiserver.crt" --tls-private-key-file="$state/pki/apiserver.key" \
     --client-ca-file="$state/pki/ca.crt" \
+    --kubelet-client-certificate="$state/pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$state/pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
-    --endpoint-reconciler-type=none \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
 
-  say "starting kube-controller-manager and kube-scheduler"
+  say "starting kube-controller-manager"
   start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$state/kcm.kubeconfig" \
     --authentication-kubeconfig="$state/kcm.kubeconfig" --authorization-kubeconfig="$state/kcm.kubeconfig" \
     --service-account-private-key-file="$state/pki/sa.key" --root-ca-file="$state/pki/ca.crt" \
@@ -229,18 +302,26 @@ up() {
     --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
     --node-monitor-period=1s --node-monitor-grace-period="$node_grace" \
     --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000
-  scheduler_config >"$state/scheduler-config.yaml"
-  start kube-scheduler "$bin/kube-scheduler" --config="$state/scheduler-config.yaml" \
-    --authentication-kubeconfig="$state/scheduler.kubeconfig" --authorization-kubeconfig="$state/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --secure-port="$p_sched"
   wait_for kube-controller-manager 60 kube-controller-manager curl -kfsS "https://127.0.0.1:$p_kcm/healthz"
-  wait_for kube-scheduler 60 kube-scheduler curl -kfsS "https://127.0.0.1:$p_sched/readyz"
+  # In-cluster ipkeep: kube-scheduler starts once the extender's certificate exists (below).
+  if ! [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; then
+    local url=""
+    [ "$ipkeep" = 1 ] && [ "$extender" = 1 ] && url=https://127.0.0.1:$p_ext
+    scheduler_start "$url" "$(base64 -w0 <"$state/pki/ca.crt")"
+  fi
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
 
-  if [ "$kwok_nodes" -gt 0 ]; then
-    kwok_up
-  fi
-  if [ "$ipkeep" = 1 ]; then
+  [ "$nodes" -gt 0 ] && nodes_up "$nodes"
+  [ "$kwok_nodes" -gt 0 ] && kwok_up
+  if [ "$nodes" -gt 0 ]; then
+    if [ "$ipkeep" = 1 ]; then
+      ipkeep_install
+    else
+      nodes_host_local_conf
+    fi
+    wait_for "$nodes real nodes Ready" 180 "" real_nodes_ready "$nodes"
+    [ "$ipkeep" = 1 ] && ipkeep_wait
+  elif [ "$ipkeep" = 1 ]; then
     ipkeep_up "$ib"
   fi
   up_done=1
@@ -248,19 +329,29 @@ up() {
   echo "export KUBECONFIG=$state/admin.kubeconfig"
 }
 
+# scheduler_start EXTENDER-URL CA-BASE64: kube-scheduler with the extender at the URL (none if
+# empty).
+scheduler_start() {
+  scheduler_config "$1" "$2" >"$state/scheduler-config.yaml"
+  say "starting kube-scheduler${1:+ (extender $1)}"
+  start kube-scheduler "$bin/kube-scheduler" --config="$state/scheduler-config.yaml" \
+    --authentication-kubeconfig="$state/scheduler.kubeconfig" --authorization-kubeconfig="$state/scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$p_sched"
+  wait_for kube-scheduler 60 kube-scheduler curl -kfsS "https://127.0.0.1:$p_sched/readyz"
+}
+
 # The scheduler's configuration: deploy/scheduler-ext/scheduler-config.yaml with this cluster's
-# kubeconfig, the extender on loopback and its CA inline.
+# kubeconfig, the extender at $1 (none if empty) and its CA ($2, base64) inline.
 scheduler_config() {
-  local file=$repo/deploy/scheduler-ext/scheduler-config.yaml ca
-  ca=$(base64 -w0 <"$state/pki/ca.crt")
+  local file=$repo/deploy/scheduler-ext/scheduler-config.yaml url=$1 ca=$2
   grep -q 'urlPrefix: https://ipkeep-scheduler-ext.ipkeep-system.svc:443' "$file" &&
     grep -q 'caFile: ' "$file" && grep -q 'kubeconfig: ' "$file" ||
     die "$file no longer has the urlPrefix, caFile and kubeconfig lines this script rewrites"
   # The client rate limits are raised (as for kube-scheduler's own density tests) so that
   # what a benchmark measures is scheduling, not client-side throttling.
-  if [ "$extender" = 1 ]; then
+  if [ -n "$url" ]; then
     sed -e "s#kubeconfig: .*#kubeconfig: $state/scheduler.kubeconfig\n  qps: 500\n  burst: 1000#" \
-        -e "s#urlPrefix: .*#urlPrefix: https://127.0.0.1:$p_ext#" \
+        -e "s#urlPrefix: .*#urlPrefix: $url#" \
         -e "s#caFile: .*#caData: $ca#" "$file"
   else
     printf 'apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n'
@@ -301,6 +392,7 @@ metadata:
     kubernetes.io/arch: amd64
     topology.kubernetes.io/zone: zone-$((i % 3))
     type: kwok
+$( [ "$nodes" -gt 0 ] && printf 'spec:\n  taints: [{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}]' )
 status:
   allocatable: {cpu: "32", memory: 256Gi, pods: "110"}
   capacity: {cpu: "32", memory: 256Gi, pods: "110"}
@@ -314,41 +406,6 @@ nodes_ready() {
   local n
   n=$("${kubectl[@]}" get nodes -l type=kwok -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true)
   [ "$n" -ge "$1" ]
-}
-
-ipkeep_up() {
-  local ib=$1 sa token ca
-  say "installing ipkeep from deploy/"
-  for f in namespace.yaml crd.yaml controller/rbac.yaml scheduler-ext/rbac.yaml; do
-    "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
-  done
-  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
-  ca=$(base64 -w0 <"$state/pki/ca.crt")
-  "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[
-    {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
-     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}}]" \
-    >"$state/webhook.yaml"
-  for sa in ipkeep-controller ipkeep-scheduler-ext; do
-    token=$("${kubectl[@]}" -n ipkeep-system create token "$sa" --duration=48h)
-    kubeconfig "$state/$sa.kubeconfig" token "$token" ipkeep-system
-  done
-  say "starting ipkeep-scheduler-ext on https://127.0.0.1:$p_ext and two ipkeep-controller replicas"
-  start scheduler-ext env KUBECONFIG="$state/ipkeep-scheduler-ext.kubeconfig" \
-    "$ib/ipkeep-scheduler-ext" --listen="127.0.0.1:$p_ext" --probe-listen="127.0.0.1:$p_ext_probe" \
-    --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key"
-  start controller-0 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-0 \
-    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl0" --lease-duration=6s
-  start controller-1 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-1 \
-    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl1" --lease-duration=6s
-  wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
-  wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
-  wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"
-  "${kubectl[@]}" apply -f "$state/webhook.yaml" >/dev/null
-  cat >"$state/ipkeep.env" <<EOF
-IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
-IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe
-IPKEEP_CONTROLLER_PROBES=http://127.0.0.1:$p_ctl0,http://127.0.0.1:$p_ctl1
-EOF
 }
 
 # --- status / down ---------------------------------------------------------------------------
@@ -371,19 +428,54 @@ status() {
   return $ok
 }
 
+# teardown: stops everything up started (nodes first: their pods, daemons and namespaces).
+teardown() {
+  [ -f "$state/bin" ] && bin=$(cat "$state/bin")
+  nodes_down
+  stop_all
+  rm -rf "$state/pids"
+}
+
 down() {
   if [ ! -d "$state/pids" ]; then
     say "no cluster in $state"
     return 0
   fi
-  stop_all
-  rm -rf "$state"
+  teardown
+  rm -rf --one-file-system "$state"
   say "stopped and removed $state"
+}
+
+node() {
+  [ -d "$state/pids" ] || die "no cluster in $state"
+  bin=$(cat "$state/bin")
+  kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
+  [ -d "$(node_dir "$node_name")" ] || die "no real node $node_name in $state (nodes: $(node_names | tr '\n' ' '))"
+  case $node_cmd in
+    stop) node_stop "$node_name" ;;
+    start) node_start "$node_name" ;;
+    kill) node_kill "$node_name"; say "$node_name powered off (start it again: $0 node start $node_name)" ;;
+  esac
+}
+
+images() {
+  [ -d "$state/pids" ] || die "no cluster in $state"
+  local node
+  for node in $(node_names); do
+    echo "$node:"
+    if alive "$node-containerd"; then
+      node_exec "$node" ctr -a /run/containerd/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/  /'
+    else
+      echo "  (containerd not running)"
+    fi
+  done
 }
 
 case $cmd in
   up) up ;;
   status) status ;;
+  node) node ;;
+  images) images ;;
   down) down ;;
-  *) die "usage: $0 up|status|down [options] (see --help)" ;;
+  *) die "usage: $0 up|status|node|images|down [options] (see --help)" ;;
 esac

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the demonstration and the tests need on a Debian machine: the reference CNI
 # plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
-# ping and arping for traffic, strace for the durability test, and Python's venv for
-# scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv). Skips apt
-# entirely when everything is already there.
+# ping and arping for traffic, strace for the durability test, Python's venv for
+# scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv), and as root
+# what real nodes run (containerd, runc, busybox, gcc, iptables, conntrack). Skips apt entirely
+# when everything is already there.
 set -euo pipefail
 
 need=()
@@ -16,6 +17,17 @@ command -v strace >/dev/null || need+=(strace)
 # openssl and curl: scripts/cluster.sh makes the test cluster's certificates and probes it.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
+# The real nodes of scripts/cluster.sh (root only): Debian's containerd and runc, busybox for the
+# workload image, gcc for the pause program (and kubelet's cgo build), iptables and conntrack
+# for kube-proxy.
+if [ "$(id -u)" -eq 0 ]; then
+  command -v containerd >/dev/null || need+=(containerd)
+  command -v runc >/dev/null || need+=(runc)
+  [ -x /bin/busybox ] || need+=(busybox-static)
+  command -v gcc >/dev/null || need+=(gcc libc6-dev)
+  command -v iptables >/dev/null || need+=(iptables)
+  command -v conntrack >/dev/null || need+=(conntrack)
+fi
 # Debian's python3 creates virtualenvs only with python3-venv (ensurepip); other Pythons (pyenv)
 # have it built in.
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)

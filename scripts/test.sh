@@ -2,19 +2,28 @@
 # Every check CI runs: the deploy/ manifests (offline, scripts/validate-deploy.sh), formatting,
 # clippy with warnings as errors, and all tests, including the network-namespace tests (which
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
-# tests on a real control plane (tests/tests/cluster.rs; the Kubernetes components are built
-# from their Go modules first, or reused from the cache: docs/cluster.md).
+# tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
+# tests/tests/nodes.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
+# images). The Kubernetes components are built from their Go modules first, or reused from the
+# cache (docs/cluster.md); the real nodes run ipkeep's release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
-scripts/validate-deploy.sh
+kubectl_bin=
+if command -v go >/dev/null; then
+  # kubelet and kube-proxy only where real nodes can run (root).
+  node=(--without-kubelet); [ "$(id -u)" -eq 0 ] && node=()
+  kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
+else
+  echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
+fi
+IPKEEP_KUBECTL=$kubectl_bin scripts/validate-deploy.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --locked --bins
-if command -v go >/dev/null; then
-  scripts/k8s-build.sh --without-kubelet
-else
-  echo "test.sh: Go is not installed: the tests on a real control plane will skip (under CI: fail)" >&2
+if [ "$(id -u)" -eq 0 ]; then
+  # The images the real nodes run are built from the release binaries.
+  cargo build --release --locked -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext --bins
 fi
 cargo test --workspace --locked

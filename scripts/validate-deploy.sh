@@ -11,8 +11,11 @@
 #       same directory, with unknown fields refused (as `kubectl apply` does by default);
 #     - KubeSchedulerConfiguration is a kube-scheduler file, not an API object: its top-level
 #       and extender fields are checked against a small hand-written list of the v1 fields;
-#     - Kustomization: every listed resource must exist, and `kubectl kustomize` must render it
-#       when kubectl is installed;
+#     - Kustomization: every listed resource must exist, and `kubectl kustomize` must render it;
+#     - kustomize Component (cni/): its files must exist, and the directory with the component
+#       must render into objects that pass the same strict validation;
+#     (the renderings use the kubectl of the cluster build, $IPKEEP_KUBECTL, which
+#     scripts/test.sh passes; without it they are skipped, never run with another kubectl);
 #     - cert-manager Issuer/Certificate: skipped with a reason (cert-manager's CRDs cannot be
 #       fetched offline), after a check of the fields deploy/ relies on;
 #     - any other kind without a schema is an error.
@@ -58,13 +61,16 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" !
   echo "$REQUIREMENTS" >"$venv/.requirements"
 fi
 
-kubectl_bin="$(command -v kubectl || true)"
+# The kubectl of the cluster build (scripts/k8s-build.sh; scripts/test.sh passes it), never
+# one that happens to be installed: without it the kustomize renderings are skipped.
+kubectl_bin="${IPKEEP_KUBECTL:-}"
 K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" exec "$venv/bin/python" - "$dir" <<'PY'
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import jsonschema
@@ -306,12 +312,65 @@ def check_kustomization(where, path, doc):
     if missing:
         return
     if not kubectl:
-        return skip(where, "resources exist; `kubectl kustomize` not run (kubectl not installed)")
+        return skip(where, "resources exist; `kubectl kustomize` not run (no kubectl from the cluster build)")
     out = subprocess.run([kubectl, "kustomize", base], capture_output=True, text=True)
     if out.returncode != 0:
         return fail(where, f"kubectl kustomize failed: {out.stderr.strip()}")
     kinds = len([d for d in yaml.safe_load_all(out.stdout) if d])
     ok(where, f"resources exist; kubectl kustomize renders {kinds} objects")
+
+
+def check_component(where, path, doc):
+    """A kustomize Component (deploy/cni): its files exist, and deploy/ with it renders into
+    objects that are valid in every version (checked like the files themselves)."""
+    base = os.path.dirname(path)
+    files = [f.split("=", 1)[-1] for g in doc.get("configMapGenerator") or []
+             for f in g.get("files") or []]
+    missing = [f for f in files if not os.path.exists(os.path.join(base, f))]
+    for f in missing:
+        fail(where, f"configMapGenerator: {f} does not exist")
+    if missing:
+        return
+    if not kubectl:
+        return skip(where, "files exist; `kubectl kustomize` not run (no kubectl from the cluster build)")
+    with tempfile.TemporaryDirectory() as t:
+        with open(os.path.join(t, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1",
+                            "kind": "Kustomization",
+                            "resources": [os.path.relpath(root, t)],
+                            "components": [os.path.relpath(base, t)]}, f)
+        out = subprocess.run([kubectl, "kustomize", t], capture_output=True, text=True)
+    if out.returncode != 0:
+        return fail(where, f"{os.path.relpath(root)} with this component does not render: {out.stderr.strip()}")
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    bad = 0
+    for d in rendered:
+        name = f"{where} -> {d.get('kind')}/{(d.get('metadata') or {}).get('name', '')}"
+        if (d["apiVersion"], d["kind"]) in crd_schemas or d["kind"] == "CustomResourceDefinition":
+            continue
+        bad += not check_object(name, d, quiet=True)
+    if not bad:
+        ok(where, f"deploy/ with this component renders {len(rendered)} objects, each valid "
+                  f"(kubernetes-validate --strict, Kubernetes {', '.join(versions)})")
+
+
+def check_object(where, doc, quiet=False):
+    """kubernetes-validate --strict in every version; whether it passed."""
+    checked = []
+    for version in versions:
+        try:
+            checked.append(kv.validate(doc, version, strict=True))
+        except kv.ValidationError as e:
+            path_ = ".".join(str(p) for p in e.path) or "(root)"
+            fail(where, f"Kubernetes {e.version}: {path_}: {e.message}")
+            return False
+        except kv.SchemaNotFoundError:
+            fail(where, f"no schema for {doc['apiVersion']} {doc['kind']} in Kubernetes {version}, "
+                        "and it is not a kind this script knows how to check (a typo, or a removed API?)")
+            return False
+    if not quiet:
+        ok(where, "kubernetes-validate --strict, Kubernetes " + ", ".join(checked))
+    return True
 
 
 def check_cert_manager(where, doc):
@@ -339,6 +398,9 @@ for where, path, doc in documents:
     if gv.startswith("kustomize.config.k8s.io/") and kind == "Kustomization":
         check_kustomization(where, path, doc)
         continue
+    if gv.startswith("kustomize.config.k8s.io/") and kind == "Component":
+        check_component(where, path, doc)
+        continue
     if gv.startswith("kubescheduler.config.k8s.io/") and kind == "KubeSchedulerConfiguration":
         check_scheduler_config(where, doc)
         continue
@@ -348,22 +410,7 @@ for where, path, doc in documents:
     if (gv, kind) in crd_schemas:
         check_custom_resource(where, doc, crd_schemas[(gv, kind)])
         continue
-    checked, bad = [], False
-    for version in versions:
-        try:
-            checked.append(kv.validate(doc, version, strict=True))
-        except kv.ValidationError as e:
-            path_ = ".".join(str(p) for p in e.path) or "(root)"
-            fail(where, f"Kubernetes {e.version}: {path_}: {e.message}")
-            bad = True
-            break
-        except kv.SchemaNotFoundError:
-            fail(where, f"no schema for {gv} {kind} in Kubernetes {version}, and it is not a "
-                        "kind this script knows how to check (a typo, or a removed API?)")
-            bad = True
-            break
-    if not bad:
-        ok(where, "kubernetes-validate --strict, Kubernetes " + ", ".join(checked))
+    check_object(where, doc)
 
 elapsed = time.monotonic() - started
 print(f"validate-deploy: {len(passed)} valid, {len(failures)} invalid, {len(skipped)} skipped "

@@ -63,7 +63,7 @@ impl Cluster {
             .arg("--state")
             .arg(&state)
             .args(["--port-base", &base.to_string()])
-            .args(["--kwok-nodes", &nodes.to_string()])
+            .args(["--nodes", "0", "--kwok-nodes", &nodes.to_string()])
             .stderr(Stdio::inherit())
             .output()
             .expect("run scripts/cluster.sh");

@@ -125,9 +125,18 @@ fn assert_plugin_accepts(conf: &Value) {
     assert!(out.ok(), "{out:?}");
 }
 
+/// The bridge configuration is the template the agent renders (deploy/cni/kustomization.yaml):
+/// once a node's pod CIDR is filled in, the plugin accepts it.
 #[test]
 fn example_conflist_is_a_valid_ipkeep_configuration() {
-    let list = conflist("10-ipkeep-bridge.conflist");
+    let template = conflist("10-ipkeep-bridge.conflist");
+    let rendered = ipkeep_agent::cniconf::render(&template.to_string(), &["10.244.1.0/24".into()])
+        .expect("the agent renders the template");
+    let list: Value = serde_json::from_str(&rendered).expect("JSON");
+    assert_eq!(
+        list["plugins"][0]["ipam"]["ranges"],
+        json!([[{"subnet": "10.244.1.0/24"}]])
+    );
     let plugin = list["plugins"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["ipam"]["type"] == "ipkeep"))

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -117,6 +117,23 @@ impl Cluster {
         } else {
             Readiness::NodeUnknown
         }
+    }
+
+    /// This node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`), once its Node is known and
+    /// has them.
+    pub fn pod_cidrs(&self) -> Option<Vec<String>> {
+        let node = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == self.node)?;
+        let spec = node.spec.as_ref()?;
+        let cidrs = match (&spec.pod_cidrs, &spec.pod_cidr) {
+            (Some(all), _) if !all.is_empty() => all.clone(),
+            (_, Some(one)) => vec![one.clone()],
+            _ => return None,
+        };
+        Some(cidrs)
     }
 
     /// Counts the changes the watches have seen: a different value means a different view.
@@ -267,11 +284,17 @@ fn track<K>(
     }
 }
 
-/// Keeps a node's name only.
+/// Keeps a node's name and pod CIDRs only.
 fn trim_node(node: &mut Node) {
     let name = node.metadata.name.take();
+    let cidrs = node.spec.as_mut().map(|s| NodeSpec {
+        pod_cidr: s.pod_cidr.take(),
+        pod_cidrs: s.pod_cidrs.take(),
+        ..NodeSpec::default()
+    });
     *node = Node::default();
     node.metadata.name = name;
+    node.spec = cidrs;
 }
 
 /// Keeps a pod's identity only: name, namespace, UID and a mirror Pod's static pod UID.

@@ -3,6 +3,7 @@
 //! holdings Kubernetes says nobody will use again ([`release`], [`cluster`], [`sweep`]).
 
 pub mod cluster;
+pub mod cniconf;
 pub mod metrics;
 pub mod release;
 pub mod server;
@@ -50,6 +51,8 @@ pub struct Settings {
     pub lock_timeout: Duration,
     /// The most addresses one sweep frees or re-holds on Kubernetes' word.
     pub max_releases: usize,
+    /// Write the node's CNI configuration from a template and the Node's pod CIDRs.
+    pub cni_conf: Option<cniconf::CniConf>,
 }
 
 #[derive(Clone, Debug)]
@@ -93,6 +96,22 @@ pub async fn run(
         tokio::spawn(cluster::watch(client, cluster.clone(), writers));
         cluster
     });
+    match (&cluster, &settings.cni_conf) {
+        (Some(cluster), Some(conf)) => {
+            tokio::spawn(cniconf::keep_written(
+                cluster.clone(),
+                conf.clone(),
+                Duration::from_secs(2),
+                shutdown.clone(),
+            ));
+        }
+        (None, Some(_)) => {
+            tracing::warn!(
+                "--cni-conf-template needs Kubernetes (the Node's pod CIDRs): not writing the CNI configuration"
+            );
+        }
+        _ => {}
+    }
     if let Some(addr) = settings.probe_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

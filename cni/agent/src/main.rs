@@ -57,6 +57,15 @@ struct Args {
     /// Longest wait for a store a falling-back plugin holds.
     #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
     lock_timeout: Duration,
+    /// Write this node's CNI configuration list to --cni-conf-out from this template, with every
+    /// IPAM range subnet "usePodCidr" ("usePodCidrIPv6") replaced by the Node's IPv4 (IPv6) pod
+    /// CIDR from spec.podCIDRs; rewritten when the template or the CIDRs change.
+    #[arg(long, env = "IPKEEP_CNI_CONF_TEMPLATE", requires = "cni_conf_out")]
+    cni_conf_template: Option<PathBuf>,
+    /// Where --cni-conf-template's result goes: a file in the container runtime's CNI
+    /// configuration directory (for example /etc/cni/net.d/10-ipkeep.conflist).
+    #[arg(long, env = "IPKEEP_CNI_CONF_OUT", requires = "cni_conf_template")]
+    cni_conf_out: Option<PathBuf>,
     /// Serve the stores and sweep expired holdings only, without Kubernetes (no API access).
     #[arg(long, env = "IPKEEP_NO_KUBERNETES")]
     no_kubernetes: bool,
@@ -121,6 +130,10 @@ async fn main() -> anyhow::Result<()> {
         },
         lock_timeout: args.lock_timeout,
         max_releases: args.max_releases_per_pass,
+        cni_conf: args
+            .cni_conf_template
+            .zip(args.cni_conf_out)
+            .map(|(template, out)| ipkeep_agent::cniconf::CniConf { template, out }),
     };
     let exit_on_stdin_close = args.exit_on_stdin_close;
     run(client, settings, shutdown(exit_on_stdin_close)).await

@@ -275,7 +275,7 @@ fn webhook_extender_service_and_certificate_agree() {
 
 #[test]
 fn everything_but_the_examples_is_in_ipkeep_system() {
-    const CLUSTER_SCOPED: [&str; 7] = [
+    const CLUSTER_SCOPED: [&str; 8] = [
         "Namespace",
         "ClusterRole",
         "ClusterRoleBinding",
@@ -283,6 +283,7 @@ fn everything_but_the_examples_is_in_ipkeep_system() {
         "MutatingWebhookConfiguration",
         "KubeSchedulerConfiguration",
         "Kustomization",
+        "Component",
     ];
     for d in documents() {
         if d.is_example() {
@@ -500,9 +501,11 @@ fn selectors_budgets_and_spreading_match_their_own_pods() {
 #[test]
 fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
     // Why each is left out is said in kustomization.yaml: cert-manager's kinds need its CRDs,
-    // the scheduler configuration is a file for kube-scheduler, examples are the user's.
-    const LEFT_OUT: [&str; 3] = [
+    // the scheduler configuration is a file for kube-scheduler, examples are the user's, the
+    // cni component is opt-in (`components:`).
+    const LEFT_OUT: [&str; 4] = [
         "kustomization.yaml",
+        "cni/kustomization.yaml",
         "scheduler-ext/certificate.yaml",
         "scheduler-ext/scheduler-config.yaml",
     ];
@@ -522,6 +525,47 @@ fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
     assert_eq!(
         listed, expected,
         "add new manifests to deploy/kustomization.yaml (or to the exceptions here, with a reason there)"
+    );
+}
+
+/// The cni component (deploy/cni/kustomization.yaml) patches the agent: every flag it adds is
+/// one the agent has, the volumes it mounts are the ones it adds, and its ConfigMap file is the
+/// bridge template.
+#[test]
+fn the_cni_component_adds_agent_flags_and_volumes_that_exist() {
+    let component = of_kind("Component")
+        .next()
+        .expect("deploy/cni/kustomization.yaml");
+    let cli = Cli::of("ipkeep-agent");
+    let patch: Vec<Value> = serde_saphyr::from_str(
+        component.value["patches"][0]["patch"]
+            .as_str()
+            .expect("an inline JSON patch"),
+    )
+    .expect("the patch is YAML");
+    let (mut mounts, mut volumes) = (BTreeSet::new(), BTreeSet::new());
+    for op in &patch {
+        let path = op["path"].as_str().expect("path");
+        let value = &op["value"];
+        if path.ends_with("/args/-") {
+            let flag = value.as_str().expect("an arg");
+            assert!(
+                cli.options.contains_key(&first_flag(flag)),
+                "ipkeep-agent has no {flag}"
+            );
+        } else if path.ends_with("/volumeMounts/-") {
+            mounts.insert(value["name"].as_str().expect("name").to_string());
+        } else if path.ends_with("/volumes/-") {
+            volumes.insert(value["name"].as_str().expect("name").to_string());
+        }
+    }
+    assert_eq!(
+        mounts, volumes,
+        "each added volume is mounted, and only those"
+    );
+    assert_eq!(
+        component.value["configMapGenerator"][0]["files"][0],
+        "10-ipkeep.conflist=10-ipkeep-bridge.conflist"
     );
 }
 

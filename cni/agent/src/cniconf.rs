@@ -1,0 +1,270 @@
+//! The node's CNI configuration, written by the agent from a template and its Node's pod CIDRs
+//! (`--cni-conf-template`, `--cni-conf-out`): a host-local-style network needs each node's own
+//! subnet in its configuration, and the Node's `spec.podCIDRs` is where Kubernetes says what it
+//! is. In the template, an IPAM range whose `subnet` is `usePodCidr` (the spelling Calico's
+//! host-local support uses) becomes the Node's IPv4 pod CIDR, and `usePodCidrIPv6` its IPv6
+//! one; everything else is copied as it is. [`render`] is pure; [`write_if_changed`] writes
+//! atomically, so the container runtime reads the old file or the new one, never half of one.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// The `subnet` placeholder for the Node's IPv4 pod CIDR.
+pub const POD_CIDR: &str = "usePodCidr";
+/// The `subnet` placeholder for the Node's IPv6 pod CIDR.
+pub const POD_CIDR_V6: &str = "usePodCidrIPv6";
+
+/// Why a template cannot be rendered.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RenderError {
+    /// Not JSON, or not a network configuration list.
+    #[error("the CNI configuration template is not a configuration list: {0}")]
+    Template(String),
+    /// The template asks for a pod CIDR of a family the Node has none of.
+    #[error(
+        "the template uses {placeholder} but the Node has no {family} pod CIDR (spec.podCIDRs: [{cidrs}])"
+    )]
+    NoCidr {
+        /// The placeholder found.
+        placeholder: &'static str,
+        /// "IPv4" or "IPv6".
+        family: &'static str,
+        /// What the Node has.
+        cidrs: String,
+    },
+}
+
+/// The configuration list for a Node with these pod CIDRs: every `usePodCidr` /
+/// `usePodCidrIPv6` subnet in any plugin's `ipam.ranges` replaced by the Node's CIDR of that
+/// family. Pretty-printed, with a trailing newline.
+pub fn render(template: &str, pod_cidrs: &[String]) -> Result<String, RenderError> {
+    let mut conf: Value =
+        serde_json::from_str(template).map_err(|e| RenderError::Template(e.to_string()))?;
+    let plugins = conf
+        .get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| RenderError::Template("it has no \"plugins\" list".into()))?;
+    let family = |v6: bool| {
+        pod_cidrs.iter().find(|c| {
+            c.split('/')
+                .next()
+                .and_then(|ip| ip.parse::<IpAddr>().ok())
+                .is_some_and(|ip| ip.is_ipv6() == v6)
+        })
+    };
+    for plugin in plugins {
+        let Some(sets) = plugin
+            .get_mut("ipam")
+            .and_then(|ipam| ipam.get_mut("ranges"))
+            .and_then(Value::as_array_mut)
+        else {
+            continue;
+        };
+        for range in sets.iter_mut().filter_map(Value::as_array_mut).flatten() {
+            let Some(subnet) = range.get_mut("subnet") else {
+                continue;
+            };
+            let (placeholder, v6) = match subnet.as_str() {
+                Some(POD_CIDR) => (POD_CIDR, false),
+                Some(POD_CIDR_V6) => (POD_CIDR_V6, true),
+                _ => continue,
+            };
+            let cidr = family(v6).ok_or_else(|| RenderError::NoCidr {
+                placeholder,
+                family: if v6 { "IPv6" } else { "IPv4" },
+                cidrs: pod_cidrs.join(", "),
+            })?;
+            *subnet = Value::String(cidr.clone());
+        }
+    }
+    let mut text =
+        serde_json::to_string_pretty(&conf).map_err(|e| RenderError::Template(e.to_string()))?;
+    text.push('\n');
+    Ok(text)
+}
+
+/// Writes `text` to `path` unless the file already holds it: into a temporary file beside it,
+/// fsynced, then renamed over it. Returns whether it wrote.
+pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
+    if std::fs::read(path).is_ok_and(|old| old == text.as_bytes()) {
+        return Ok(false);
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile_in(dir, path)?;
+    {
+        use std::io::Write as _;
+        tmp.1.write_all(text.as_bytes())?;
+        tmp.1.sync_all()?;
+    }
+    std::fs::rename(&tmp.0, path)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(true)
+}
+
+/// A new file `.<name>.tmp` beside `path`, readable by all (the runtime reads it; it holds no
+/// secret).
+fn tempfile_in(dir: &Path, path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    // The agent's umask (077) would leave it root-only; the runtime may not run as root.
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    Ok((tmp, file))
+}
+
+/// Where the template is and where the configuration goes (`--cni-conf-template`,
+/// `--cni-conf-out`).
+#[derive(Debug, Clone)]
+pub struct CniConf {
+    /// The template (a mounted ConfigMap, so it is read again on every check).
+    pub template: std::path::PathBuf,
+    /// The node's configuration file, in the runtime's CNI configuration directory.
+    pub out: std::path::PathBuf,
+}
+
+/// Keeps `conf.out` rendered from the template and this node's pod CIDRs, checking every
+/// `every` until `stop`: written once the Node has pod CIDRs, and again whenever the template
+/// or the CIDRs change. Each change of outcome is logged once (written, waiting, failing).
+pub async fn keep_written(
+    cluster: crate::cluster::Cluster,
+    conf: CniConf,
+    every: std::time::Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut stop = std::pin::pin!(stop);
+    let mut tick = tokio::time::interval(every);
+    let mut said = String::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        let outcome = match cluster.pod_cidrs() {
+            None => Err("waiting for this node's Node to have spec.podCIDRs".to_string()),
+            Some(cidrs) => check(&conf, &cidrs).await.map(|wrote| (wrote, cidrs)),
+        };
+        match outcome {
+            Ok((true, cidrs)) => {
+                tracing::info!(path = %conf.out.display(), pod_cidrs = ?cidrs, "wrote the node's CNI configuration");
+                said.clear();
+            }
+            Ok((false, _)) => said.clear(),
+            Err(why) if why != said => {
+                tracing::warn!(path = %conf.out.display(), "CNI configuration not written: {why}");
+                said = why;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+async fn check(conf: &CniConf, cidrs: &[String]) -> Result<bool, String> {
+    let (conf, cidrs) = (conf.clone(), cidrs.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let template = std::fs::read_to_string(&conf.template)
+            .map_err(|e| format!("cannot read the template {}: {e}", conf.template.display()))?;
+        let text = render(&template, &cidrs).map_err(|e| e.to_string())?;
+        write_if_changed(&conf.out, &text).map_err(|e| format!("cannot write it: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const TEMPLATE: &str = r#"{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[
+        {"type":"bridge","bridge":"cni0","ipam":{"type":"ipkeep",
+          "ranges":[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}]],
+          "routes":[{"dst":"0.0.0.0/0"}]}},
+        {"type":"portmap","capabilities":{"portMappings":true}}]}"#;
+
+    fn ranges(text: &str) -> Value {
+        let v: Value = serde_json::from_str(text).unwrap();
+        v["plugins"][0]["ipam"]["ranges"].clone()
+    }
+
+    #[test]
+    fn placeholders_become_the_nodes_cidrs_by_family() {
+        let out = render(
+            TEMPLATE,
+            &["fd00:10:244:1::/64".into(), "10.244.1.0/24".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            ranges(&out),
+            serde_json::json!([[{"subnet":"10.244.1.0/24"}],[{"subnet":"fd00:10:244:1::/64"}]])
+        );
+        assert!(out.ends_with("}\n"));
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["plugins"][1]["type"], "portmap",
+            "other plugins are copied"
+        );
+    }
+
+    #[test]
+    fn a_missing_family_is_an_error_that_names_it() {
+        let err = render(TEMPLATE, &["10.244.1.0/24".into()]).unwrap_err();
+        assert_eq!(
+            err,
+            RenderError::NoCidr {
+                placeholder: POD_CIDR_V6,
+                family: "IPv6",
+                cidrs: "10.244.1.0/24".into()
+            }
+        );
+        assert!(err.to_string().contains("usePodCidrIPv6"));
+        assert!(render(TEMPLATE, &[]).is_err());
+    }
+
+    #[test]
+    fn fixed_subnets_and_other_shapes_are_left_alone() {
+        let fixed = r#"{"plugins":[{"type":"bridge","ipam":{"type":"ipkeep","ranges":[[{"subnet":"10.9.0.0/24","gateway":"10.9.0.1"}]]}},{"type":"x","ipam":{"type":"host-local","ranges":"not a list"}},{"type":"y"}]}"#;
+        let out = render(fixed, &[]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap(),
+            serde_json::from_str::<Value>(fixed).unwrap()
+        );
+    }
+
+    #[test]
+    fn templates_that_are_not_lists_are_refused() {
+        assert!(matches!(render("{", &[]), Err(RenderError::Template(_))));
+        assert!(matches!(
+            render(r#"{"type":"bridge"}"#, &[]),
+            Err(RenderError::Template(_))
+        ));
+    }
+
+    #[test]
+    fn writes_only_changes_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("10-ipkeep.conflist");
+        assert!(write_if_changed(&path, "a\n").unwrap());
+        assert!(!write_if_changed(&path, "a\n").unwrap());
+        assert!(write_if_changed(&path, "b\n").unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "b\n");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("10-ipkeep.conflist")]);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+    }
+}

@@ -1,0 +1,100 @@
+# Installing ipkeep for scripts/cluster.sh (sourced; uses its variables and helpers).
+#
+# - ipkeep_install: real nodes: as a user installs it. An overlay of deploy/ (image names set by
+#   kustomize, the scheduler extension's Service at a fixed cluster IP so that kube-scheduler on
+#   the host can call it, and the deploy/cni component: the agent writes each node's CNI
+#   configuration) applied with `kubectl apply -k`; the webhook's certificate by
+#   deploy/scheduler-ext/make-certificate.sh; kube-scheduler started with the extender.
+# - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
+#   processes, each with its own ServiceAccount's token; the webhook with a url on loopback.
+
+# ipkeep_build PROFILE PACKAGE...: builds the packages' binaries; prints their directory.
+ipkeep_build() {
+  local profile=$1 pkgs=() p; shift
+  for p in "$@"; do pkgs+=(-p "$p"); done
+  local release=(); [ "$profile" = release ] && release=(--release)
+  say "building $* ($profile)"
+  (cd "$repo" && cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
+  echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
+}
+
+ipkeep_install() {
+  local overlay=$state/ipkeep rel
+  say "installing ipkeep: kubectl apply -k (deploy/ with the images localhost/ipkeep/ipkeep:$image_tag and the cni component)"
+  mkdir -p "$overlay"
+  rel=$(realpath --relative-to="$overlay" "$repo/deploy")
+  cat >"$overlay/kustomization.yaml" <<EOF
+# Made by scripts/cluster.sh: what a user of this cluster would write.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - $rel
+components:
+  - $rel/cni
+images:
+  - name: ghcr.io/ipkeep/ipkeep
+    newName: localhost/ipkeep/ipkeep
+    newTag: $image_tag
+patches:
+  # kube-scheduler runs on the host, which cannot resolve *.svc: a fixed cluster IP for the
+  # extender's urlPrefix (deploy/README.md, "The scheduler configuration").
+  - target: {kind: Service, name: ipkeep-scheduler-ext}
+    patch: |-
+      - op: add
+        path: /spec/clusterIP
+        value: $ext_cluster_ip
+EOF
+  "${kubectl[@]}" apply -k "$overlay" >"$state/logs/apply.log" 2>&1 ||
+    { tail -20 "$state/logs/apply.log" >&2; die "kubectl apply -k $overlay failed (log: $state/logs/apply.log)"; }
+  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  KUBECONFIG=$state/admin.kubeconfig "$repo/deploy/scheduler-ext/make-certificate.sh" \
+    --out "$state/pki/ipkeep-scheduler-ext" --cluster-ip "$ext_cluster_ip" --kubectl "$bin/kubectl" \
+    2>>"$state/logs/apply.log" || die "deploy/scheduler-ext/make-certificate.sh failed (log: $state/logs/apply.log)"
+  local url=""
+  [ "$extender" = 1 ] && url=https://$ext_cluster_ip:443
+  scheduler_start "$url" "$(base64 -w0 <"$state/pki/ipkeep-scheduler-ext/ca.crt")"
+}
+
+# ipkeep_wait: every ipkeep workload rolled out.
+ipkeep_wait() {
+  local w
+  for w in deployment/ipkeep-controller deployment/ipkeep-scheduler-ext daemonset/ipkeep-agent; do
+    wait_for "ipkeep: $w" 180 "" "${kubectl[@]}" -n ipkeep-system rollout status "$w" --timeout=2s
+  done
+}
+
+ipkeep_up() {
+  local ib=$1 sa token ca
+  say "installing ipkeep from deploy/"
+  for f in namespace.yaml crd.yaml controller/rbac.yaml scheduler-ext/rbac.yaml; do
+    "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
+  done
+  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  ca=$(base64 -w0 <"$state/pki/ca.crt")
+  "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[
+    {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
+     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}}]" \
+    >"$state/webhook.yaml"
+  for sa in ipkeep-controller ipkeep-scheduler-ext; do
+    token=$("${kubectl[@]}" -n ipkeep-system create token "$sa" --duration=48h)
+    kubeconfig "$state/$sa.kubeconfig" token "$token" ipkeep-system
+  done
+  say "starting ipkeep-scheduler-ext on https://127.0.0.1:$p_ext and two ipkeep-controller replicas"
+  start scheduler-ext env KUBECONFIG="$state/ipkeep-scheduler-ext.kubeconfig" \
+    "$ib/ipkeep-scheduler-ext" --listen="127.0.0.1:$p_ext" --probe-listen="127.0.0.1:$p_ext_probe" \
+    --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key"
+  start controller-0 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-0 \
+    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl0" --lease-duration=6s
+  start controller-1 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-1 \
+    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl1" --lease-duration=6s
+  wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
+  wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
+  wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"
+  "${kubectl[@]}" apply -f "$state/webhook.yaml" >/dev/null
+  cat >"$state/ipkeep.env" <<EOF
+IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
+IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe
+IPKEEP_CONTROLLER_PROBES=http://127.0.0.1:$p_ctl0,http://127.0.0.1:$p_ctl1
+EOF
+}
+

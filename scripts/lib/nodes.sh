@@ -1,0 +1,348 @@
+# Real nodes for scripts/cluster.sh (sourced; uses its variables and helpers: state, bin, repo,
+# say, die, start, alive, wait_for, kubeconfig, kubectl, api_host, p_api, lease_seconds).
+#
+# A node is what a machine would be, built from this machine's kernel and Debian packages:
+# - its own network namespace `ipkeep-<node>`, with eth0 = 10.200.0.(10+i)/24 on the host bridge
+#   ipkeep-br0 (10.200.0.1, where kube-apiserver listens), a default route to the host, and the
+#   host routing each node's pod CIDR to it (host-gw style), so pods on different nodes reach
+#   each other;
+# - its own mount namespace, held by a `sleep` process (the node's "holder"), with a fresh tmpfs
+#   on /run (gone when the node powers off, as on a real machine) and its own /var/lib/kubelet,
+#   /var/lib/containerd, /var/lib/cni, /var/log, /etc/cni/net.d and /opt/cni/bin, bound from
+#   $state/nodes/<node>/root (kept across node stops and power-offs, like a disk). Everything else
+#   (/usr, /etc, /proc, /sys) is the host's. /opt/cni/bin starts with Debian's reference plugins,
+#   as a node image would ship them; ipkeep's agent DaemonSet installs `ipkeep` there and
+#   writes the CNI configuration, as on any cluster;
+# - its own cgroup /ipkeep-nodes/<node> in every cgroup v1 hierarchy: the holder, the node's
+#   daemons and (kubelet's cgroupRoot) every pod, so powering the node off is killing the cgroup;
+# - containerd (Debian's, with runc), kubelet and kube-proxy from the cluster's build, all inside
+#   the node's namespaces, with the images of scripts/images.py imported (there is no registry).
+# Only one cluster with real nodes can run on a machine (the bridge, the routes and the host's
+# kube-proxy rules are machine-wide).
+
+underlay=ipkeep-br0
+underlay_ip=10.200.0.1
+cgroup_base=ipkeep-nodes
+
+node_ip() { echo "10.200.0.$((10 + ${1#node-}))"; }
+node_ns() { echo "ipkeep-$1"; }
+node_dir() { echo "$state/nodes/$1"; }
+node_names() { local d; for d in "$state"/nodes/*/; do [ -d "$d" ] && basename "$d"; done; }
+
+# The cgroup v1 hierarchies the node's cgroup is made in.
+cgroup_hierarchies() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    h=$(basename "$h")
+    case $h in unified) continue ;; esac
+    [ -f "/sys/fs/cgroup/$h/cgroup.procs" ] && echo "$h"
+  done
+}
+
+nodes_preflight() {
+  [ "$(id -u)" -eq 0 ] || die "real nodes need root (network and mount namespaces, cgroups); use --nodes 0 for a control plane with kwok nodes only"
+  local c missing=()
+  for c in containerd runc ctr ip nsenter unshare iptables conntrack busybox gcc; do
+    command -v "$c" >/dev/null || missing+=("$c")
+  done
+  [ ${#missing[@]} -eq 0 ] || die "missing for real nodes: ${missing[*]} (scripts/install-deps.sh installs them)"
+  for c in bridge host-local loopback portmap; do
+    [ -x "/usr/lib/cni/$c" ] || die "/usr/lib/cni/$c is missing (apt-get install containernetworking-plugins)"
+  done
+  [ "$(stat -fc %T /sys/fs/cgroup)" = tmpfs ] || die "real nodes need cgroup v1 (kubelet here runs with failCgroupV1: false and the cgroupfs driver)"
+  if ip link show "$underlay" >/dev/null 2>&1; then
+    die "another cluster with real nodes is up on this machine (bridge $underlay exists; its state: $(cat /run/ipkeep-nodes.owner 2>/dev/null || echo unknown)); stop it with scripts/cluster.sh down --state DIR"
+  fi
+}
+
+underlay_up() {
+  ip link add "$underlay" type bridge
+  ip addr add "$underlay_ip/24" dev "$underlay"
+  ip link set "$underlay" up
+  sysctl -qw net.ipv4.ip_forward=1
+  echo "$state" >/run/ipkeep-nodes.owner
+}
+
+# start_in_node NAME NODE CMD...: `start`s CMD (as process NAME) inside NODE's cgroup and
+# namespaces.
+start_in_node() {
+  local name=$1 node=$2; shift 2
+  # shellcheck disable=SC2016
+  start "$name" bash -c 'for h in $2; do echo $$ >"/sys/fs/cgroup/$h/$3/cgroup.procs"; done; exec nsenter -t "$1" -m -n -- "${@:4}"' \
+    _ "$(cat "$state/pids/$node-holder")" "$(cgroup_hierarchies | tr '\n' ' ')" "$cgroup_base/$node" "$@"
+}
+
+# node_exec NODE CMD...: runs CMD in NODE's namespaces now (not in its cgroup: for short tools).
+node_exec() {
+  local node=$1; shift
+  nsenter -t "$(cat "$state/pids/$node-holder")" -m -n -- "$@"
+}
+
+node_create() {
+  local i=$1 node=node-$1 dir ip ns h
+  dir=$(node_dir "$node") ip=$(node_ip "$node") ns=$(node_ns "$node")
+  say "  $node: namespaces, $ip, cgroup /$cgroup_base/$node"
+  mkdir -p "$dir"/root/{var/lib/kubelet,var/lib/containerd,var/lib/cni,var/log,etc/cni/net.d,opt/cni/bin}
+  for c in /usr/lib/cni/*; do ln -sfn "$c" "$dir/root/opt/cni/bin/"; done
+  ip netns add "$ns"
+  ip link add "ipkv-$node" type veth peer name eth0 netns "$ns"
+  ip link set "ipkv-$node" master "$underlay" up
+  ip -n "$ns" addr add "$ip/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" route add default via "$underlay_ip"
+  ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
+  # kube-proxy's Service rules must see bridged pod-to-pod packets (br_netfilter).
+  ip netns exec "$ns" sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null ||
+    say "  $node: net.bridge.bridge-nf-call-iptables unavailable (Services to a pod on the same node may fail)"
+  for h in $(cgroup_hierarchies); do
+    mkdir -p "/sys/fs/cgroup/$h/$cgroup_base/$node"
+    if [ "$h" = cpuset ]; then
+      for f in cpuset.cpus cpuset.mems; do
+        cat "/sys/fs/cgroup/cpuset/$f" >"/sys/fs/cgroup/cpuset/$cgroup_base/$f"
+        cat "/sys/fs/cgroup/cpuset/$f" >"/sys/fs/cgroup/cpuset/$cgroup_base/$node/$f"
+      done
+    fi
+  done
+  node_power_on "$node"
+  node_config "$node"
+  node_daemons_start "$node"
+}
+
+# The holder: the node's mount namespace (tmpfs /run, the node's own directories), in its
+# network namespace and cgroup. Everything else of the node joins it.
+node_power_on() {
+  local node=$1 dir ns root
+  dir=$(node_dir "$node") ns=$(node_ns "$node") root=$(node_dir "$node")/root
+  # shellcheck disable=SC2016
+  start "$node-holder" bash -c '
+    for h in '"$(cgroup_hierarchies | tr '\n' ' ')"'; do echo $$ >/sys/fs/cgroup/$h/'"$cgroup_base/$node"'/cgroup.procs; done
+    exec nsenter --net=/run/netns/'"$ns"' unshare --mount --propagation private bash -c "
+      set -e
+      mount -t tmpfs -o mode=0755 tmpfs /run
+      for d in var/lib/kubelet var/lib/containerd var/lib/cni var/log etc/cni/net.d opt/cni/bin; do
+        mkdir -p /\$d; mount --bind '"$root"'/\$d /\$d
+      done
+      mount --make-rshared /
+      echo mounted
+      exec sleep infinity"'
+  local t=0
+  until grep -q mounted "$state/logs/$node-holder.log" 2>/dev/null; do
+    alive "$node-holder" || die "$node: could not make its namespaces (log: $state/logs/$node-holder.log)"
+    sleep 0.1; t=$((t + 1)); [ $t -lt 100 ] || die "$node: namespaces not ready after 10 s"
+  done
+  : >"$state/logs/$node-holder.log"
+}
+
+node_config() {
+  local node=$1 dir ip
+  dir=$(node_dir "$node") ip=$(node_ip "$node")
+  cat >"$dir/containerd.toml" <<EOF
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/ipkeep/pause:$image_tag"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # Without CAP_SYS_RESOURCE no process may lower oom_score_adj; containerd would ask runc to.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+EOF
+  cat >"$dir/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroup v1 with the cgroupfs driver (containerd 1.6 cannot tell kubelet its driver); the pods'
+# cgroups (kubepods/...) under this node's cgroup, so that powering the node off finds them.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+cgroupRoot: /$cgroup_base/$node
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+address: $ip
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $state/pki/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+failSwapOn: false
+oomScoreAdj: 0
+serializeImagePulls: false
+# There is no registry: never collect images (the pause image could not be pulled again).
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}
+nodeLeaseDurationSeconds: $lease_seconds
+nodeStatusUpdateFrequency: 4s
+syncFrequency: 10s
+EOF
+  kube_proxy_config "$node" 127.0.0.1:10256 127.0.0.1:10249 >"$dir/kube-proxy.yaml"
+  node_cert "$node"
+}
+
+node_cert() {
+  local node=$1 d=$state/pki
+  cert "kubelet-$node" "/O=system:nodes/CN=system:node:$node"
+  kubeconfig "$(node_dir "$node")/kubelet.kubeconfig" cert "kubelet-$node"
+}
+
+node_daemons_start() {
+  local node=$1 dir ip zone
+  dir=$(node_dir "$node") ip=$(node_ip "$node") zone=zone-${node#node-}
+  start_in_node "$node-containerd" "$node" containerd --config "$dir/containerd.toml"
+  wait_for "$node: containerd" 30 "$node-containerd" node_exec "$node" ctr -a /run/containerd/containerd.sock version
+  local f
+  for f in "$state"/images/*.tar; do
+    node_exec "$node" ctr -a /run/containerd/containerd.sock -n k8s.io images import "$f" >/dev/null ||
+      die "$node: importing $f into containerd failed"
+  done
+  start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
+    --kubeconfig="$dir/kubelet.kubeconfig" --hostname-override="$node" --node-ip="$ip" \
+    --node-labels="topology.kubernetes.io/zone=$zone,ipkeep.dev/test-node=real"
+  if ! alive "$node-kube-proxy"; then
+    start_in_node "$node-kube-proxy" "$node" "$bin/kube-proxy" --config="$dir/kube-proxy.yaml"
+  fi
+}
+
+nodes_up() {
+  local n=$1 i
+  say "starting $n real nodes (containerd, kubelet, kube-proxy each)"
+  cert kube-proxy "/CN=system:kube-proxy"
+  kubeconfig "$state/kube-proxy.kubeconfig" cert kube-proxy
+  # The host runs kube-proxy too (as a control-plane node would), so that kube-apiserver and
+  # kube-scheduler reach Services (the webhook, the extender) by their cluster IPs.
+  kube_proxy_config control-plane "127.0.0.1:$p_proxy_health" "127.0.0.1:$p_proxy_metrics" >"$state/kube-proxy-host.yaml"
+  start kube-proxy-host "$bin/kube-proxy" --config="$state/kube-proxy-host.yaml"
+  for ((i = 0; i < n; i++)); do
+    node_create "$i"
+  done
+  for ((i = 0; i < n; i++)); do
+    wait_for "node-$i registered with a pod CIDR" 90 "node-$i-kubelet" node_route "node-$i"
+  done
+}
+
+# kube_proxy_config HOSTNAME HEALTHZ METRICS: iptables mode; conntrack sysctls left alone (they
+# are not all writable inside a network namespace).
+kube_proxy_config() {
+  cat <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $state/kube-proxy.kubeconfig}
+hostnameOverride: $1
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+healthzBindAddress: $2
+metricsBindAddress: $3
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+}
+
+# node_route NODE: routes NODE's pod CIDR to it once kube-controller-manager assigned one.
+node_route() {
+  local cidr
+  cidr=$("${kubectl[@]}" get node "$1" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) || return 1
+  [ -n "$cidr" ] || return 1
+  ip route replace "$cidr" via "$(node_ip "$1")"
+  echo "$cidr" >"$(node_dir "$1")/pod-cidr"
+}
+
+# The CNI configuration of the baseline (--without-ipkeep): Debian's bridge with host-local, the
+# node's pod CIDR, what a cluster without ipkeep would run.
+nodes_host_local_conf() {
+  local node cidr
+  for node in $(node_names); do
+    cidr=$(cat "$(node_dir "$node")/pod-cidr")
+    cat >"$(node_dir "$node")/root/etc/cni/net.d/10-host-local.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+  done
+}
+
+real_nodes_ready() {
+  local want=$1 n
+  n=$("${kubectl[@]}" get nodes -l ipkeep.dev/test-node=real -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -c True || true)
+  [ "$n" -ge "$want" ]
+}
+
+# node_stop NODE: stops its kubelet and containerd; pods (and their shims) keep running.
+node_stop() {
+  local node=$1 p
+  for p in kubelet containerd; do
+    stop_one "$node-$p"
+  done
+  say "$node: kubelet and containerd stopped (pods keep running)"
+}
+
+node_start() {
+  local node=$1
+  alive "$node-holder" || die "$node is powered off"
+  node_daemons_start "$node"
+  say "$node: containerd and kubelet started"
+}
+
+# node_kill NODE: powers the node off: every process in its cgroup (daemons, shims, pods, the
+# holder) is killed, its /run goes with its mount namespace; its disk directories stay.
+node_kill() {
+  local node=$1 h=/sys/fs/cgroup/pids/$cgroup_base/$1 round pids
+  [ -d "$h" ] || return 0
+  for round in 1 2 3 4 5 6 7 8 9 10; do
+    pids=$(find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null)
+    [ -n "$pids" ] || break
+    # shellcheck disable=SC2086
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.2
+  done
+  rm -f "$state/pids/$node-"{holder,containerd,kubelet,kube-proxy}
+}
+
+# nodes_down: powers every node off and removes what the nodes added to the machine.
+nodes_down() {
+  local node h cidr
+  for node in $(node_names); do
+    node_kill "$node"
+    cidr=$(cat "$(node_dir "$node")/pod-cidr" 2>/dev/null) && ip route del "$cidr" 2>/dev/null
+    ip netns del "$(node_ns "$node")" 2>/dev/null || true
+    # The namespace can outlive its processes for a while; its end of the link must go now.
+    ip link del "ipkv-$node" 2>/dev/null || true
+    for h in $(cgroup_hierarchies); do
+      [ -d "/sys/fs/cgroup/$h/$cgroup_base/$node" ] &&
+        find "/sys/fs/cgroup/$h/$cgroup_base/$node" -depth -type d -exec rmdir {} + 2>/dev/null
+    done
+  done
+  for h in $(cgroup_hierarchies); do rmdir "/sys/fs/cgroup/$h/$cgroup_base" 2>/dev/null || true; done
+  if [ -f "$state/pids/kube-proxy-host" ]; then
+    stop_one kube-proxy-host
+    [ -x "$bin/kube-proxy" ] && "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
+    # kube-proxy's --cleanup leaves the chain that blocks martian loopback traffic.
+    while iptables -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    while iptables -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
+    iptables -F KUBE-FIREWALL 2>/dev/null && iptables -X KUBE-FIREWALL 2>/dev/null || true
+  fi
+  if [ "$(cat /run/ipkeep-nodes.owner 2>/dev/null)" = "$state" ]; then
+    ip link del "$underlay" 2>/dev/null || true
+    rm -f /run/ipkeep-nodes.owner
+  fi
+}
