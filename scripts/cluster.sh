@@ -6,8 +6,9 @@
 #                         [--upstream-node-timeouts]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
+#   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
 #   scripts/cluster.sh images [--state DIR]
-#   scripts/cluster.sh down [--state DIR]
+#   scripts/cluster.sh down [--state DIR] [--keep-logs]
 #
 # up starts the control plane as local processes: etcd; kube-apiserver (TLS, Node and RBAC
 # authorization, service-account token signing, default admission plugins);
@@ -35,9 +36,11 @@
 # kubeconfig). The Kubernetes binaries come from scripts/k8s-build.sh (built on first use).
 #
 # node stop NAME stops a real node's kubelet and containerd (its pods keep running); node start
-# NAME starts them again; node kill NAME powers the node off (every process of the node, pods
-# included, is killed; its disk directories stay, its /run is gone). images lists the images
-# every real node has.
+# NAME starts them again (powering the node on first if it was killed); node kill NAME powers
+# the node off (every process of the node, pods included, is killed; its disk directories stay,
+# its /run is gone); node exec NAME -- CMD runs CMD on the node (its network and mount
+# namespaces: `ipkeep list`, crictl-like ctr, curl of the agent's 127.0.0.1:9464). images lists
+# the images every real node has.
 #
 # Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
 # extender, local processes), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers'
@@ -54,7 +57,8 @@
 # marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks. up refuses
 # a taken port or a state directory in use; on any failure it stops what it started. down stops
 # every process up started (by pid, and every process of each real node by its cgroup), removes
-# the nodes' namespaces, routes and kube-proxy rules, and removes DIR.
+# the nodes' namespaces, routes and kube-proxy rules, and removes DIR (with --keep-logs, all of
+# it but DIR/logs).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +69,7 @@ nodes=2
 ipkeep=1
 extender=1
 profile=debug
+keep_logs=0
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -73,14 +78,15 @@ die() { say "error: $*"; exit 1; }
 cmd=${1:-}
 case $cmd in -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 [ $# -gt 0 ] && shift
-node_cmd= node_name=
+node_cmd= node_name= node_argv=()
 if [ "$cmd" = node ]; then
   node_cmd=${1:-} node_name=${2:-}
-  [[ $node_cmd =~ ^(stop|start|kill)$ ]] && [ -n "$node_name" ] || die "usage: $0 node stop|start|kill NAME [--state DIR]"
+  [[ $node_cmd =~ ^(stop|start|kill|exec)$ ]] && [ -n "$node_name" ] || die "usage: $0 node stop|start|kill|exec NAME [--state DIR] [-- CMD...]"
   shift 2
 fi
 while [ $# -gt 0 ]; do
   case $1 in
+    --) shift; node_argv=("$@"); break ;;
     --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
     --state) state=${2:?--state needs a directory}; shift 2 ;;
     --port-base) port_base=${2:?--port-base needs a number}; shift 2 ;;
@@ -88,6 +94,7 @@ while [ $# -gt 0 ]; do
     --without-ipkeep) ipkeep=0; shift ;;
     --without-extender) extender=0; shift ;;
     --release) profile=release; shift ;;
+    --keep-logs) keep_logs=1; shift ;;
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -181,16 +188,19 @@ ssl() {
   out=$(openssl "$@" 2>&1) || die "openssl $1 failed: $out"
 }
 
-# cert NAME SUBJECT [SAN]: a key and a certificate signed by the cluster's CA, in DIR/pki.
+# cert NAME SUBJECT [SAN]: a key and an X.509 v3 certificate signed by the cluster's CA, in
+# DIR/pki (v3 for every one: rustls, which ipkeep's clients use, refuses v1 certificates).
 cert() {
-  local d=$state/pki ext=()
-  if [ -n "${3:-}" ]; then
-    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" >"$d/$1.ext"
-    ext=(-extfile "$d/$1.ext")
-  fi
+  local d=$state/pki
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=serverAuth,clientAuth"
+    [ -n "${3:-}" ] && echo "subjectAltName=$3"
+  } >"$d/$1.ext"
   ssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$d/$1.key" -out "$d/$1.csr"
   ssl x509 -req -in "$d/$1.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
-    -days 30 -out "$d/$1.crt" "${ext[@]}"
+    -days 30 -out "$d/$1.crt" -extfile "$d/$1.ext"
 }
 
 pki() {
@@ -292,6 +302,7 @@ up() {
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
+  [ "$nodes" -gt 0 ] && host_proxy_start
 
   say "starting kube-controller-manager"
   start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$state/kcm.kubeconfig" \
@@ -314,6 +325,7 @@ up() {
   [ "$nodes" -gt 0 ] && nodes_up "$nodes"
   [ "$kwok_nodes" -gt 0 ] && kwok_up
   if [ "$nodes" -gt 0 ]; then
+    wait_for "kube-proxy on the host (its first sync of the Services)" 60 kube-proxy-host host_proxy_synced
     if [ "$ipkeep" = 1 ]; then
       ipkeep_install
     else
@@ -441,9 +453,22 @@ down() {
     say "no cluster in $state"
     return 0
   fi
+  if [ "$keep_logs" = 1 ]; then
+    # The pods' own logs are on the nodes' disks: keep them with the rest.
+    local node
+    for node in $(node_names); do
+      [ -d "$(node_dir "$node")/root/var/log/pods" ] &&
+        cp -r "$(node_dir "$node")/root/var/log/pods" "$state/logs/$node-pods" 2>/dev/null
+    done
+  fi
   teardown
-  rm -rf --one-file-system "$state"
-  say "stopped and removed $state"
+  if [ "$keep_logs" = 1 ]; then
+    find "$state" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf --one-file-system {} +
+    say "stopped; removed $state but its logs"
+  else
+    rm -rf --one-file-system "$state"
+    say "stopped and removed $state"
+  fi
 }
 
 node() {
@@ -455,6 +480,10 @@ node() {
     stop) node_stop "$node_name" ;;
     start) node_start "$node_name" ;;
     kill) node_kill "$node_name"; say "$node_name powered off (start it again: $0 node start $node_name)" ;;
+    exec)
+      [ ${#node_argv[@]} -gt 0 ] || die "usage: $0 node exec NAME [--state DIR] -- CMD..."
+      alive "$node_name-holder" || die "$node_name is powered off"
+      node_exec "$node_name" "${node_argv[@]}" ;;
   esac
 }
 

@@ -55,11 +55,32 @@ EOF
   scheduler_start "$url" "$(base64 -w0 <"$state/pki/ipkeep-scheduler-ext/ca.crt")"
 }
 
-# ipkeep_wait: every ipkeep workload rolled out.
+# spread DEPLOYMENT: two of its pods Ready, on two nodes.
+spread() {
+  local ready
+  ready=$("${kubectl[@]}" -n ipkeep-system get pods -l "app.kubernetes.io/name=$1" \
+    -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.conditions[?(@.type=="Ready")].status} {.metadata.deletionTimestamp}{"\n"}{end}' |
+    awk '$2 == "True" && $3 == "" {print $1}' | sort -u | wc -l)
+  [ "$ready" -ge 2 ]
+}
+
+# ipkeep_wait: every ipkeep workload rolled out, each Deployment's replicas on two nodes.
 ipkeep_wait() {
-  local w
+  local w d pods
   for w in deployment/ipkeep-controller deployment/ipkeep-scheduler-ext daemonset/ipkeep-agent; do
     wait_for "ipkeep: $w" 180 "" "${kubectl[@]}" -n ipkeep-system rollout status "$w" --timeout=2s
+  done
+  [ "$nodes" -ge 2 ] || return 0
+  # Their anti-affinity is preferred only (a one-node cluster runs both), and while the nodes
+  # come up one may be Ready before the other and take both replicas. One node's loss must not
+  # take out both: move one, as an operator would.
+  for d in ipkeep-controller ipkeep-scheduler-ext; do
+    spread "$d" && continue
+    pods=$("${kubectl[@]}" -n ipkeep-system get pods -l "app.kubernetes.io/name=$d" \
+      -o jsonpath='{range .items[*]}{.spec.nodeName} {.metadata.name}{"\n"}{end}' | sort)
+    say "  $d: both replicas on $(head -1 <<<"$pods" | cut -d' ' -f1) (it was the first node Ready); moving one"
+    "${kubectl[@]}" -n ipkeep-system delete pod "$(tail -1 <<<"$pods" | cut -d' ' -f2)" --wait=false >/dev/null
+    wait_for "ipkeep: $d on two nodes" 120 "" spread "$d"
   done
 }
 

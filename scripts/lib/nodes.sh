@@ -196,7 +196,7 @@ nodeLeaseDurationSeconds: $lease_seconds
 nodeStatusUpdateFrequency: 4s
 syncFrequency: 10s
 EOF
-  kube_proxy_config "$node" 127.0.0.1:10256 127.0.0.1:10249 >"$dir/kube-proxy.yaml"
+  kube_proxy_config "$node" "$ip" 127.0.0.1:10256 127.0.0.1:10249 >"$dir/kube-proxy.yaml"
   node_cert "$node"
 }
 
@@ -209,14 +209,14 @@ node_cert() {
 node_daemons_start() {
   local node=$1 dir ip zone
   dir=$(node_dir "$node") ip=$(node_ip "$node") zone=zone-${node#node-}
-  start_in_node "$node-containerd" "$node" containerd --config "$dir/containerd.toml"
+  alive "$node-containerd" || start_in_node "$node-containerd" "$node" containerd --config "$dir/containerd.toml"
   wait_for "$node: containerd" 30 "$node-containerd" node_exec "$node" ctr -a /run/containerd/containerd.sock version
   local f
   for f in "$state"/images/*.tar; do
     node_exec "$node" ctr -a /run/containerd/containerd.sock -n k8s.io images import "$f" >/dev/null ||
       die "$node: importing $f into containerd failed"
   done
-  start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
+  alive "$node-kubelet" || start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
     --kubeconfig="$dir/kubelet.kubeconfig" --hostname-override="$node" --node-ip="$ip" \
     --node-labels="topology.kubernetes.io/zone=$zone,ipkeep.dev/test-node=real"
   if ! alive "$node-kube-proxy"; then
@@ -227,12 +227,6 @@ node_daemons_start() {
 nodes_up() {
   local n=$1 i
   say "starting $n real nodes (containerd, kubelet, kube-proxy each)"
-  cert kube-proxy "/CN=system:kube-proxy"
-  kubeconfig "$state/kube-proxy.kubeconfig" cert kube-proxy
-  # The host runs kube-proxy too (as a control-plane node would), so that kube-apiserver and
-  # kube-scheduler reach Services (the webhook, the extender) by their cluster IPs.
-  kube_proxy_config control-plane "127.0.0.1:$p_proxy_health" "127.0.0.1:$p_proxy_metrics" >"$state/kube-proxy-host.yaml"
-  start kube-proxy-host "$bin/kube-proxy" --config="$state/kube-proxy-host.yaml"
   for ((i = 0; i < n; i++)); do
     node_create "$i"
   done
@@ -241,18 +235,36 @@ nodes_up() {
   done
 }
 
-# kube_proxy_config HOSTNAME HEALTHZ METRICS: iptables mode; conntrack sysctls left alone (they
-# are not all writable inside a network namespace).
+# The host runs kube-proxy too (as a control-plane node would), so that kube-apiserver and
+# kube-scheduler reach Services (the webhook, the extender) by their cluster IPs. It waits 30 s
+# for a Node of its name, which the host is not, before it writes any rule: start it early, and
+# wait for its first sync (host_proxy_synced) only when a Service is needed.
+host_proxy_start() {
+  cert kube-proxy "/CN=system:kube-proxy"
+  kubeconfig "$state/kube-proxy.kubeconfig" cert kube-proxy
+  kube_proxy_config control-plane "$underlay_ip" "127.0.0.1:$p_proxy_health" "127.0.0.1:$p_proxy_metrics" >"$state/kube-proxy-host.yaml"
+  start kube-proxy-host "$bin/kube-proxy" --config="$state/kube-proxy-host.yaml"
+}
+
+host_proxy_synced() {
+  curl -fsS "http://127.0.0.1:$p_proxy_metrics/metrics" |
+    grep -Eq '^kubeproxy_sync_proxy_rules_last_timestamp_seconds\{ip_family="IPv4"\} [1-9]'
+}
+
+# kube_proxy_config HOSTNAME IP HEALTHZ METRICS: iptables mode; conntrack sysctls left alone
+# (they are not all writable inside a network namespace). The IP is the machine's own: without
+# it kube-proxy waits 30 s for a Node to read it from (the host has none).
 kube_proxy_config() {
   cat <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $state/kube-proxy.kubeconfig}
 hostnameOverride: $1
+bindAddress: $2
 mode: iptables
 clusterCIDR: 10.244.0.0/16
-healthzBindAddress: $2
-metricsBindAddress: $3
+healthzBindAddress: $3
+metricsBindAddress: $4
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
 }
@@ -296,9 +308,14 @@ node_stop() {
   say "$node: kubelet and containerd stopped (pods keep running)"
 }
 
+# node_start NODE: starts its containerd and kubelet; a node that was powered off is powered on
+# first (a fresh /run, as after a reboot: the runtime's state is gone, its disk is not).
 node_start() {
   local node=$1
-  alive "$node-holder" || die "$node is powered off"
+  if ! alive "$node-holder"; then
+    node_power_on "$node"
+    say "$node: powered on"
+  fi
   node_daemons_start "$node"
   say "$node: containerd and kubelet started"
 }

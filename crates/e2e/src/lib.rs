@@ -9,8 +9,9 @@
 //! to the API server: two `ipkeep-controller` replicas, `ipkeep-scheduler-ext` (called by the API
 //! server as a mutating webhook) and one `ipkeep-agent` per node.
 //!
-//! [`scenario`] is the story the demonstration tells, with its expectations; it runs against the
-//! local system ([`system`]) or, read-only on nodes, against a real cluster.
+//! [`scenario`] is the story the demonstration tells, with its expectations; it runs against a
+//! real cluster with real nodes on this machine ([`nodes`]: `scripts/cluster.sh`), against the
+//! local simulated system ([`system`]), or, read-only on nodes, against any cluster.
 //!
 //! This crate is a program's insides, not a library others build on: its errors are reported,
 //! never matched, so it uses `anyhow`.
@@ -18,6 +19,7 @@
 pub mod cni;
 pub mod http;
 pub mod netns;
+pub mod nodes;
 pub mod pki;
 pub mod procs;
 pub mod report;

@@ -1,58 +1,85 @@
-//! `ipkeep-demo`: the whole system end to end on this machine (or, with `--kubeconfig`, the same
-//! story against a real cluster where ipkeep is installed). See docs/demo.md.
+//! `ipkeep-demo`: the whole system end to end on this machine: by default on a real cluster with
+//! real nodes (scripts/cluster.sh), with `--simulated` on the in-memory simulation, with
+//! `--kubeconfig` against another cluster. See docs/demo.md.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use clap::Parser;
+use ipkeep_e2e::nodes::{RealCluster, Setup};
 use ipkeep_e2e::report::Report;
 use ipkeep_e2e::scenario::{self, Target};
 use ipkeep_e2e::system::{LocalSystem, Options, default_nodes};
-use ipkeep_e2e::{DEMO_NAMESPACE, cni, netns};
+use ipkeep_e2e::{DEMO_NAMESPACE, cni, netns, repo_root};
 
 /// Runs ipkeep end to end and checks that a StatefulSet pod keeps its node and its IP.
 ///
-/// Locally (the default) it starts an in-memory Kubernetes API server, simulators for a
-/// StatefulSet controller, a scheduler (calling ipkeep's extender over HTTPS) and a kubelet per
-/// node (running the real CNI plugins), plus ipkeep's real binaries as processes: two
-/// controllers, the scheduler extension (called by the API server as a webhook) and an agent per
-/// node. Then it deletes a pod, loses a node, scales down and up, prints a timeline and a
-/// before/after table, and exits non-zero if any expectation fails.
+/// By default it starts a real Kubernetes cluster on this machine (scripts/cluster.sh up: etcd,
+/// kube-apiserver, kube-controller-manager and kube-scheduler built from upstream, and --nodes
+/// real nodes, each with its own containerd, kubelet and kube-proxy) and installs ipkeep there as
+/// a user would (images, kubectl apply -k deploy/). Then a 3-replica StatefulSet: restart every
+/// ipkeep component and a node's kubelet and containerd, delete a pod (same node, same IP,
+/// reachable from the other node), stop a node (the pod falls back and moves), scale down and
+/// up, and audit every node's store against the pods. It prints a timeline and a before/after
+/// table and exits non-zero if any expectation fails. Needs root and Go (to build Kubernetes
+/// the first time: about 10 minutes).
+///
+/// --simulated runs the same story on an in-memory simulation instead (no root needed): an
+/// in-memory API server, simulators for the StatefulSet controller, scheduler and kubelets, and
+/// ipkeep's real binaries as processes.
 #[derive(Debug, Parser)]
 #[command(name = "ipkeep-demo", version)]
 struct Cli {
-    /// Leave the local system running after the scenario, with a kubeconfig for kubectl; stop
-    /// it with Ctrl-C.
+    /// Run on the in-memory simulation, not on a real cluster (for machines where the real one
+    /// cannot run: it needs root).
+    #[arg(long, env = "IPKEEP_DEMO_SIMULATED", conflicts_with = "kubeconfig")]
+    simulated: bool,
+    /// Leave the cluster (or the simulation) running after the scenario, with a kubeconfig for
+    /// kubectl. The real cluster stays until `scripts/cluster.sh down --state DIR`; the
+    /// simulation until Ctrl-C.
     #[arg(long, env = "IPKEEP_DEMO_KEEP_RUNNING")]
     keep_running: bool,
-    /// Run the scenario against the real cluster of this kubeconfig instead (ipkeep must be
+    /// Run the scenario against the cluster of this kubeconfig instead (ipkeep must be
     /// installed there). It creates a namespace `ipkeep-demo-<pid>` with the example
     /// StatefulSet, deletes one of its pods and scales it; it never touches nodes. The namespace
     /// is deleted at the end unless --keep-running.
     #[arg(long, env = "IPKEEP_DEMO_KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// Run only the IPAM plugin, without network namespaces, even as root.
-    #[arg(long, env = "IPKEEP_DEMO_IPAM_ONLY")]
+    /// Real nodes in the cluster (at least 2: a pod moves to another node when its node is
+    /// lost).
+    #[arg(long, env = "IPKEEP_DEMO_NODES", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=8))]
+    nodes: u16,
+    /// The real cluster's first port (scripts/cluster.sh --port-base).
+    #[arg(long, env = "IPKEEP_DEMO_PORT_BASE", default_value_t = 16440)]
+    port_base: u16,
+    /// Simulation only: run only the IPAM plugin, without network namespaces, even as root.
+    #[arg(long, env = "IPKEEP_DEMO_IPAM_ONLY", requires = "simulated")]
     ipam_only: bool,
-    /// Also restart every ipkeep component mid-scenario (SIGKILL once, SIGTERM once).
+    /// Simulation only: also restart every ipkeep component mid-scenario (SIGKILL once,
+    /// SIGTERM once). On the real cluster they are always restarted (their pods replaced).
     #[arg(long, env = "IPKEEP_DEMO_RESTARTS")]
     restarts: bool,
     /// Where the logs, certificates, kubeconfig and node stores go (default: a new temporary
     /// directory, removed after a successful run unless --keep-running).
     #[arg(long, env = "IPKEEP_DEMO_WORK_DIR", value_name = "DIR")]
     work_dir: Option<PathBuf>,
-    /// Where the ipkeep binaries are (default: next to this program).
+    /// Simulation only: where the ipkeep binaries are (default: next to this program).
     #[arg(long, env = "IPKEEP_DEMO_BIN_DIR", value_name = "DIR")]
     bin_dir: Option<PathBuf>,
+    /// The repository (for scripts/cluster.sh and deploy/; default: where this program was
+    /// built from).
+    #[arg(long, env = "IPKEEP_DEMO_REPO", value_name = "DIR")]
+    repo: Option<PathBuf>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match &cli.kubeconfig {
-        Some(path) => real_cluster(&cli, path.clone()).await,
-        None => local(&cli).await,
+    let result = match (&cli.kubeconfig, cli.simulated) {
+        (Some(path), _) => real_cluster(&cli, path.clone()).await,
+        (None, true) => local(&cli).await,
+        (None, false) => real_nodes(&cli).await,
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -64,6 +91,98 @@ async fn main() -> ExitCode {
     }
 }
 
+/// A work directory: the one given, or a new temporary one (kept unless removed by the
+/// caller's success).
+fn work_dir(cli: &Cli) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    Ok(match &cli.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            (d.clone(), None)
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix("ipkeep-demo-").tempdir()?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    })
+}
+
+async fn real_nodes(cli: &Cli) -> Result<bool> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the real cluster needs root (network and mount namespaces, cgroups, containerd); run as root, or pass --simulated for the in-memory simulation"
+        );
+    }
+    let (work, temp) = work_dir(cli)?;
+    let repo = cli.repo.clone().unwrap_or_else(repo_root);
+    let mut report = Report::new(Box::new(std::io::stdout()));
+    report.note("ipkeep end to end on a real Kubernetes cluster on this machine");
+    report.note(&format!(
+        "starting it (scripts/cluster.sh up --nodes {}): the first run builds Kubernetes from its Go modules (about 10 minutes) and ipkeep's release build; progress below",
+        cli.nodes
+    ));
+    let setup = Setup {
+        repo,
+        state: work.join("cluster"),
+        nodes: usize::from(cli.nodes),
+        port_base: cli.port_base,
+    };
+    let started = std::time::Instant::now();
+    let cluster = match RealCluster::up(&setup).await {
+        Ok(c) => c.down_on_drop(!cli.keep_running),
+        Err(e) => {
+            if let Some(t) = temp {
+                let _ = t.keep();
+            }
+            return Err(e);
+        }
+    };
+    report.note(&format!(
+        "running after {:.0} s: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (with ipkeep's extender), kube-proxy;\n\
+         \x20        {} nodes, each with containerd, kubelet, kube-proxy; ipkeep from deploy/: controller x2, scheduler-ext x2, an agent per node",
+        started.elapsed().as_secs_f64(),
+        cli.nodes
+    ));
+    report.note(&format!("state and logs: {}", setup.state.display()));
+    let outcome = scenario::run(
+        Target::Nodes(&cluster),
+        &scenario::Options {
+            namespace: DEMO_NAMESPACE.into(),
+            restarts: false,
+        },
+        &mut report,
+    )
+    .await;
+    report.finish();
+    let ok = outcome.is_ok() && report.failed.is_empty();
+    if let Err(e) = &outcome {
+        report.note(&format!("\nthe scenario stopped: {e:#}"));
+    }
+    if !ok || cli.keep_running {
+        if let Some(t) = temp {
+            let _ = t.keep();
+        }
+    }
+    let mut cluster = cluster;
+    if !ok {
+        cluster.keep_logs();
+        report.note(&format!(
+            "the cluster's logs (kept): {}/logs (nodes: node-N-kubelet.log, node-N-containerd.log)",
+            setup.state.display()
+        ));
+    }
+    if cli.keep_running {
+        report.note(&format!(
+            "\nthe cluster keeps running:\n  export KUBECONFIG={}\n  kubectl get pods,pps -n {DEMO_NAMESPACE} -o wide\nstop it with: scripts/cluster.sh down --state {}",
+            cluster.kubeconfig().display(),
+            setup.state.display()
+        ));
+    } else {
+        report.note("taking the cluster down");
+    }
+    drop(cluster);
+    Ok(ok)
+}
+
 async fn local(cli: &Cli) -> Result<bool> {
     let bin_dir = match &cli.bin_dir {
         Some(d) => d.clone(),
@@ -72,19 +191,11 @@ async fn local(cli: &Cli) -> Result<bool> {
             .context("cannot tell where this program is; pass --bin-dir")?
             .to_path_buf(),
     };
-    let temp = match &cli.work_dir {
-        Some(_) => None,
-        None => Some(tempfile::Builder::new().prefix("ipkeep-demo-").tempdir()?),
-    };
-    let work_dir = cli
-        .work_dir
-        .clone()
-        .or_else(|| temp.as_ref().map(|t| t.path().to_path_buf()))
-        .context("no work directory")?;
+    let (work_dir, temp) = self::work_dir(cli)?;
     let bridge = PathBuf::from(cni::DEBIAN_CNI_DIR).join("bridge");
     let namespaces = !cli.ipam_only && netns::can_create() && bridge.exists();
     let mut report = Report::new(Box::new(std::io::stdout()));
-    report.note("ipkeep end to end on this machine");
+    report.note("ipkeep end to end on this machine, SIMULATED (--simulated): an in-memory API server and simulators stand in for Kubernetes");
     if namespaces {
         report.note(
             "network: real network namespaces; Debian's bridge plugin delegates IPAM to ipkeep",

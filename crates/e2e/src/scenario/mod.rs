@@ -31,12 +31,26 @@ use serde_json::{Value, json};
 use crate::procs::Stop;
 use crate::report::{Place, Report};
 use crate::sim::statefulset::is_ready;
-use crate::system::{LocalSystem, deploy_documents};
+use crate::system::deploy_documents;
+
+mod target;
+pub use target::Target;
 
 /// How long any one thing may take before the scenario gives up.
 const PATIENCE: Duration = Duration::from_secs(90);
-/// The node-loss grace the demonstration gives its StatefulSet (the default is 5m).
+/// The node-loss grace the demonstration gives its StatefulSet (the default is 5m): on the
+/// simulation, where the lost node's pod is re-created at once.
 const NODE_LOSS_AFTER_DEMO: &str = "5s";
+/// The same on real nodes, where the pod of a lost node is re-created only once pod GC has
+/// deleted it (up to 20 s after the out-of-service taint: its period); the grace counts from
+/// the node loss, so a shorter one would pin the re-created pod by its preferred terms at once
+/// and the pinned, Pending phase would not show.
+const NODE_LOSS_AFTER_NODES: &str = "30s";
+/// The taint that lets pod GC delete the pods of a node that is down for good (value and
+/// effect added where used).
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service=nodeshutdown";
+/// The image real nodes run the StatefulSet and the probe pod with (scripts/images.py).
+const WORKLOAD_IMAGE: &str = "localhost/ipkeep/busybox:dev";
 
 /// How the scenario runs.
 #[derive(Debug, Clone)]
@@ -45,23 +59,6 @@ pub struct Options {
     pub namespace: String,
     /// Restart every component mid-scenario.
     pub restarts: bool,
-}
-
-/// Where the scenario runs.
-pub enum Target<'a> {
-    /// The local system: simulators, node-level checks, node deletion.
-    Local(&'a mut LocalSystem),
-    /// A real cluster with ipkeep installed: API-level checks only; no node is touched.
-    Cluster(Client),
-}
-
-impl std::fmt::Debug for Target<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Target::Local(_) => "Local",
-            Target::Cluster(_) => "Cluster",
-        })
-    }
 }
 
 struct Run<'a, 'r> {
@@ -108,10 +105,7 @@ impl PodSnap {
 /// Runs the scenario on `target`, narrating to `report`. An `Err` is a step that could not be
 /// carried out (a timeout, an API error); failed expectations are in the report.
 pub async fn run(target: Target<'_>, options: &Options, report: &mut Report) -> Result<()> {
-    let client = match &target {
-        Target::Local(system) => system.client(),
-        Target::Cluster(client) => client.clone(),
-    };
+    let client = target.client();
     let mut run = Run {
         target,
         client,
@@ -123,11 +117,14 @@ pub async fn run(target: Target<'_>, options: &Options, report: &mut Report) -> 
     if options.restarts {
         run.restart_components(Stop::Kill).await?;
     }
+    if matches!(run.target, Target::Nodes(_)) {
+        run.restart_on_nodes().await?;
+    }
     run.delete_pod(0).await?;
-    if matches!(run.target, Target::Local(_)) {
+    if run.target.has_nodes() {
         run.lose_node(2).await?;
     } else {
-        run.report.say("(node loss is shown on the local system only: this never deletes a node of a real cluster)");
+        run.report.say("(node loss is shown on this machine's clusters only: this never stops a node of another cluster)");
     }
     if options.restarts {
         run.restart_components(Stop::Graceful).await?;
@@ -147,6 +144,14 @@ impl Run<'_, '_> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// The node-loss grace this target's StatefulSet gets.
+    fn node_loss_after(&self) -> &'static str {
+        match self.target {
+            Target::Nodes(_) => NODE_LOSS_AFTER_NODES,
+            _ => NODE_LOSS_AFTER_DEMO,
+        }
+    }
+
     fn pod_name(&self, ordinal: i32) -> String {
         format!("{}-{ordinal}", self.sts)
     }
@@ -160,9 +165,7 @@ impl Run<'_, '_> {
     {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            if let Target::Local(system) = &mut self.target {
-                system.check_running()?;
-            }
+            self.target.check_running()?;
             if let Some(v) = check(self.client.clone(), self.namespace.clone()).await? {
                 return Ok(v);
             }
@@ -272,10 +275,20 @@ impl Run<'_, '_> {
             }
         }
         let mut doc = sts_doc.context("deploy/examples/statefulset.yaml has no StatefulSet")?;
-        if matches!(self.target, Target::Local(_)) {
-            doc["metadata"]["annotations"][NODE_LOSS_AFTER] = json!(NODE_LOSS_AFTER_DEMO);
+        if self.target.has_nodes() {
+            let after = self.node_loss_after();
+            doc["metadata"]["annotations"][NODE_LOSS_AFTER] = json!(after);
             self.report.say(&format!(
-                "the demonstration sets {NODE_LOSS_AFTER}: {NODE_LOSS_AFTER_DEMO} on it (default 5m) so node loss resolves quickly"
+                "the demonstration sets {NODE_LOSS_AFTER}: {after} on it (default 5m) so node loss resolves quickly"
+            ));
+        }
+        if matches!(self.target, Target::Nodes(_)) {
+            let container = &mut doc["spec"]["template"]["spec"]["containers"][0];
+            container["image"] = json!(WORKLOAD_IMAGE);
+            container["command"] =
+                json!(["sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"]);
+            self.report.say(&format!(
+                "its container runs {WORKLOAD_IMAGE} (sh, ip, ping; the nodes have no registry to pull the example's pause image from)"
             ));
         }
         let sts: StatefulSet = serde_json::from_value(doc)?;
@@ -302,6 +315,13 @@ impl Run<'_, '_> {
                 "{name} Ready on {node} with {ip}; recorded in PersistentPodState {}",
                 self.sts
             ));
+            if let Target::Nodes(cluster) = &self.target {
+                let inside = cluster.pod_ipv4(&self.namespace, &name).await?;
+                self.report.expect(
+                    Some(&inside) == snap.place.ip.as_ref(),
+                    format!("{name}: status.podIP {ip} is the address inside its network namespace ({inside})"),
+                );
+            }
             nodes.insert(node);
             self.report.row(
                 "start",
@@ -322,21 +342,54 @@ impl Run<'_, '_> {
     }
 
     async fn restart_components(&mut self, how: Stop) -> Result<()> {
-        let Target::Local(system) = &mut self.target else {
+        if !self.target.has_nodes() {
             return Ok(());
-        };
-        let verb = if how == Stop::Kill {
-            "SIGKILL"
-        } else {
-            "SIGTERM"
+        }
+        let verb = match (&self.target, how) {
+            (Target::Nodes(_), _) => "their pods deleted and replaced",
+            (_, Stop::Kill) => "SIGKILL",
+            _ => "SIGTERM",
         };
         self.report
             .step(&format!("restart every ipkeep component ({verb})"));
-        let restarted = system.restart_all(how).await?;
+        let restarted = self.target.restart_ipkeep(how).await?;
         self.report.say(&format!(
             "restarted and ready again: {}",
             restarted.join(", ")
         ));
+        Ok(())
+    }
+
+    /// Real nodes: every ipkeep component restarted, then one node's kubelet and containerd;
+    /// every pod of the StatefulSet stays Ready where it was, with its IP.
+    async fn restart_on_nodes(&mut self) -> Result<()> {
+        self.restart_components(Stop::Graceful).await?;
+        let Target::Nodes(cluster) = &self.target else {
+            return Ok(());
+        };
+        let name = self.pod_name(1);
+        let before = self.snap(&name).await?.context("the pod is missing")?;
+        let node = before.place.node.clone().context("the pod is not bound")?;
+        self.report.step(&format!(
+            "restart {node}'s kubelet and containerd (its pods keep running)"
+        ));
+        cluster.stop_node(&node).await?;
+        self.report
+            .say(&format!("stopped kubelet and containerd on {node}"));
+        cluster.start_node(&node).await?;
+        cluster.wait_ipkeep_ready(&[]).await?;
+        self.report.say(&format!(
+            "started them again on {node}; its pods passed their readiness probes again"
+        ));
+        let after = self.wait_ready(&name, None).await?;
+        self.report.expect(
+            after.uid == before.uid && after.place == before.place,
+            format!(
+                "{name} kept running on {} with {} (same pod)",
+                show(&before.place.node),
+                show(&before.place.ip)
+            ),
+        );
         Ok(())
     }
 
@@ -375,6 +428,17 @@ impl Run<'_, '_> {
             after.place.ip == before.place.ip,
             format!("{name} has its IP {} again", show(&before.place.ip)),
         );
+        if let (Target::Nodes(cluster), Some(node), Some(ip)) =
+            (&self.target, &after.place.node, &after.place.ip)
+        {
+            let (from, reached) = cluster
+                .ping_from_another_node(&self.namespace, node, ip)
+                .await?;
+            self.report.expect(
+                reached,
+                format!("{name} at {ip} answers a ping from a pod on {from}"),
+            );
+        }
         self.report.row(
             "delete pod",
             &name,
@@ -390,15 +454,36 @@ impl Run<'_, '_> {
         let name = self.pod_name(ordinal);
         let before = self.snap(&name).await?.context("the pod is missing")?;
         let node = before.place.node.clone().context("the pod is not bound")?;
-        self.report.step(&format!(
-            "node {node} is lost (the machine is gone and its Node deleted)"
-        ));
-        if let Target::Local(system) = &mut self.target {
-            system.delete_node(&node).await?;
+        match &mut self.target {
+            Target::Local(system) => {
+                self.report.step(&format!(
+                    "node {node} is lost (the machine is gone and its Node deleted)"
+                ));
+                system.delete_node(&node).await?;
+                self.report.say(&format!(
+                    "deleted Node {node}; pod GC force-deletes {name}, the StatefulSet re-creates it"
+                ));
+            }
+            Target::Nodes(cluster) => {
+                self.report.step(&format!(
+                    "node {node} stops (kubelet and containerd): it is lost"
+                ));
+                cluster.stop_node(&node).await?;
+                cluster.wait_node_ready(&node, false).await?;
+                self.report.say(&format!(
+                    "{node} is NotReady; as docs/retention.md tells an operator, it gets the taint {OUT_OF_SERVICE}, so pod GC deletes {name} and the StatefulSet re-creates it"
+                ));
+                cluster
+                    .kubectl(&[
+                        "taint",
+                        "node",
+                        &node,
+                        &format!("{OUT_OF_SERVICE}:NoExecute"),
+                    ])
+                    .await?;
+            }
+            Target::Cluster(_) => bail!("node loss needs the nodes"),
         }
-        self.report.say(&format!(
-            "deleted Node {node}; pod GC force-deletes {name}, the StatefulSet re-creates it"
-        ));
         let old_uid = before.uid.clone();
         let (sts, pod_name) = (self.sts.clone(), name.clone());
         let why = self
@@ -477,8 +562,29 @@ impl Run<'_, '_> {
             &name,
             before.place,
             after.place,
-            format!("NodeLost; after {NODE_LOSS_AFTER_DEMO} fell back to preferred (zone), replaced the stranded pod; new node, new IP"),
+            format!(
+                "NodeLost; after {} fell back to preferred (zone), replaced the stranded pod; new node, new IP",
+                self.node_loss_after()
+            ),
         );
+        if let Target::Nodes(cluster) = &self.target {
+            self.report.step(&format!(
+                "{node} comes back (kubelet and containerd started, taint removed)"
+            ));
+            cluster
+                .kubectl(&[
+                    "taint",
+                    "node",
+                    &node,
+                    &format!("{OUT_OF_SERVICE}:NoExecute-"),
+                ])
+                .await?;
+            cluster.start_node(&node).await?;
+            cluster.wait_node_ready(&node, true).await?;
+            self.report.say(&format!(
+                "{node} is Ready; its kubelet removes the pods that were deleted meanwhile, and the agent frees what they held (the records are elsewhere now)"
+            ));
+        }
         Ok(())
     }
 
@@ -544,12 +650,14 @@ impl Run<'_, '_> {
             self.sts
         ));
         let mut did = "record pruned".to_string();
-        if let (Target::Local(system), Some(node), Some(ip)) =
-            (&self.target, &before.place.node, &before.place.ip)
-        {
+        if let (true, Some(node), Some(ip)) = (
+            self.target.has_nodes(),
+            &before.place.node,
+            &before.place.ip,
+        ) {
             let deadline = tokio::time::Instant::now() + PATIENCE;
             let released = loop {
-                let leases = system.leases(node).await?;
+                let leases = self.target.leases(node).await?;
                 if !leases.iter().any(|(l, _, _)| l == ip) {
                     break true;
                 }
@@ -558,7 +666,7 @@ impl Run<'_, '_> {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             };
-            let metrics = system.agent_metrics(node).await.unwrap_or_default();
+            let metrics = self.target.agent_metrics(node).await.unwrap_or_default();
             let count = crate::http::metric_sum(
                 &metrics,
                 "ipkeep_agent_releases_total",
@@ -643,49 +751,69 @@ impl Run<'_, '_> {
             records.len() == pods.len(),
             format!("{} records for {} pods", records.len(), pods.len()),
         );
-        let Target::Local(system) = &self.target else {
+        if !self.target.has_nodes() {
             return Ok(());
-        };
+        }
+        // Every pod on the pod network has its address in its node's store, ipkeep's own
+        // included (on real nodes they run there too); host-network pods have none.
         let mut by_node: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for pod in &pods {
-            let s = PodSnap::of(pod);
+        for pod in Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+        {
+            if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+                continue;
+            }
+            let s = PodSnap::of(&pod);
             if let (Some(n), Some(ip)) = (s.place.node, s.place.ip) {
                 by_node.entry(n).or_default().insert(ip);
             }
         }
         let live_nodes = crate::sim::node_names(&self.client).await?;
-        let mut findings = Vec::new();
-        for node in &live_nodes {
-            let leases = system.leases(node).await?;
-            let active: BTreeSet<String> = leases
-                .iter()
-                .filter(|l| l.2 == "active")
-                .map(|l| l.0.clone())
-                .collect();
-            let held: Vec<String> = leases
-                .iter()
-                .filter(|l| l.2 == "held")
-                .map(|l| format!("{} ({})", l.0, l.1))
-                .collect();
-            let want = by_node.get(node).cloned().unwrap_or_default();
-            findings.push((
-                node.clone(),
-                active == want && held.is_empty(),
-                format!(
-                    "{node}: store has active {:?} held {:?}; pods there have {:?}",
-                    active, held, want
-                ),
-            ));
-            let fallbacks = system.fallbacks(node);
-            findings.push((
-                node.clone(),
-                fallbacks == 0,
-                format!(
-                    "{node}: every plugin command went through the agent ({fallbacks} fell back)"
-                ),
-            ));
-        }
-        for (_, ok, text) in findings {
+        // A node that just came back may still be freeing what its deleted pods held: give the
+        // stores the same patience as everything else before judging them.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let findings = loop {
+            let mut findings = Vec::new();
+            for node in &live_nodes {
+                let leases = self.target.leases(node).await?;
+                let active: BTreeSet<String> = leases
+                    .iter()
+                    .filter(|l| l.2 == "active")
+                    .map(|l| l.0.clone())
+                    .collect();
+                let held: Vec<String> = leases
+                    .iter()
+                    .filter(|l| l.2 == "held")
+                    .map(|l| format!("{} ({})", l.0, l.1))
+                    .collect();
+                let want = by_node.get(node).cloned().unwrap_or_default();
+                findings.push((
+                    active == want && held.is_empty(),
+                    format!(
+                        "{node}: store has active {active:?} held {held:?}; pods there have {want:?}"
+                    ),
+                ));
+                // Real nodes restart their agents (the DaemonSet's pods are replaced): a plugin
+                // command while the agent is away opens the store itself, with the same answer.
+                let fallbacks = self.target.fallbacks(node).await;
+                let restarted = matches!(self.target, Target::Nodes(_));
+                findings.push((
+                    fallbacks == 0 || restarted,
+                    if restarted {
+                        format!("{node}: {fallbacks} plugin command(s) ran without the agent while it restarted")
+                    } else {
+                        format!("{node}: every plugin command went through the agent ({fallbacks} fell back)")
+                    },
+                ));
+            }
+            if findings.iter().all(|f| f.0) || tokio::time::Instant::now() > deadline {
+                break findings;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        for (ok, text) in findings {
             self.report.expect(ok, text);
         }
         Ok(())
