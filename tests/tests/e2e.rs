@@ -1,9 +1,14 @@
 //! The whole system end to end: `ipkeep-demo` (the README's first command) run as a user runs
-//! it — the in-memory API server, the simulators and ipkeep's real binaries as processes — and
-//! its verdict checked. The scenario itself, with its expectations, is `crates/e2e`.
+//! it, and its verdict checked. The scenario itself, with its expectations, is `crates/e2e`.
+//!
+//! - `story_on_real_nodes`: the default, on a real cluster with real nodes on this machine
+//!   (`scripts/cluster.sh`: kubelet, containerd, ipkeep installed from deploy/ as images), then
+//!   `--kubeconfig` (the check users run against their own cluster) against the same cluster.
+//! - `simulated_scenario_survives_restarts_of_every_component`: `--simulated`, the fallback
+//!   where the real cluster cannot run; kept because it SIGKILLs every component mid-scenario,
+//!   which the real cluster's pods (replaced, so SIGTERM) do not show.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 
 use ipkeep_tests::{demo_bin, require_root};
@@ -42,32 +47,9 @@ fn expectations_held(output: &str) -> usize {
 }
 
 #[test]
-fn scenario_in_network_namespaces_needs_root() {
+fn simulated_scenario_survives_restarts_of_every_component() {
     let _turn = one_at_a_time();
-    if !require_root("scenario_in_network_namespaces_needs_root") {
-        return;
-    }
-    let out = demo(&[]);
-    assert!(
-        out.contains("network: real network namespaces"),
-        "expected real namespaces as root:\n{out}"
-    );
-    // start (1) + delete pod (3) + node loss (4) + scale down (1) + scale up (1) + audit (≥ 6).
-    assert!(expectations_held(&out) >= 16, "{out}");
-    for row in [
-        "delete pod  db-0",
-        "lose node   db-2",
-        "scale down  db-2",
-        "scale up    db-2",
-    ] {
-        assert!(out.contains(row), "no table row {row:?}:\n{out}");
-    }
-}
-
-#[test]
-fn scenario_survives_restarts_of_every_component() {
-    let _turn = one_at_a_time();
-    let mut args = vec!["--restarts"];
+    let mut args = vec!["--simulated", "--restarts"];
     if !nix::unistd::Uid::effective().is_root() {
         args.push("--ipam-only");
     }
@@ -83,48 +65,69 @@ fn scenario_survives_restarts_of_every_component() {
     assert!(expectations_held(&out) >= 16, "{out}");
 }
 
-/// `--kubeconfig` (the check users run against their cluster) against a system left up by
-/// `--keep-running`: the same story through nothing but the Kubernetes API.
+/// The story on a real cluster with real nodes, then `--kubeconfig` against the same cluster
+/// (left up by `--keep-running`): the API-only story a user runs against their own cluster.
 #[test]
-fn kubeconfig_mode_runs_the_scenario_against_a_running_cluster() {
+fn story_on_real_nodes() {
     let _turn = one_at_a_time();
-    let work = tempfile::tempdir().unwrap();
-    let mut cluster = Command::new(demo_bin())
-        .args(["--keep-running", "--ipam-only", "--work-dir"])
-        .arg(work.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut seen = String::new();
-    for line in BufReader::new(cluster.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if line.starts_with("stop it with Ctrl-C") {
-            break;
-        }
+    if !require_root("story_on_real_nodes")
+        || !ipkeep_tests::cluster::require_go("story_on_real_nodes")
+    {
+        return;
     }
+    let work = tempfile::tempdir().unwrap();
+    let state = work.path().join("cluster");
+    // Ports of their own below the ephemeral range, as for the other cluster tests.
+    let port_base = (21000 + (std::process::id() % 900) * 10).to_string();
+    let down = Down(state.clone());
+    let out = demo(&[
+        "--keep-running",
+        "--port-base",
+        &port_base,
+        "--work-dir",
+        work.path().to_str().unwrap(),
+    ]);
     assert!(
-        seen.contains("export KUBECONFIG="),
-        "the kept system never came up:\n{seen}"
-    );
-    let kubeconfig = work.path().join("kubeconfig");
-    let out = demo(&["--kubeconfig", kubeconfig.to_str().unwrap()]);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(cluster.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    let status = cluster.wait().unwrap();
-    assert!(
-        status.success(),
-        "the kept system exited with {status}; what it printed before it was kept running:\n{seen}"
-    );
-    assert!(
-        out.contains("node loss is shown on the local system only"),
+        out.contains("ipkeep end to end on a real Kubernetes cluster"),
         "{out}"
     );
-    assert!(expectations_held(&out) >= 8, "{out}");
-    assert!(out.contains("deleted namespace ipkeep-demo-"), "{out}");
+    // start (3) + restarts (1) + delete pod (4) + node loss (4) + scale down (1) + scale up
+    // (1) + audit (4 + 2 per node).
+    assert!(expectations_held(&out) >= 22, "{out}");
+    for row in [
+        "delete pod  db-0",
+        "lose node   db-2",
+        "scale down  db-2",
+        "scale up    db-2",
+    ] {
+        assert!(out.contains(row), "no table row {row:?}:\n{out}");
+    }
+    let kubeconfig = state.join("admin.kubeconfig");
+    // The nodes have no registry: the example's pause image from our own images.
+    let api = demo(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--image",
+        "localhost/ipkeep/pause:dev",
+    ]);
+    assert!(
+        api.contains("node loss is shown on this machine's clusters only"),
+        "{api}"
+    );
+    assert!(expectations_held(&api) >= 8, "{api}");
+    assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
+    drop(down);
+}
+
+/// Takes the cluster in this state directory down, also when the test fails.
+struct Down(std::path::PathBuf);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = Command::new(ipkeep_tests::cluster::repo_root().join("scripts/cluster.sh"))
+            .args(["down", "--keep-logs", "--state"])
+            .arg(&self.0)
+            .stdout(Stdio::null())
+            .status();
+    }
 }

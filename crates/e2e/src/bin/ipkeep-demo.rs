@@ -46,6 +46,10 @@ struct Cli {
     /// is deleted at the end unless --keep-running.
     #[arg(long, env = "IPKEEP_DEMO_KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig or --simulated: the StatefulSet's container image instead of the
+    /// example's registry.k8s.io/pause:3.10 (for a cluster that cannot pull it).
+    #[arg(long, env = "IPKEEP_DEMO_IMAGE", value_name = "IMAGE")]
+    image: Option<String>,
     /// Real nodes in the cluster (at least 2: a pod moves to another node when its node is
     /// lost).
     #[arg(long, env = "IPKEEP_DEMO_NODES", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=8))]
@@ -148,6 +152,7 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
         &scenario::Options {
             namespace: DEMO_NAMESPACE.into(),
             restarts: false,
+            image: cli.image.clone(),
         },
         &mut report,
     )
@@ -232,6 +237,7 @@ async fn local(cli: &Cli) -> Result<bool> {
         &scenario::Options {
             namespace: DEMO_NAMESPACE.into(),
             restarts: cli.restarts,
+            image: cli.image.clone(),
         },
         &mut report,
     )
@@ -278,7 +284,7 @@ async fn real_cluster(cli: &Cli, path: PathBuf) -> Result<bool> {
     let namespace = format!("ipkeep-demo-{}", std::process::id());
     let mut report = Report::new(Box::new(std::io::stdout()));
     report.note(&format!(
-        "ipkeep end to end against the cluster of {} in namespace {namespace} (node-level checks and node loss are local-only)",
+        "ipkeep end to end against the cluster of {} in namespace {namespace} (API only: node-level checks and node loss need a cluster this program started)",
         path.display()
     ));
     let outcome = scenario::run(
@@ -286,6 +292,7 @@ async fn real_cluster(cli: &Cli, path: PathBuf) -> Result<bool> {
         &scenario::Options {
             namespace: namespace.clone(),
             restarts: false,
+            image: cli.image.clone(),
         },
         &mut report,
     )

@@ -59,10 +59,14 @@ pub struct Options {
     pub namespace: String,
     /// Restart every component mid-scenario.
     pub restarts: bool,
+    /// The StatefulSet's container image instead of the example's (a cluster that cannot pull
+    /// it); on real nodes the scenario uses its own busybox image regardless.
+    pub image: Option<String>,
 }
 
 struct Run<'a, 'r> {
     target: Target<'a>,
+    image: Option<String>,
     client: Client,
     namespace: String,
     sts: String,
@@ -108,6 +112,7 @@ pub async fn run(target: Target<'_>, options: &Options, report: &mut Report) -> 
     let client = target.client();
     let mut run = Run {
         target,
+        image: options.image.clone(),
         client,
         namespace: options.namespace.clone(),
         sts: String::new(),
@@ -281,6 +286,11 @@ impl Run<'_, '_> {
             self.report.say(&format!(
                 "the demonstration sets {NODE_LOSS_AFTER}: {after} on it (default 5m) so node loss resolves quickly"
             ));
+        }
+        if let (Some(image), false) = (&self.image, matches!(self.target, Target::Nodes(_))) {
+            doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            self.report
+                .say(&format!("its container runs {image} (--image)"));
         }
         if matches!(self.target, Target::Nodes(_)) {
             let container = &mut doc["spec"]["template"]["spec"]["containers"][0];
