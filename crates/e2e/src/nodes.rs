@@ -48,6 +48,8 @@ pub struct Setup {
     pub nodes: usize,
     /// First of the control plane's ports.
     pub port_base: u16,
+    /// Without ipkeep: Debian's bridge with host-local on every node (a baseline).
+    pub without_ipkeep: bool,
 }
 
 impl RealCluster {
@@ -58,6 +60,7 @@ impl RealCluster {
             .arg("up")
             .args(["--nodes", &setup.nodes.to_string()])
             .args(["--port-base", &setup.port_base.to_string()])
+            .args(setup.without_ipkeep.then_some("--without-ipkeep"))
             .arg("--state")
             .arg(&setup.state)
             .stdout(Stdio::null())

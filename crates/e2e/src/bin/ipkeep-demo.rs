@@ -129,6 +129,7 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
         state: work.join("cluster"),
         nodes: usize::from(cli.nodes),
         port_base: cli.port_base,
+        without_ipkeep: false,
     };
     let started = std::time::Instant::now();
     let cluster = match RealCluster::up(&setup).await {
