@@ -12,9 +12,9 @@
 # preStop hook runs sleep. The image runs as the unprivileged user 65532 by default; the agent's
 # DaemonSet runs it as root (the node's IPAM store belongs to root).
 #
-# The ipkeep plugin binary runs on the host, not in this image, so it must run with the
-# host's C library: it is built against Debian 12 (bookworm)'s glibc 2.36, which covers hosts
-# with glibc 2.36 or newer. Build on an older base for older nodes.
+# The ipkeep plugin binary runs on the host, not in this image (the agent's init container
+# copies it to /opt/cni/bin), so it is linked statically (scripts/build-plugin.sh): it runs on
+# any Linux host, whatever its C library. The other binaries run in this image, with its glibc.
 
 ARG RUST_IMAGE=rust:1-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
@@ -27,10 +27,11 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --locked --release \
-      -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext \
-      --bin ipkeep --bin ipkeep-agent --bin ipkeep-controller --bin ipkeep-scheduler-ext \
+      -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext \
+      --bin ipkeep-agent --bin ipkeep-controller --bin ipkeep-scheduler-ext \
  && mkdir -p /out \
- && for bin in ipkeep ipkeep-agent ipkeep-controller ipkeep-scheduler-ext; do \
+ && install -m 0755 "$(scripts/build-plugin.sh)" /out/ipkeep \
+ && for bin in ipkeep-agent ipkeep-controller ipkeep-scheduler-ext; do \
       install -m 0755 "target/release/$bin" "/out/$bin"; \
     done
 

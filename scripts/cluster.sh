@@ -252,8 +252,10 @@ up() {
   local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
   bin=$("$repo/scripts/k8s-build.sh" "${without_node[@]}" --print-dir | tail -1)
   local ib=""
+  local plugin=""
   if [ "$nodes" -gt 0 ]; then
-    ib=$(ipkeep_build release ipkeep-cni ipkeep-agent ipkeep-controller ipkeep-scheduler-ext)
+    ib=$(ipkeep_build release ipkeep-agent ipkeep-controller ipkeep-scheduler-ext)
+    plugin=$(ipkeep_plugin)
   elif [ "$ipkeep" = 1 ]; then
     ib=$(ipkeep_build "$profile" ipkeep-controller ipkeep-scheduler-ext)
   fi
@@ -266,7 +268,7 @@ up() {
   echo "$bin" >"$state/bin"
   if [ "$nodes" -gt 0 ]; then
     say "building the images for the nodes (scripts/images.py)"
-    python3 "$repo/scripts/images.py" --release-dir "$ib" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
+    python3 "$repo/scripts/images.py" --release-dir "$ib" --plugin "$plugin" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
       die "building the images failed"
     underlay_up
   fi

@@ -2,13 +2,13 @@
 """Builds the container images the test cluster's real nodes run, as OCI image-layout tarballs,
 without a registry or a Docker daemon (scripts/images.sh imports them into each node's containerd).
 
-  scripts/images.py --release-dir target/release --out DIR [--tag TAG]
+  scripts/images.py --release-dir target/release --plugin PATH --out DIR [--tag TAG]
 
 Writes DIR/<name>.tar for three images and prints one line per image: `<file> <reference>`.
 
   localhost/ipkeep/ipkeep:TAG   what the repository's Dockerfile builds: the release binaries it
-                                names (read from the Dockerfile, so the two cannot drift apart)
-                                in /usr/local/bin, the C library they link against, /bin/sh and
+                                names and the static plugin (scripts/build-plugin.sh; read from
+                                the Dockerfile, so the two cannot drift apart) in /usr/local/bin, the C library they link against, /bin/sh and
                                 the tools the manifests' commands use (busybox), the user 65532
                                 and the Dockerfile's USER and CMD.
   localhost/ipkeep/busybox:TAG  a workload image: busybox with every applet (sh, sleep, ping, ip,
@@ -170,24 +170,30 @@ def shared_libraries(binaries):
 
 
 def dockerfile():
-    """What the Dockerfile's image holds: its binaries, USER and CMD."""
+    """What the Dockerfile's image holds: its binaries from target/release, whether it adds the
+    static plugin (scripts/build-plugin.sh) as /usr/local/bin/ipkeep, its USER and CMD."""
     text = open(os.path.join(REPO, "Dockerfile")).read()
     m = re.search(r"for bin in ([\w\s-]+?); do", text)
+    plugin = '"$(scripts/build-plugin.sh)" /out/ipkeep' in text
     user = re.search(r"^USER\s+(\S+)", text, re.M)
     cmd = re.search(r"^CMD\s+(\[.*\])", text, re.M)
     if not (m and user and cmd):
         die("the Dockerfile no longer has the `for bin in ...; do`, USER and CMD lines read here")
-    return m.group(1).split(), user.group(1), json.loads(cmd.group(1))
+    return m.group(1).split(), plugin, user.group(1), json.loads(cmd.group(1))
 
 
-def ipkeep_image(release_dir):
-    binaries, user, cmd = dockerfile()
+def ipkeep_image(release_dir, plugin_path):
+    binaries, static_plugin, user, cmd = dockerfile()
     layer = Layer()
     paths = []
-    for name in binaries:
-        src = os.path.join(release_dir, name)
+    sources = [(name, os.path.join(release_dir, name)) for name in binaries]
+    if static_plugin:
+        if not plugin_path:
+            die("the Dockerfile adds the static plugin: pass --plugin (scripts/build-plugin.sh prints it)")
+        sources.append(("ipkeep", plugin_path))
+    for name, src in sources:
         if not os.access(src, os.X_OK):
-            die(f"{src} is missing: build it first (cargo build --release)")
+            die(f"{src} is missing: build it first (cargo build --release; scripts/build-plugin.sh)")
         layer.copy(src, f"/usr/local/bin/{name}", 0o755)
         paths.append(src)
     for lib in shared_libraries(paths):
@@ -230,12 +236,13 @@ def pause_image(work):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--release-dir", required=True, help="where the release binaries are")
+    p.add_argument("--plugin", help="the static ipkeep plugin (scripts/build-plugin.sh prints its path)")
     p.add_argument("--out", required=True, help="directory for the tarballs")
     p.add_argument("--tag", default="dev", help="the images' tag (default: dev)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        images = [("ipkeep", ipkeep_image(a.release_dir)), ("busybox", busybox_image()),
+        images = [("ipkeep", ipkeep_image(a.release_dir, a.plugin)), ("busybox", busybox_image()),
                   ("pause", pause_image(work))]
         for name, (layer, config) in images:
             ref = f"localhost/ipkeep/{name}:{a.tag}"

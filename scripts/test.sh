@@ -23,7 +23,8 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --locked --bins
 if [ "$(id -u)" -eq 0 ]; then
-  # The images the real nodes run are built from the release binaries.
-  cargo build --release --locked -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext --bins
+  # The images the real nodes run are built from the release binaries and the static plugin.
+  cargo build --release --locked -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext --bins
+  scripts/build-plugin.sh >/dev/null
 fi
 cargo test --workspace --locked

@@ -18,6 +18,12 @@ ipkeep_build() {
   echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
 }
 
+# ipkeep_plugin: builds the static plugin the image carries (scripts/build-plugin.sh); its path.
+ipkeep_plugin() {
+  say "building the static ipkeep plugin (scripts/build-plugin.sh)"
+  "$repo/scripts/build-plugin.sh" | tail -1 || die "building the static plugin failed"
+}
+
 ipkeep_install() {
   local overlay=$state/ipkeep rel
   say "installing ipkeep: kubectl apply -k (deploy/ with the images localhost/ipkeep/ipkeep:$image_tag and the cni component)"

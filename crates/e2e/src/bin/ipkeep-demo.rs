@@ -163,10 +163,10 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
     if let Err(e) = &outcome {
         report.note(&format!("\nthe scenario stopped: {e:#}"));
     }
-    if !ok || cli.keep_running {
-        if let Some(t) = temp {
-            let _ = t.keep();
-        }
+    if (!ok || cli.keep_running)
+        && let Some(t) = temp
+    {
+        let _ = t.keep();
     }
     let mut cluster = cluster;
     if !ok {
