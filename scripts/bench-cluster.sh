@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kube-scheduler throughput on the real control plane, with and without ipkeep.
 #
-#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook full"]
+#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook full"] [--pin-cpus A:B]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
 #   none     no ipkeep at all (the baseline);
@@ -17,22 +17,29 @@
 # kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
 # which includes its calls to the extender) is read from its /metrics before and after each
 # wave. Prints one table, with each mode's ratio to the baseline of the same run.
+# --pin-cpus A:B (scripts/cluster.sh) runs the control plane on CPUs A and ipkeep on CPUs B in
+# every mode, the baseline included: ipkeep's cost without its own CPU time competing with the
+# control plane's, as where ipkeep runs on worker nodes.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 pods=1000
 nodes=500
 modes="none webhook full"
+pin_cpus=
 while [ $# -gt 0 ]; do
   case $1 in
     --pods) pods=${2:?}; shift 2 ;;
     --nodes) nodes=${2:?}; shift 2 ;;
     --modes) modes=${2:?}; shift 2 ;;
+    --pin-cpus) pin_cpus=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
 done
 
+# The script's own kubectl and curl run beside ipkeep, not on the control plane's CPUs.
+[ -n "$pin_cpus" ] && taskset -cp "${pin_cpus##*:}" $$ >/dev/null
 state=$(mktemp -d /tmp/ipkeep-bench-cluster.XXXXXX)
 trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true; rm -rf "$state"' EXIT
 # shellcheck source=scripts/bench-lib.sh

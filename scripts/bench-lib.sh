@@ -1,7 +1,8 @@
 # Shared by scripts/bench-cluster.sh and scripts/bench-controller.sh (sourced, not run).
 #
 # bench_up MODE: a fresh cluster in $state/c with $nodes kwok nodes, ipkeep's release build and
-# upstream's node timeouts; MODE is none (no ipkeep), webhook (no extender) or full. Exports
+# upstream's node timeouts (and $pin_cpus, if set, as --pin-cpus); MODE is none (no ipkeep),
+# webhook (no extender) or full. Exports
 # KUBECONFIG, sets k (the cluster's kubectl) and creates the namespace bench.
 bench_up() {
   local mode=$1 flags=()
@@ -12,6 +13,7 @@ bench_up() {
     *) say "unknown mode $mode"; exit 1 ;;
   esac
   say "mode $mode: starting a cluster with $nodes kwok nodes"
+  [ -n "${pin_cpus:-}" ] && flags+=(--pin-cpus "$pin_cpus")
   "$repo/scripts/cluster.sh" up --nodes 0 --release --upstream-node-timeouts --state "$state/c" \
     --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
   export KUBECONFIG=$state/c/admin.kubeconfig

@@ -3,7 +3,7 @@
 #
 #   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
 #                         [--without-ipkeep] [--without-extender] [--release]
-#                         [--upstream-node-timeouts]
+#                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -54,7 +54,10 @@
 # (real nodes always run the release build, in the image). Node loss is detected in seconds by
 # default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node grace 50
 # s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat neither
-# marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks. up refuses
+# marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks.
+# --pin-cpus A:B runs the control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok) on CPUs A and ipkeep's local processes on CPUs B (taskset lists, e.g.
+# 0:1), as on a cluster whose control plane has machines of its own: benchmarks. up refuses
 # a taken port or a state directory in use; on any failure it stops what it started. down stops
 # every process up started (by pid, and every process of each real node by its cgroup), removes
 # the nodes' namespaces, routes and kube-proxy rules, and removes DIR (with --keep-logs, all of
@@ -70,6 +73,7 @@ ipkeep=1
 extender=1
 profile=debug
 keep_logs=0
+pin_cpus=
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -95,6 +99,7 @@ while [ $# -gt 0 ]; do
     --without-extender) extender=0; shift ;;
     --release) profile=release; shift ;;
     --keep-logs) keep_logs=1; shift ;;
+    --pin-cpus) pin_cpus=${2:?--pin-cpus needs CONTROL-PLANE-CPUS:IPKEEP-CPUS}; shift 2 ;;
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -103,6 +108,10 @@ done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
+if [ -n "$pin_cpus" ]; then
+  [[ $pin_cpus =~ ^[0-9,-]+:[0-9,-]+$ ]] || die "--pin-cpus takes CONTROL-PLANE-CPUS:IPKEEP-CPUS, e.g. 0:1"
+  command -v taskset >/dev/null || die "--pin-cpus needs taskset (apt-get install util-linux)"
+fi
 state=$(realpath -m "$state")
 
 p_etcd=$port_base p_peer=$((port_base + 1)) p_api=$((port_base + 2)) p_ext=$((port_base + 3))
@@ -123,9 +132,16 @@ up_done=
 # --- processes -------------------------------------------------------------------------------
 
 # start NAME CMD...: runs CMD in the background, logging to logs/NAME.log, pid in pids/NAME.
+# With --pin-cpus, the control plane and ipkeep's local processes run on their own CPUs.
 start() {
-  local name=$1; shift
-  "$@" >>"$state/logs/$name.log" 2>&1 &
+  local name=$1 pin=(); shift
+  if [ -n "$pin_cpus" ]; then
+    case $name in
+      etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kwok) pin=(taskset -c "${pin_cpus%%:*}") ;;
+      controller-*|scheduler-ext) pin=(taskset -c "${pin_cpus##*:}") ;;
+    esac
+  fi
+  "${pin[@]}" "$@" >>"$state/logs/$name.log" 2>&1 &
   echo $! >"$state/pids/$name"
 }
 

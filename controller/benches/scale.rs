@@ -78,7 +78,14 @@ async fn main() {
     let dir = tempfile_dir();
     let kubeconfig = format!("{dir}/kubeconfig");
     std::fs::write(&kubeconfig, server.kubeconfig("default")).unwrap();
-    let mut controller = Command::new(env!("CARGO_BIN_EXE_ipkeep-controller"))
+    // IPKEEP_BENCH_WRAP runs the controller under another program (a heap profiler:
+    // `IPKEEP_BENCH_WRAP="heaptrack -o /tmp/controller"`); the peak RSS is then that program's.
+    let binary = env!("CARGO_BIN_EXE_ipkeep-controller");
+    let wrap = std::env::var("IPKEEP_BENCH_WRAP").unwrap_or_default();
+    let mut argv: Vec<&str> = wrap.split_whitespace().collect();
+    argv.push(binary);
+    let mut controller = Command::new(argv[0])
+        .args(&argv[1..])
         .env("KUBECONFIG", &kubeconfig)
         .env("IPKEEP_LISTEN", "127.0.0.1:0")
         .env("IPKEEP_LOG", "warn")
