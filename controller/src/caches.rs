@@ -1,7 +1,8 @@
 //! The watches the controller runs and how their events map to PersistentPodStates.
 //!
-//! Objects are trimmed before they are cached (only the fields decisions read are kept), so
-//! 10,000 pods cost a few MiB, not hundreds. Pod and node events that change nothing the
+//! Objects are trimmed before they are cached (only the fields decisions read are kept). Pods,
+//! the most numerous, are not even decoded into k8s-openapi's `Pod` (2 KiB of struct before
+//! any field is set): the watch decodes them into [`CachedPod`], which has only those fields. Pod and node events that change nothing the
 //! decisions read (node heartbeats, container restarts) are filtered out before they trigger
 //! a reconcile; deletions always pass. After a watch is re-listed (for example after 410 Gone)
 //! every PersistentPodState is reconciled again, because deletions that happened during the gap
@@ -16,11 +17,74 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations::STATEFULSET_POD_NAME_LABEL;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+
+/// A pod as the controller caches it: what recording reads, decoded straight from the watch
+/// (serde skips every other field). A `Pod` for the API (`kind: Pod`), see [`CachedPod::to_pod`].
+#[derive(Clone, Debug, Default, Deserialize, Serialize, kube::Resource)]
+#[resource(inherit = Pod)]
+pub struct CachedPod {
+    /// Metadata, without managed fields once trimmed.
+    pub metadata: ObjectMeta,
+    /// `spec.nodeName`.
+    #[serde(default)]
+    pub spec: CachedPodSpec,
+    /// The Ready condition and the IPs.
+    #[serde(default)]
+    pub status: CachedPodStatus,
+}
+
+/// [`CachedPod`]'s spec.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodSpec {
+    /// The node the pod is bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+/// [`CachedPod`]'s status.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedPodStatus {
+    /// Conditions (only Ready is kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<PodCondition>,
+    /// `status.podIP`.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    /// `status.podIPs`.
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<PodIP>,
+}
+
+impl CachedPod {
+    /// The pod as k8s-openapi's type, with the cached fields only (for the pure decisions).
+    pub fn to_pod(&self) -> Pod {
+        Pod {
+            metadata: self.metadata.clone(),
+            spec: Some(PodSpec {
+                node_name: self.spec.node_name.clone(),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                conditions: Some(self.status.conditions.clone()),
+                pod_ip: self.status.pod_ip.clone(),
+                pod_ips: Some(self.status.pod_ips.clone()).filter(|ips| !ips.is_empty()),
+                ..PodStatus::default()
+            }),
+        }
+    }
+}
+
+/// kubectl's copy of the object it last applied: a StatefulSet's whole JSON again.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Read access to every cache.
 #[derive(Debug, Clone)]
@@ -28,7 +92,7 @@ pub struct Caches {
     /// StatefulSets (trimmed).
     pub statefulsets: Store<StatefulSet>,
     /// Pods that carry [`STATEFULSET_POD_NAME_LABEL`] (trimmed).
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     /// Nodes (trimmed).
     pub nodes: Store<Node>,
     /// PersistentPodStates.
@@ -71,7 +135,7 @@ impl Caches {
     }
 
     /// The PersistentPodStates a pod event concerns: those targeting its controller.
-    pub fn pps_for_pod(&self, pod: &Pod) -> Vec<ObjectRef<PersistentPodState>> {
+    pub fn pps_for_pod(&self, pod: &CachedPod) -> Vec<ObjectRef<PersistentPodState>> {
         let Some(namespace) = pod.namespace() else {
             return Vec::new();
         };
@@ -98,7 +162,7 @@ impl Caches {
             .map(|p| ObjectRef::from_obj(p.as_ref()))
             .collect();
         for pod in self.pods.state() {
-            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()) {
+            if pod.spec.node_name.as_deref() == Some(name.as_str()) {
                 out.extend(self.pps_for_pod(&pod));
             }
         }
@@ -115,25 +179,14 @@ pub fn pod_watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Keeps what recording reads of a pod: metadata (without managed fields), node name, the Ready
-/// condition and the IPs.
-pub fn trim_pod(pod: &mut Pod) {
+/// Keeps what recording reads of a pod: metadata without managed fields and labels (the watch
+/// selects by label on the server; nothing here reads one), and of its conditions only Ready
+/// (the node name and IPs are all [`CachedPod`] decodes besides).
+pub fn trim_pod(pod: &mut CachedPod) {
     pod.metadata.managed_fields = None;
-    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    pod.spec = Some(PodSpec {
-        node_name,
-        ..PodSpec::default()
-    });
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(PodStatus {
-            conditions: status
-                .conditions
-                .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
-            pod_ip: status.pod_ip,
-            pod_ips: status.pod_ips,
-            ..PodStatus::default()
-        });
-    }
+    pod.metadata.labels = None;
+    pod.status.conditions.retain(|c| c.type_ == "Ready");
+    pod.status.conditions.shrink_to_fit();
 }
 
 /// Keeps a node's metadata (without managed fields) and its Ready condition.
@@ -150,9 +203,13 @@ pub fn trim_node(node: &mut Node) {
     }
 }
 
-/// Keeps a StatefulSet's metadata (without managed fields), replicas and ordinals.
+/// Keeps a StatefulSet's metadata (without managed fields and kubectl's copy of the last
+/// applied object), replicas and ordinals.
 pub fn trim_statefulset(sts: &mut StatefulSet) {
     sts.metadata.managed_fields = None;
+    if let Some(a) = sts.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
     if let Some(spec) = sts.spec.take() {
         sts.spec = Some(StatefulSetSpec {
             replicas: spec.replicas,
@@ -166,8 +223,8 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
 }
 
 /// What of a pod decides recording: a change elsewhere triggers nothing.
-pub fn pod_fingerprint(pod: &Pod) -> u64 {
-    fingerprint(&PodView::from_pod(pod))
+pub fn pod_fingerprint(pod: &CachedPod) -> u64 {
+    fingerprint(&PodView::from_pod(&pod.to_pod()))
 }
 
 /// What of a StatefulSet decides recording: identity, replicas, ordinals, deletion.
@@ -235,4 +292,48 @@ where
         };
         futures::stream::iter(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A pod as the API server sends it: what the cached pod keeps gives the decisions the same
+    /// view as the whole pod, and what it drops is what nothing reads.
+    #[test]
+    fn a_cached_pod_gives_the_decisions_the_same_view_as_the_whole_pod() {
+        let json = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "db-1", "namespace": "prod", "uid": "u-1", "resourceVersion": "7",
+                "creationTimestamp": "2026-11-25T10:00:00Z",
+                "labels": {"app": "db", "statefulset.kubernetes.io/pod-name": "db-1"},
+                "annotations": {"ipkeep.dev/pinned-by": "db", "team": "payments"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                     "uid": "s-1", "controller": true}],
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}]
+            },
+            "spec": {"nodeName": "node-1", "containers": [{"name": "db", "image": "postgres:17"}]},
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-25T10:00:05Z"}
+                ],
+                "podIP": "10.244.1.5", "podIPs": [{"ip": "10.244.1.5"}, {"ip": "fd00::5"}],
+                "containerStatuses": [{"name": "db", "ready": true, "restartCount": 0, "image": "x",
+                                       "imageID": "y"}]
+            }
+        });
+        let whole: Pod = serde_json::from_value(json.clone()).unwrap();
+        let mut cached: CachedPod = serde_json::from_value(json).unwrap();
+        trim_pod(&mut cached);
+        assert_eq!(
+            PodView::from_pod(&cached.to_pod()),
+            PodView::from_pod(&whole)
+        );
+        assert!(cached.metadata.managed_fields.is_none() && cached.metadata.labels.is_none());
+        assert_eq!(cached.status.conditions.len(), 1, "only Ready is kept");
+    }
 }

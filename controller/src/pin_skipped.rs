@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::caches::CachedPod;
 use ipkeep_api::annotations::PIN_SKIPPED;
 use ipkeep_placement::view::PodView;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -61,8 +61,8 @@ fn now_ms() -> i64 {
 }
 
 /// Passes on the pods worth announcing (called on every changed pod of the pod watch).
-pub fn forward(pod: &Pod, to: &mpsc::UnboundedSender<Pod>) {
-    if worth_announcing(&PodView::from_pod(pod), now_ms()) {
+pub fn forward(pod: &CachedPod, to: &mpsc::UnboundedSender<CachedPod>) {
+    if worth_announcing(&PodView::from_pod(&pod.to_pod()), now_ms()) {
         // Closed only when the announcer stopped, with the controllers.
         let _ = to.send(pod.clone());
     }
@@ -70,13 +70,13 @@ pub fn forward(pod: &Pod, to: &mpsc::UnboundedSender<Pod>) {
 
 /// Publishes a `PinSkipped` Event for each pod received that still exists, once per pod UID,
 /// until the sending side closes.
-pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<Pod>) {
+pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<CachedPod>) {
     if ctx.caches.wait_until_ready().await.is_err() {
         return;
     }
     let mut announced = Announced::default();
     while let Some(pod) = pods.recv().await {
-        let view = PodView::from_pod(&pod);
+        let view = PodView::from_pod(&pod.to_pod());
         let namespace = pod.namespace().unwrap_or_default();
         // Only a pod that exists now, not one deleted since.
         let exists = ctx

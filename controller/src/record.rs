@@ -110,7 +110,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
             .pods
             .get(&ObjectRef::new(&name).within(&namespace))
         {
-            pods.insert(name, PodView::from_pod(&pod));
+            pods.insert(name, PodView::from_pod(&pod.to_pod()));
         }
     }
     let mut nodes = BTreeMap::new();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use ipkeep_api::PersistentPodState;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -141,9 +141,12 @@ async fn run_controllers(
     let (pod_reader, pod_writer) = reflector::store();
     let pod_events = reflector(
         pod_writer,
-        watcher(Api::<Pod>::all(client.clone()), caches::pod_watch_config())
-            .default_backoff()
-            .modify(caches::trim_pod),
+        watcher(
+            Api::<caches::CachedPod>::all(client.clone()),
+            caches::pod_watch_config(),
+        )
+        .default_backoff()
+        .modify(caches::trim_pod),
     );
     // Pods the webhook marked with a skipped pin also go to the announcer (PinSkipped Events).
     let (skipped_tx, skipped_rx) = mpsc::unbounded_channel();
@@ -195,7 +198,9 @@ async fn run_controllers(
         .watches_stream(sts_changes, move |sts: StatefulSet| {
             by_sts.pps_targeting(&sts.namespace().unwrap_or_default(), &sts.name_any())
         })
-        .watches_stream(pod_changes, move |pod: Pod| by_pod.pps_for_pod(&pod))
+        .watches_stream(pod_changes, move |pod: caches::CachedPod| {
+            by_pod.pps_for_pod(&pod)
+        })
         .watches_stream(node_changes, move |node: Node| by_node.pps_for_node(&node))
         .reconcile_all_on(relisted)
         .with_config(config.clone())
@@ -205,7 +210,17 @@ async fn run_controllers(
 
     // The generate loop watches StatefulSets on its own: it needs their annotations, and a
     // StatefulSet's deletion must reach the record loop through the cache that loop reads.
-    let generate_loop = Controller::new(sts_api, watcher::Config::default().any_semantic())
+    // Its own cache of trimmed StatefulSets (a StatefulSet as k8s-openapi decodes it is 2.5 KiB
+    // before its pod template's fields).
+    let (generate_reader, generate_writer) = reflector::store();
+    let generate_stream = reflector(
+        generate_writer,
+        watcher(sts_api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(caches::trim_statefulset),
+    )
+    .applied_objects();
+    let generate_loop = Controller::for_stream(generate_stream, generate_reader)
         .owns(pps_api, watcher::Config::default().any_semantic())
         .with_config(config)
         .graceful_shutdown_on(stop.clone())
