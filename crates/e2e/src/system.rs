@@ -525,24 +525,7 @@ impl LocalSystem {
             }
             bail!("ipkeep list on {node}: {stderr}");
         }
-        let list: Value = serde_json::from_slice(&out.stdout)?;
-        Ok(list["leases"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|l| {
-                let state = if l.get("held").is_some() || l["state"] == "held" {
-                    "held"
-                } else {
-                    "active"
-                };
-                (
-                    l["ip"].as_str().unwrap_or_default().to_string(),
-                    l["pod"]["name"].as_str().unwrap_or_default().to_string(),
-                    state.to_string(),
-                )
-            })
-            .collect())
+        crate::nodes::parse_leases(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// How many of node `node`'s plugin commands fell back to opening the store themselves

@@ -95,6 +95,28 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Runs the story on `target`, finishes the report, and says whether every expectation held
+/// (a step that could not be carried out is said too).
+async fn tell(
+    target: Target<'_>,
+    namespace: &str,
+    restarts: bool,
+    cli: &Cli,
+    report: &mut Report,
+) -> bool {
+    let options = scenario::Options {
+        namespace: namespace.to_string(),
+        restarts,
+        image: cli.image.clone(),
+    };
+    let outcome = scenario::run(target, &options, report).await;
+    report.finish();
+    if let Err(e) = &outcome {
+        report.note(&format!("\nthe scenario stopped: {e:#}"));
+    }
+    outcome.is_ok() && report.failed.is_empty()
+}
+
 /// A work directory: the one given, or a new temporary one (kept unless removed by the
 /// caller's success).
 fn work_dir(cli: &Cli) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
@@ -148,21 +170,14 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
         cli.nodes
     ));
     report.note(&format!("state and logs: {}", setup.state.display()));
-    let outcome = scenario::run(
+    let ok = tell(
         Target::Nodes(&cluster),
-        &scenario::Options {
-            namespace: DEMO_NAMESPACE.into(),
-            restarts: false,
-            image: cli.image.clone(),
-        },
+        DEMO_NAMESPACE,
+        false,
+        cli,
         &mut report,
     )
     .await;
-    report.finish();
-    let ok = outcome.is_ok() && report.failed.is_empty();
-    if let Err(e) = &outcome {
-        report.note(&format!("\nthe scenario stopped: {e:#}"));
-    }
     if (!ok || cli.keep_running)
         && let Some(t) = temp
     {
@@ -233,21 +248,14 @@ async fn local(cli: &Cli) -> Result<bool> {
         "running: in-memory API server; simulated StatefulSet controller, scheduler, pod GC and a kubelet per node;\n\
          \x20        ipkeep-controller x2 (leader election), ipkeep-scheduler-ext (webhook + extender over HTTPS), ipkeep-agent per node",
     );
-    let outcome = scenario::run(
+    let ok = tell(
         Target::Local(&mut system),
-        &scenario::Options {
-            namespace: DEMO_NAMESPACE.into(),
-            restarts: cli.restarts,
-            image: cli.image.clone(),
-        },
+        DEMO_NAMESPACE,
+        cli.restarts,
+        cli,
         &mut report,
     )
     .await;
-    report.finish();
-    let ok = outcome.is_ok() && report.failed.is_empty();
-    if let Err(e) = &outcome {
-        report.note(&format!("\nthe scenario stopped: {e:#}"));
-    }
     if !ok || cli.keep_running {
         report.note(&format!("logs: {}", system.logs().display()));
         if let Some(t) = temp {
@@ -288,20 +296,14 @@ async fn real_cluster(cli: &Cli, path: PathBuf) -> Result<bool> {
         "ipkeep end to end against the cluster of {} in namespace {namespace} (API only: node-level checks and node loss need a cluster this program started)",
         path.display()
     ));
-    let outcome = scenario::run(
+    let ok = tell(
         Target::Cluster(client.clone()),
-        &scenario::Options {
-            namespace: namespace.clone(),
-            restarts: false,
-            image: cli.image.clone(),
-        },
+        &namespace,
+        false,
+        cli,
         &mut report,
     )
     .await;
-    report.finish();
-    if let Err(e) = &outcome {
-        report.note(&format!("\nthe scenario stopped: {e:#}"));
-    }
     if cli.keep_running {
         report.note(&format!(
             "left namespace {namespace} in place (--keep-running)"
@@ -311,5 +313,5 @@ async fn real_cluster(cli: &Cli, path: PathBuf) -> Result<bool> {
         let _ = api.delete(&namespace, &Default::default()).await;
         report.note(&format!("deleted namespace {namespace}"));
     }
-    Ok(outcome.is_ok() && report.failed.is_empty())
+    Ok(ok)
 }
