@@ -1,9 +1,12 @@
-//! The accept loop: HTTP/1.1 over TLS or plain TCP, one task per connection, time limits on
+//! The accept loop: HTTP/2 or HTTP/1.1 over TLS (as the client's ALPN chose), HTTP/1.1 over
+//! plain TCP, one task per connection, time limits on
 //! TLS handshakes, request headers and answers the client stops reading, so a slow or silent
 //! client only ever holds its own connection, and a graceful stop that lets requests in flight
 //! finish. What connections cost is bounded too: at most [`MAX_CONNECTIONS`] are served at once
 //! (more wait in the listen queue), each with at most [`CONNECTION_BUFFER`] of buffered bytes
-//! per direction.
+//! per direction (over HTTP/2: flow-control windows of that size, at most [`H2_STREAMS`]
+//! requests at once, [`H2_HEADER_LIST`] of headers and [`H2_SEND_BUFFER`] of answer per request,
+//! [`MAX_H2_CONNECTIONS`] of them).
 
 use std::future::Future;
 use std::io;
@@ -13,8 +16,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +26,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
+
+use crate::tls::ALPN_H2;
 
 /// How long a client has for its TLS handshake, and for its request headers.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,6 +39,23 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTIONS: usize = 128;
 /// The most a connection buffers of what it reads, and of what it writes.
 pub const CONNECTION_BUFFER: usize = 64 * 1024;
+/// HTTP/2 connections served at once (each also holds one of the [`MAX_CONNECTIONS`]). A
+/// kube-apiserver or kube-scheduler needs one, and another per [`H2_STREAMS`] calls at once.
+pub const MAX_H2_CONNECTIONS: usize = 16;
+/// Requests one HTTP/2 connection may have open at once (the in-flight budget bounds their
+/// bodies; this bounds what the streams themselves hold). A client with more to send opens
+/// another connection, as kube-apiserver's does.
+pub const H2_STREAMS: u32 = 64;
+/// The most header bytes an HTTP/2 request may carry, decoded (kube-apiserver sends a few
+/// hundred).
+pub const H2_HEADER_LIST: u32 = 16 * 1024;
+/// The most of its answer an HTTP/2 stream buffers (the rest waits, charged to the in-flight
+/// budget). With [`H2_HEADER_LIST`], an HTTP/2 connection holds at most [`H2_STREAMS`] × 24 KiB
+/// beside one [`CONNECTION_BUFFER`] window of request bodies: 1.6 MiB, 26 MiB for all.
+pub const H2_SEND_BUFFER: usize = 8 * 1024;
+/// How often an idle HTTP/2 connection is pinged; one that does not answer within
+/// [`HANDSHAKE_TIMEOUT`] is closed.
+pub const H2_KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// Serves `app` on `listener` (over TLS when `tls` is set) until `shutdown` resolves, then
 /// drains the open connections.
@@ -46,6 +69,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let h2_slots = Arc::new(Semaphore::new(MAX_H2_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -66,15 +90,35 @@ pub async fn serve(
                 continue;
             }
         };
-        let (app, acceptor, stop) = (app.clone(), acceptor.clone(), stop_rx.clone());
+        let (app, acceptor, stop, h2_slots) = (
+            app.clone(),
+            acceptor.clone(),
+            stop_rx.clone(),
+            h2_slots.clone(),
+        );
+        // Answers go out as soon as they are written: HTTP/2 writes a response's HEADERS and
+        // DATA frames apart, and Nagle's algorithm held the second for the client's delayed ACK.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "TCP_NODELAY not set");
+        }
         let stream = StallLimit::new(stream, WRITE_STALL_TIMEOUT);
         connections.spawn(async move {
             let _slot = slot;
             match acceptor {
-                None => connection(stream, app, stop).await,
+                None => connection(stream, app, stop, false).await,
                 Some(acceptor) => {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => connection(tls, app, stop).await,
+                        Ok(Ok(tls)) if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) => {
+                            let wait = h2_slots.acquire_owned();
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, wait).await {
+                                Ok(Ok(_h2_slot)) => connection(tls, app, stop, true).await,
+                                _ => tracing::warn!(
+                                    %peer,
+                                    "HTTP/2 connection closed: {MAX_H2_CONNECTIONS} others were open for {HANDSHAKE_TIMEOUT:?}"
+                                ),
+                            }
+                        }
+                        Ok(Ok(tls)) => connection(tls, app, stop, false).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
@@ -89,15 +133,40 @@ pub async fn serve(
     }
 }
 
-async fn connection<IO>(io: IO, app: Router, mut stop: watch::Receiver<bool>)
+async fn connection<IO>(io: IO, app: Router, stop: watch::Receiver<bool>, h2: bool)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT)
-        .max_buf_size(CONNECTION_BUFFER)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    let (io, service) = (TokioIo::new(io), TowerToHyperService::new(app));
+    if h2 {
+        let window = u32::try_from(CONNECTION_BUFFER).unwrap_or(u32::MAX);
+        let conn = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(H2_STREAMS)
+            .max_header_list_size(H2_HEADER_LIST)
+            .initial_stream_window_size(window)
+            .initial_connection_window_size(window)
+            .max_send_buf_size(H2_SEND_BUFFER)
+            .keep_alive_interval(H2_KEEP_ALIVE)
+            .keep_alive_timeout(HANDSHAKE_TIMEOUT)
+            .serve_connection(io, service);
+        until_stopped(conn, stop).await;
+    } else {
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HANDSHAKE_TIMEOUT)
+            .max_buf_size(CONNECTION_BUFFER)
+            .serve_connection(io, service);
+        until_stopped(conn, stop).await;
+    }
+}
+
+/// Serves `conn` to its end, or, once the stop signal comes, lets its requests in flight finish.
+async fn until_stopped<C>(conn: C, mut stop: watch::Receiver<bool>)
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {

@@ -19,36 +19,8 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::{Value, json};
-
-const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
-
-/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`].
-struct Pki {
-    ca: String,
-    cert: String,
-    key: String,
-}
-
-fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![SERVICE.to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    Pki {
-        ca: ca_cert.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
+use support::{SERVICE, pki};
 
 /// `/mutate-pods` requests served so far, all outcomes, from `/metrics`.
 async fn webhook_calls(probe: SocketAddr) -> u64 {

@@ -82,7 +82,7 @@ node_create() {
   local i=$1 node=node-$1 dir ip ns h
   dir=$(node_dir "$node") ip=$(node_ip "$node") ns=$(node_ns "$node")
   say "  $node: namespaces, $ip, cgroup /$cgroup_base/$node"
-  mkdir -p "$dir"/root/{var/lib/kubelet,var/lib/containerd,var/lib/cni,var/log,etc/cni/net.d,opt/cni/bin}
+  mkdir -p "$dir/manifests" "$dir"/root/{var/lib/kubelet,var/lib/containerd,var/lib/cni,var/log,etc/cni/net.d,opt/cni/bin}
   for c in /usr/lib/cni/*; do ln -sfn "$c" "$dir/root/opt/cni/bin/"; done
   ip netns add "$ns"
   ip link add "ipkv-$node" type veth peer name eth0 netns "$ns"
@@ -195,6 +195,9 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available:
 nodeLeaseDurationSeconds: $lease_seconds
 nodeStatusUpdateFrequency: 4s
 syncFrequency: 10s
+# Static pods (tests): manifests dropped here run as pods with a mirror Pod in the API.
+staticPodPath: $dir/manifests
+fileCheckFrequency: 2s
 EOF
   kube_proxy_config "$node" "$ip" 127.0.0.1:10256 127.0.0.1:10249 >"$dir/kube-proxy.yaml"
   node_cert "$node"

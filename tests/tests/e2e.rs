@@ -116,7 +116,103 @@ fn story_on_real_nodes() {
     );
     assert!(expectations_held(&api) >= 8, "{api}");
     assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
+    a_static_pod_keeps_its_address(&state);
     drop(down);
+}
+
+/// A static pod's mirror Pod has a UID of its own; the runtime knows the pod by the static
+/// pod's UID (the mirror's `kubernetes.io/config.mirror`). The agent once took the difference
+/// for a missed DEL and freed the running pod's address. On a real kubelet: with the agent's
+/// missed-DEL grace cut to 5 s, a static pod on node-1 keeps its address through several
+/// sweeps, and removing its manifest frees it (the DEL arrives).
+fn a_static_pod_keeps_its_address(state: &std::path::Path) {
+    use ipkeep_tests::cluster::wait_until;
+    use std::time::Duration;
+    let bin = std::fs::read_to_string(state.join("bin")).unwrap();
+    let kubectl = ipkeep_tests::kubectl::Kubectl::new(
+        &std::path::Path::new(bin.trim()).join("kubectl"),
+        &state.join("admin.kubeconfig"),
+    );
+    let agent = ["-n", "ipkeep-system", "daemonset/ipkeep-agent"];
+    kubectl.run(&[&["set", "env"][..], &agent, &["IPKEEP_MISSED_DEL_GRACE=5s"]].concat());
+    kubectl.run(&[&["rollout", "status", "--timeout=180s"][..], &agent].concat());
+
+    let manifest = state.join("nodes/node-1/manifests/static-sleeper.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: static-sleeper, namespace: default}\n\
+         spec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: sleep\n    \
+         image: localhost/ipkeep/busybox:dev\n    imagePullPolicy: Never\n    \
+         command: [sleep, '1d']\n",
+    )
+    .unwrap();
+    let pod = ["pod", "static-sleeper-node-1", "-n", "default"];
+    let ip = wait_until(
+        "the static pod's mirror Pod running with an IP",
+        Duration::from_secs(120),
+        || {
+            let p = kubectl.get(&pod)?;
+            (p["status"]["phase"] == "Running")
+                .then(|| p["status"]["podIP"].as_str().map(String::from))?
+        },
+    );
+    let mirror = kubectl.get(&pod).unwrap();
+    assert_ne!(
+        mirror["metadata"]["uid"], mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"],
+        "the mirror Pod should have a UID of its own"
+    );
+    let leases = |s: &std::path::Path| -> Vec<(String, String, bool)> {
+        let out = Command::new(ipkeep_tests::cluster::repo_root().join("scripts/cluster.sh"))
+            .args(["node", "exec", "node-1", "--state"])
+            .arg(s)
+            .args([
+                "--",
+                "/opt/cni/bin/ipkeep",
+                "list",
+                "--json",
+                "--network",
+                "k8s-pod-network",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ipkeep list on node-1: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let ip = l["ip"].as_str().unwrap_or_default().to_string();
+                let pod = l["pod"]["name"].as_str().unwrap_or_default().to_string();
+                (ip, pod, l.get("held").is_some() || l["state"] == "held")
+            })
+            .collect()
+    };
+    let active = |s: &std::path::Path| {
+        leases(s).contains(&(ip.clone(), "static-sleeper-node-1".to_string(), false))
+    };
+    assert!(
+        active(state),
+        "no active lease of {ip} for the static pod: {:?}",
+        leases(state)
+    );
+    // Missed-DEL grace 5 s + release grace 5 s + sweeps every 10 s: three sweeps at least.
+    std::thread::sleep(Duration::from_secs(35));
+    assert!(
+        active(state),
+        "the running static pod lost its address {ip}: {:?}",
+        leases(state)
+    );
+    std::fs::remove_file(&manifest).unwrap();
+    wait_until(
+        "the static pod's address freed by its DEL",
+        Duration::from_secs(120),
+        || (!leases(state).iter().any(|l| l.0 == ip)).then_some(()),
+    );
 }
 
 /// Takes the cluster in this state directory down, also when the test fails.

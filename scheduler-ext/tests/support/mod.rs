@@ -6,6 +6,7 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_scheduler_ext::cache::Caches;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher::Event;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::{Value, json};
 
 pub const HOST: &str = "kubernetes.io/hostname";
@@ -107,4 +108,34 @@ pub fn free_port() -> std::net::SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
+}
+
+/// The Service name the certificates of [`pki`] are for.
+pub const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
+
+/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`].
+pub struct Pki {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+}
+
+/// A fresh [`Pki`].
+pub fn pki() -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![SERVICE.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca: ca_cert.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    }
 }
