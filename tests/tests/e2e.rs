@@ -124,7 +124,9 @@ fn story_on_real_nodes() {
 /// pod's UID (the mirror's `kubernetes.io/config.mirror`). The agent once took the difference
 /// for a missed DEL and freed the running pod's address. On a real kubelet: with the agent's
 /// missed-DEL grace cut to 5 s, a static pod on node-1 keeps its address through several
-/// sweeps, and removing its manifest frees it (the DEL arrives).
+/// sweeps, and removing its manifest frees it (the DEL arrives). Two things protect it here:
+/// the mirror mapping and the sweep's check that the sandbox's network namespace is gone; this
+/// step passes without the mapping (checked), so `controller/tests/agent.rs` isolates it.
 fn a_static_pod_keeps_its_address(state: &std::path::Path) {
     use ipkeep_tests::cluster::wait_until;
     use std::time::Duration;
