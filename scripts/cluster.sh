@@ -13,7 +13,9 @@
 # up starts the control plane as local processes: etcd; kube-apiserver (TLS, Node and RBAC
 # authorization, service-account token signing, default admission plugins);
 # kube-controller-manager (each controller with its own service account, node pod CIDRs from
-# 10.244.0.0/16, node-loss timeouts of seconds); kube-scheduler.
+# 10.244.0.0/16, node-loss timeouts of seconds); kube-scheduler. kube-apiserver and
+# kube-controller-manager run with the feature gate MaxUnavailableStatefulSet (beta, off by
+# default in 1.35) on.
 #
 # --nodes N (default 2; needs root) adds N real nodes node-0..node-N-1 (scripts/lib/nodes.sh):
 # each its own network and mount namespaces and cgroup, with Debian's containerd and runc,
@@ -36,7 +38,8 @@
 # kubeconfig). The Kubernetes binaries come from scripts/k8s-build.sh (built on first use).
 #
 # node stop NAME stops a real node's kubelet and containerd (its pods keep running); node start
-# NAME starts them again (powering the node on first if it was killed); node kill NAME powers
+# NAME starts them again (powering the node on first if it was killed) and returns once its Node
+# has a pod CIDR, routed to it (a Node deleted meanwhile registers again, maybe with another); node kill NAME powers
 # the node off (every process of the node, pods included, is killed; its disk directories stay,
 # its /run is gone); node exec NAME -- CMD runs CMD on the node (its network and mount
 # namespaces: `ipkeep list`, crictl-like ctr, curl of the agent's 127.0.0.1:9464). images lists
@@ -69,6 +72,10 @@ state=${IPKEEP_CLUSTER_STATE:-/tmp/ipkeep-cluster}
 port_base=16440
 kwok_nodes=0
 nodes=2
+# Beta but off by default in 1.35: StatefulSet rollingUpdate.maxUnavailable, which rebuilds
+# several ordinals at once (docs/retention.md); kube-apiserver keeps the field, the StatefulSet
+# controller honours it.
+feature_gates=MaxUnavailableStatefulSet=true
 ipkeep=1
 extender=1
 profile=debug
@@ -318,7 +325,8 @@ up() {
     --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
-    --default-unreachable-toleration-seconds="$toleration_seconds"
+    --default-unreachable-toleration-seconds="$toleration_seconds" \
+    --feature-gates="$feature_gates"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
   [ "$nodes" -gt 0 ] && host_proxy_start
 
@@ -330,7 +338,8 @@ up() {
     --bind-address=127.0.0.1 --secure-port="$p_kcm" \
     --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
     --node-monitor-period=1s --node-monitor-grace-period="$node_grace" \
-    --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000
+    --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000 \
+    --feature-gates="$feature_gates"
   wait_for kube-controller-manager 60 kube-controller-manager curl -kfsS "https://127.0.0.1:$p_kcm/healthz"
   # In-cluster ipkeep: kube-scheduler starts once the extender's certificate exists (below).
   if ! [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; then

@@ -4,13 +4,18 @@
 //! it, so deleting the StatefulSet garbage-collects it. Its spec is written by server-side apply
 //! and follows the annotations. A PPS with that name that the StatefulSet does not own (written
 //! by hand) is never touched: the StatefulSet gets a Warning Event instead. Turning
-//! auto-generation off deletes the PPS only if this StatefulSet owns it.
+//! auto-generation off deletes the PPS only if this StatefulSet owns it. A StatefulSet annotated
+//! `ipkeep.dev/adopt-persistent-pod-state: "true"` takes over a PPS of its name that targets it
+//! and that nothing else controls (orphaned by `--cascade=orphan`, or left by an earlier
+//! StatefulSet of the name), records and all, instead of being refused.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_placement::autogen::generated_spec;
+use ipkeep_placement::view::adopts;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -91,7 +96,17 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         }
     };
 
+    // The StatefulSet's adoption annotation travels to the PPS, where it keeps the records
+    // through the StatefulSet's deletion for the next one of the name.
+    let adopt_marker = adopts(sts.metadata.annotations.as_ref());
+    let adopting = !owned
+        && existing
+            .as_ref()
+            .is_some_and(|p| adopt_marker && adoptable(p, &name));
     match (&existing, owned) {
+        (Some(_), false) if adopting => {
+            info!("adopting the PersistentPodState an earlier StatefulSet with this name left");
+        }
         (Some(p), false) if is_stale_generated(p, &name) => {
             // Generated for an earlier StatefulSet with this name; garbage collection removes it,
             // we only make it quicker, then generate anew.
@@ -101,7 +116,8 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         }
         (Some(_), false) => {
             let note = format!(
-                "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. Delete it, or remove the auto-generate annotation"
+                "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. To take it over with its records and held IPs, annotate the StatefulSet {}=\"true\" (it must target this StatefulSet and have no other owner); to start afresh, delete it; or remove the auto-generate annotation",
+                ADOPT_PERSISTENT_POD_STATE
             );
             warn!(pps = ?name, "a PersistentPodState of this name exists and is not owned by this StatefulSet; not overwritten");
             publish(
@@ -114,16 +130,25 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
             .await;
             return Ok(Action::await_change());
         }
-        (Some(p), true) if p.spec == spec => return Ok(Action::await_change()),
+        (Some(p), true)
+            if p.spec == spec && adopts(p.metadata.annotations.as_ref()) == adopt_marker =>
+        {
+            return Ok(Action::await_change());
+        }
         _ => {}
     }
     let owner = sts
         .controller_owner_ref(&())
         .ok_or(Error::MissingMeta("name or uid"))?;
+    let mut metadata =
+        serde_json::json!({"name": name, "namespace": namespace, "ownerReferences": [owner]});
+    if adopt_marker {
+        metadata["annotations"] = serde_json::json!({ ADOPT_PERSISTENT_POD_STATE: "true" });
+    }
     let body = serde_json::json!({
         "apiVersion": PersistentPodState::api_version(&()),
         "kind": PersistentPodState::kind(&()),
-        "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner]},
+        "metadata": metadata,
         "spec": spec,
     });
     api.patch(
@@ -137,7 +162,9 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         what: format!("persistentpodstate {namespace}/{name}"),
         source,
     })?;
-    let (reason, verb) = if existing.is_some() {
+    let (reason, verb) = if adopting {
+        ("PersistentPodStateAdopted", "adopted")
+    } else if existing.is_some() {
         ("PersistentPodStateUpdated", "updated")
     } else {
         ("PersistentPodStateCreated", "created")
@@ -153,6 +180,20 @@ pub fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Context>) -> 
     ctx.metrics.error(LOOP, error);
     warn!(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
+}
+
+/// Whether a StatefulSet named `name` that asks to adopt may take `pps` over: it targets a
+/// StatefulSet of that name, and no controller owns it but (if any) an earlier StatefulSet of
+/// that name (names are unique, so one with another UID was deleted).
+fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
+    let target = &pps.spec.target_ref;
+    let controller = pps
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    target.kind == "StatefulSet"
+        && target.name == name
+        && controller.is_none_or(|o| o.kind == "StatefulSet" && o.name == name)
 }
 
 /// A PPS controlled by another StatefulSet of the same name: left over from a deleted one.
@@ -196,5 +237,40 @@ async fn publish(sts: &StatefulSet, ctx: &Context, type_: EventType, reason: &st
     };
     if let Err(e) = ctx.recorder.publish(&event, &sts.object_ref(&())).await {
         warn!(error = ?e.to_string(), reason, "failed to publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pps(target: &str, owner: Option<(&str, &str)>) -> PersistentPodState {
+        let owners: Vec<serde_json::Value> = owner
+            .into_iter()
+            .map(|(kind, name)| {
+                serde_json::json!({"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": "old", "controller": true})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+            "metadata": {"name": "db", "namespace": "prod", "ownerReferences": owners},
+            "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": target}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_persistent_pod_state_left_for_this_name_can_be_adopted() {
+        assert!(adoptable(&pps("db", None), "db"), "orphaned");
+        assert!(
+            adoptable(&pps("db", Some(("StatefulSet", "db"))), "db"),
+            "left by an earlier StatefulSet of the name"
+        );
+        assert!(!adoptable(&pps("web", None), "db"), "targets another");
+        assert!(
+            !adoptable(&pps("db", Some(("CloneSet", "db"))), "db"),
+            "controlled by something else"
+        );
     }
 }

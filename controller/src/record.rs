@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
 use ipkeep_placement::condition::{self, DesiredCondition, READY};
 use ipkeep_placement::record::{self, RecordChange, RecordInput};
 use ipkeep_placement::spec;
-use ipkeep_placement::view::{NodeView, PodView, TargetView};
+use ipkeep_placement::view::{NodeView, PodView, TargetView, adopts};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -73,6 +74,29 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         .statefulsets
         .get(&ObjectRef::new(target_name).within(&namespace))
         .filter(|s| s.meta().deletion_timestamp.is_none());
+    let adoption = adopts(pps.metadata.annotations.as_ref());
+    if sts.is_none() && adoption {
+        // Kept for the next StatefulSet of this name, which takes them over (`RecordsAdopted`).
+        let ready = not_ready(
+            "WaitingForAdoption",
+            format!(
+                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
+                previous.pod_states.len()
+            ),
+        );
+        let status = next_status(
+            &previous,
+            previous.pod_states.clone(),
+            None,
+            &[ready],
+            generation,
+            &now,
+            previous.target_uid.clone(),
+        );
+        write_status(&pps, &ctx, &previous, status.clone()).await?;
+        announce_conditions(&pps, &ctx, &previous, &status).await;
+        return Ok(Action::await_change());
+    }
     let Some(sts) = sts else {
         // No StatefulSet (or it is being deleted): its records die with it, whatever the policy;
         // a new StatefulSet with this name starts from nothing.
@@ -101,7 +125,10 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         announce_conditions(&pps, &ctx, &previous, &status).await;
         return Ok(Action::await_change());
     };
-    let target = TargetView::from_statefulset(&sts);
+    let target = TargetView {
+        adopts_records: adoption,
+        ..TargetView::from_statefulset(&sts)
+    };
 
     let mut pods = BTreeMap::new();
     for name in record::candidate_pod_names(&target, &previous) {
@@ -338,6 +365,13 @@ async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[Rec
                 );
                 info!(dropped, "target replaced");
                 publish(pps, ctx, EventType::Normal, "TargetReplaced", &note).await;
+            }
+            RecordChange::Adopted { records } => {
+                let note = format!(
+                    "the StatefulSet was re-created (new UID) and this PersistentPodState has {ADOPT_PERSISTENT_POD_STATE}: \"true\"; the new StatefulSet adopted {records} record(s), so its pods keep their nodes and held IPs"
+                );
+                info!(records, "records adopted by the re-created StatefulSet");
+                publish(pps, ctx, EventType::Normal, "RecordsAdopted", &note).await;
             }
             RecordChange::FellBack { pod, node } => {
                 ctx.metrics.node_loss_fallbacks.inc();

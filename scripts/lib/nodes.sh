@@ -273,10 +273,13 @@ EOF
 }
 
 # node_route NODE: routes NODE's pod CIDR to it once kube-controller-manager assigned one.
+# A node registered again may have another CIDR: the route to its old one goes.
 node_route() {
-  local cidr
+  local cidr old
   cidr=$("${kubectl[@]}" get node "$1" -o jsonpath='{.spec.podCIDR}' 2>/dev/null) || return 1
   [ -n "$cidr" ] || return 1
+  old=$(cat "$(node_dir "$1")/pod-cidr" 2>/dev/null || true)
+  [ -n "$old" ] && [ "$old" != "$cidr" ] && ip route del "$old" 2>/dev/null
   ip route replace "$cidr" via "$(node_ip "$1")"
   echo "$cidr" >"$(node_dir "$1")/pod-cidr"
 }
@@ -320,6 +323,7 @@ node_start() {
     say "$node: powered on"
   fi
   node_daemons_start "$node"
+  wait_for "$node registered with a pod CIDR" 120 "$node-kubelet" node_route "$node"
   say "$node: containerd and kubelet started"
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - `story_on_real_nodes`: the default, on a real cluster with real nodes on this machine
 //!   (`scripts/cluster.sh`: kubelet, containerd, ipkeep installed from deploy/ as images), then
-//!   `--kubeconfig` (the check users run against their own cluster) against the same cluster.
+//!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
+//!   then a static pod and what users of IP retention ask for most (`e2e/retention.rs`).
 //! - `simulated_scenario_survives_restarts_of_every_component`: `--simulated`, the fallback
 //!   where the real cluster cannot run; kept because it SIGKILLs every component mid-scenario,
 //!   which the real cluster's pods (replaced, so SIGTERM) do not show.
@@ -12,6 +13,9 @@
 use std::process::{Command, Output, Stdio};
 
 use ipkeep_tests::{demo_bin, require_root};
+
+#[path = "e2e/retention.rs"]
+mod retention;
 
 /// Runs `ipkeep-demo args` and returns its output, failing with it on a non-zero exit.
 /// One whole system at a time: each starts a dozen processes, and on a small CI machine two at
@@ -117,7 +121,18 @@ fn story_on_real_nodes() {
     assert!(expectations_held(&api) >= 8, "{api}");
     assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
     a_static_pod_keeps_its_address(&state);
+    retention::on_real_nodes(&state);
     drop(down);
+}
+
+/// The retention steps of `story_on_real_nodes` on a cluster you brought up yourself
+/// (`scripts/cluster.sh up`; `IPKEEP_CLUSTER_STATE` names its state directory): for working on
+/// them without the whole story. `cargo test -p ipkeep-tests --test e2e -- --ignored`.
+#[test]
+#[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
+fn retention_steps_on_a_running_cluster() {
+    let state = std::env::var_os("IPKEEP_CLUSTER_STATE").expect("IPKEEP_CLUSTER_STATE");
+    retention::on_real_nodes(std::path::Path::new(&state));
 }
 
 /// A static pod's mirror Pod has a UID of its own; the runtime knows the pod by the static

@@ -11,6 +11,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::cluster::Readiness;
+
 /// The `subnet` placeholder for the Node's IPv4 pod CIDR.
 pub const POD_CIDR: &str = "usePodCidr";
 /// The `subnet` placeholder for the Node's IPv6 pod CIDR.
@@ -135,7 +137,11 @@ pub struct CniConf {
 
 /// Keeps `conf.out` rendered from the template and this node's pod CIDRs, checking every
 /// `every` until `stop`: written once the Node has pod CIDRs, and again whenever the template
-/// or the CIDRs change. Each change of outcome is logged once (written, waiting, failing).
+/// or the CIDRs change. When the Node this agent wrote it for is deleted, the file is removed:
+/// the Node's pod CIDR goes back to the pool and may be given to another node, and a node that
+/// registers again usually gets a new one, so until it does no pod may start with the old range
+/// (the runtime reports its network not ready meanwhile, and the node stays NotReady). Each
+/// change of outcome is logged once (written, removed, waiting, failing).
 pub async fn keep_written(
     cluster: crate::cluster::Cluster,
     conf: CniConf,
@@ -145,21 +151,33 @@ pub async fn keep_written(
     let mut stop = std::pin::pin!(stop);
     let mut tick = tokio::time::interval(every);
     let mut said = String::new();
+    let mut written_for_node = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = &mut stop => return,
         }
-        let outcome = match cluster.pod_cidrs() {
-            None => Err("waiting for this node's Node to have spec.podCIDRs".to_string()),
-            Some(cidrs) => check(&conf, &cidrs).await.map(|wrote| (wrote, cidrs)),
+        let cidrs = cluster.pod_cidrs();
+        let outcome = match (&cidrs, cluster.readiness()) {
+            (Some(cidrs), _) => check(&conf, cidrs)
+                .await
+                .map(|wrote| wrote.then_some(Wrote::Written)),
+            (None, Readiness::NodeUnknown) if written_for_node => {
+                remove(&conf).await.map(|()| Some(Wrote::Removed))
+            }
+            (None, _) => Err("waiting for this node's Node to have spec.podCIDRs".to_string()),
         };
+        written_for_node = cidrs.is_some() || written_for_node && outcome.is_err();
         match outcome {
-            Ok((true, cidrs)) => {
+            Ok(Some(Wrote::Written)) => {
                 tracing::info!(path = %conf.out.display(), pod_cidrs = ?cidrs, "wrote the node's CNI configuration");
                 said.clear();
             }
-            Ok((false, _)) => said.clear(),
+            Ok(Some(Wrote::Removed)) => {
+                tracing::warn!(path = %conf.out.display(), "this node's Node object was deleted: removed the CNI configuration, so no pod starts with its old pod CIDR (which may now be another node's); it is written again when the Node registers with its pod CIDR");
+                said.clear();
+            }
+            Ok(None) => said.clear(),
             Err(why) if why != said => {
                 tracing::warn!(path = %conf.out.display(), "CNI configuration not written: {why}");
                 said = why;
@@ -167,6 +185,24 @@ pub async fn keep_written(
             Err(_) => {}
         }
     }
+}
+
+/// What a check did to the file.
+enum Wrote {
+    Written,
+    Removed,
+}
+
+async fn remove(conf: &CniConf) -> Result<(), String> {
+    let out = conf.out.clone();
+    tokio::task::spawn_blocking(move || match std::fs::remove_file(&out) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("cannot remove {}: {e}", out.display()))
+        }
+        _ => Ok(()),
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 async fn check(conf: &CniConf, cidrs: &[String]) -> Result<bool, String> {

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod cniconf;
+pub mod events;
 pub mod metrics;
 pub mod release;
 pub mod server;
@@ -91,6 +92,9 @@ pub async fn run(
             settings.socket.display()
         )
     })?;
+    let notices = client
+        .as_ref()
+        .map(|client| events::spawn(client.clone(), &settings.node_name));
     let cluster = client.map(|client| {
         let (cluster, writers) = Cluster::new(&settings.node_name);
         tokio::spawn(cluster::watch(client, cluster.clone(), writers));
@@ -157,6 +161,7 @@ pub async fn run(
     let served = Arc::new(Served {
         stores: stores.clone(),
         metrics,
+        notices,
     });
     server::serve(listener, served, shutdown).await;
     let _ = sweeping.await;

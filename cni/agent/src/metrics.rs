@@ -37,7 +37,8 @@ pub struct ReasonLabel {
 /// An allocation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AllocationLabel {
-    /// `new` or `retained` (a rebuilt pod got its held address back).
+    /// `new`, `retained` (a rebuilt pod got its held address back) or `cooling` (a new pod got
+    /// an address freed less than `ipam.reuseCooldown` ago, because no other was free).
     pub kind: &'static str,
 }
 
@@ -199,10 +200,16 @@ impl Metrics {
     /// Counts what a CNI command changed; its freed addresses count under `released_by`
     /// ([`Reason::Del`] or [`Reason::Gc`]).
     pub fn tally(&self, tally: &Tally, released_by: Reason) {
-        let new = tally.allocated.saturating_sub(tally.retained);
+        let new = tally
+            .allocated
+            .saturating_sub(tally.retained)
+            .saturating_sub(tally.cooling);
         self.allocations
             .get_or_create(&AllocationLabel { kind: "new" })
             .inc_by(new as u64);
+        self.allocations
+            .get_or_create(&AllocationLabel { kind: "cooling" })
+            .inc_by(tally.cooling as u64);
         self.allocations
             .get_or_create(&AllocationLabel { kind: "retained" })
             .inc_by(tally.retained as u64);

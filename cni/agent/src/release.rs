@@ -23,7 +23,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ipkeep_ipam::{Attachment, Lease, LeaseState};
+use std::path::Path;
+
+use ipkeep_ipam::{Attachment, Lease, LeaseState, StoreError, StoreRead};
 use ipkeep_values::ordinal;
 
 /// The slice of the cluster the decisions read.
@@ -194,6 +196,9 @@ pub struct Planner<'v> {
     netns_exists: &'v dyn Fn(&str) -> bool,
     /// What the pass should do.
     pub plan: Plan,
+    /// Active leases of pods still on the node whose network namespace is gone (see
+    /// [`Planner::finish`]).
+    dead_sandboxes: Vec<Lease>,
     /// The earliest time (store clock) at which a lease seen here may call for a decision
     /// that it did not call for yet: a grace period ending, or a sandbox's namespace to look
     /// at again.
@@ -225,6 +230,7 @@ impl<'v> Planner<'v> {
             grace,
             netns_exists,
             plan: Plan::default(),
+            dead_sandboxes: Vec::new(),
             due: None,
         }
     }
@@ -256,8 +262,44 @@ impl<'v> Planner<'v> {
                     self.plan.missed_del.push(lease.owner.clone());
                 }
             }
-            LeaseState::Active => {}
+            LeaseState::Active => {
+                // The pod is still here. Its sandbox is dead if its network namespace is gone
+                // (the runtime's state was wiped by a reboot) — but that alone never frees an
+                // address: see [`Planner::finish`].
+                if age >= self.grace.missed_del
+                    && lease.netns.as_deref().is_some_and(|n| {
+                        !(self.netns_exists)(n)
+                            && Path::new(n)
+                                .parent()
+                                .and_then(Path::to_str)
+                                .is_some_and(self.netns_exists)
+                    })
+                {
+                    self.dead_sandboxes.push(lease.clone());
+                }
+            }
         }
+    }
+
+    /// Ends the pass: an active address of a pod that is still on the node, whose sandbox's
+    /// network namespace is gone, lost its DEL if the same pod has a newer sandbox with its own
+    /// address (the kubelet rebuilt the sandbox after a reboot wiped the runtime's state, and
+    /// the pod's retention is off, so the new sandbox did not take the address over). `store`
+    /// answers who else the pod's identity has. An address whose pod has no newer sandbox is
+    /// left alone: its pod may still come back to it.
+    pub fn finish(mut self, store: &dyn StoreRead) -> Result<(Plan, Option<u64>), StoreError> {
+        for lease in std::mem::take(&mut self.dead_sandboxes) {
+            let Some(id) = lease.identity() else {
+                continue;
+            };
+            let superseded = store.leases_of_identity(&id)?.iter().any(|other| {
+                other.is_active() && other.owner != lease.owner && other.since >= lease.since
+            });
+            if superseded && !self.plan.missed_del.contains(&lease.owner) {
+                self.plan.missed_del.push(lease.owner.clone());
+            }
+        }
+        Ok((self.plan, self.due))
     }
 }
 
@@ -442,6 +484,87 @@ mod tests {
         let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
         planner.consider(&old);
         assert_eq!(planner.plan.missed_del, vec![old.owner.clone()]);
+    }
+
+    /// After a reboot wiped the runtime's state the kubelet builds a new sandbox for a pod
+    /// that is still on the node; with retention off the new sandbox got a new address and the
+    /// old one would stay in use forever. It lost its DEL only when all of these hold.
+    #[test]
+    fn a_sandbox_replaced_after_its_namespace_vanished_lost_its_del() {
+        use ipkeep_ipam::{MemoryStore, Store, StoreRead};
+        let v = view(&[]);
+        let pod_of = |mut l: Lease, netns: &str| {
+            l.retention = Retention::Off;
+            l.netns = Some(netns.into());
+            l
+        };
+        let old = pod_of(lease(1, "web-0", None, false, 0), "/run/netns/cni-old");
+        let new = pod_of(
+            lease(2, "web-0", None, false, NOW - 200),
+            "/run/netns/cni-new",
+        );
+        let mut with_new = MemoryStore::new();
+        let changes = [&old, &new].map(|l| ipkeep_ipam::store::LeaseChange {
+            ip: l.ip,
+            before: None,
+            after: Some(l.clone()),
+        });
+        with_new
+            .commit(ipkeep_ipam::Commit {
+                leases: changes.to_vec(),
+                ..Default::default()
+            })
+            .unwrap();
+        let mut alone = MemoryStore::new();
+        alone
+            .commit(ipkeep_ipam::Commit {
+                leases: changes[..1].to_vec(),
+                ..Default::default()
+            })
+            .unwrap();
+        // web-0 is on the node, with the UID its sandboxes were made for: not a vanished pod.
+        let mut v = v;
+        v.pods
+            .insert(("db".into(), "web-0".into()), Some("uid-web-0".into()));
+        // The old namespace is gone; the new one and the namespace directory exist.
+        let visible = |n: &str| n == "/run/netns" || n == "/run/netns/cni-new";
+        let run =
+            |store: &dyn StoreRead, leases: &[&Lease], now: u64, probe: &dyn Fn(&str) -> bool| {
+                let mut planner = Planner::new(&v, now, GRACE, probe);
+                for l in leases {
+                    planner.consider(l);
+                }
+                planner.finish(store).unwrap().0.missed_del
+            };
+        assert_eq!(
+            run(&with_new, &[&old, &new], NOW, &visible),
+            vec![old.owner.clone()],
+            "a newer sandbox has its own address: the old one lost its DEL"
+        );
+        assert!(
+            run(&alone, &[&old], NOW, &visible).is_empty(),
+            "no newer sandbox: the pod may still come back to it"
+        );
+        assert!(
+            run(&with_new, &[&old, &new], NOW, &|n: &str| n
+                .ends_with("cni-new"))
+            .is_empty(),
+            "the namespace directory is not visible: its absence proves nothing"
+        );
+        assert!(
+            run(&with_new, &[&old, &new], NOW, &|n: &str| n
+                .starts_with("/run/netns"))
+            .is_empty(),
+            "the old namespace still exists"
+        );
+        assert!(
+            run(&with_new, &[&old, &new], 100, &visible).is_empty(),
+            "within the missed-DEL grace"
+        );
+        assert!(
+            run(&with_new, &[&new], NOW, &visible).is_empty(),
+            "the newer sandbox itself is never taken for the old one"
+        );
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub struct Served {
     pub stores: Arc<AgentStores>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Where notices for pods go, to become Events (`None` without Kubernetes).
+    pub notices: Option<crate::events::Notices>,
 }
 
 /// Binds the socket: creates its directory (0755), replaces a stale socket file (a previous
@@ -353,6 +355,11 @@ fn run_cni(
         _ => Reason::Del,
     };
     served.metrics.tally(&done.tally, released_by);
+    if let Some(notices) = &served.notices {
+        for notice in done.notices {
+            notices.send(notice);
+        }
+    }
     let written = ipkeep_cni::proto::write_frame(out, tag::STDOUT, &stdout)
         .and_then(|()| ipkeep_cni::proto::write_frame(out, tag::STDERR, &stderr));
     if let Err(e) = written {
@@ -375,6 +382,7 @@ mod tests {
         Served {
             stores: Arc::new(AgentStores::new(data, metrics.clone()).unwrap()),
             metrics,
+            notices: None,
         }
     }
 

@@ -202,9 +202,8 @@ impl Sweeper {
             }
             Ok(())
         })?;
+        let (mut plan, due) = planner.finish(&snapshot)?;
         drop(snapshot);
-        let due = planner.due;
-        let mut plan = planner.plan;
         let deferred = plan.limit(budget);
         report.deferred += deferred;
         if !plan.release.is_empty() {
@@ -233,7 +232,7 @@ impl Sweeper {
                 allocator::del(store, owner, None, reading)
             })?;
             for lease in outcome.held.iter().chain(&outcome.released) {
-                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the pod is gone but its DEL never came; applied DEL");
+                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the sandbox is gone (its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped) but its DEL never came; applied DEL");
             }
             count(
                 report,

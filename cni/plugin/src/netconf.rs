@@ -92,6 +92,10 @@ pub struct IpamConf {
     /// manages the pod (default `0`: such annotations are ignored).
     #[serde(default)]
     pub max_unmanaged_retention: Option<String>,
+    /// How long an address freed by a pod that is gone is kept from a different pod while
+    /// other addresses are free (default [`DEFAULT_REUSE_COOLDOWN`], `0`: off).
+    #[serde(default)]
+    pub reuse_cooldown: Option<String>,
     /// The node agent's socket (read by `relay`; default `/run/ipkeep/agent.sock`, empty: never
     /// use the agent).
     #[serde(default)]
@@ -307,7 +311,16 @@ pub struct IpamPlan {
     pub resolv_conf: Option<PathBuf>,
     /// Which retention pods get.
     pub retention: RetentionPolicy,
+    /// `ipam.reuseCooldown`, in seconds.
+    pub reuse_cooldown: u64,
 }
+
+/// `ipam.reuseCooldown` when the configuration does not set it: five minutes. Longer than the
+/// 30 s a cluster DNS answer is cached (CoreDNS's default TTL) plus the seconds Endpoints take to
+/// reach every node, and than two rounds of a client's reconnect backoff (gRPC's longest default
+/// is 120 s), so a client that kept a gone pod's address gives up on it before a stranger gets
+/// it. It costs nothing while other addresses are free: cooling addresses are used last.
+pub const DEFAULT_REUSE_COOLDOWN: u64 = 300;
 
 impl Decoded {
     /// The network's retention rules (`ipam.retention`, `ipam.maxUnmanagedRetention`).
@@ -374,6 +387,16 @@ impl Decoded {
             routes: ipam.routes.clone(),
             resolv_conf: ipam.resolv_conf.as_ref().map(PathBuf::from),
             retention: self.retention_policy()?,
+            reuse_cooldown: match &ipam.reuse_cooldown {
+                None => DEFAULT_REUSE_COOLDOWN,
+                Some(text) => match Retention::parse("ipam.reuseCooldown", text)
+                    .map_err(|e| invalid(e.to_string()))?
+                {
+                    Retention::Off => 0,
+                    Retention::Seconds(s) => s,
+                    Retention::Forever => u64::MAX,
+                },
+            },
         })
     }
 

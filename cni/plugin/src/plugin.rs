@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -74,12 +75,33 @@ pub struct Tally {
     pub retained: usize,
     /// Of those, addresses whose holding for another pod gave way because the range was full.
     pub reclaimed: usize,
+    /// Of those, addresses freed less than `ipam.reuseCooldown` ago, handed out because no
+    /// other address of the range was free.
+    pub cooling: usize,
     /// Addresses now held for a deleted pod.
     pub held: usize,
     /// Addresses freed by DEL or GC.
     pub released: usize,
     /// Holdings freed because they had expired.
     pub expired: usize,
+}
+
+/// What a pod's owner should hear about beyond the plugin's log; the node agent publishes each
+/// as a Warning Event on the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The address kept for the pod lies outside the network's current ranges: released, and
+    /// the pod got `new_ips` instead.
+    OutsideRanges {
+        /// The pod.
+        pod: PodRef,
+        /// The address that could not be kept.
+        ip: IpAddr,
+        /// The network's range sets now.
+        ranges: String,
+        /// What the pod got.
+        new_ips: Vec<IpAddr>,
+    },
 }
 
 /// What one invocation produced.
@@ -91,6 +113,8 @@ pub struct Completion {
     pub timings: Timings,
     /// What changed in the store.
     pub tally: Tally,
+    /// What the pod's owner should hear about.
+    pub notices: Vec<Notice>,
     /// The command, when the environment named a known one.
     pub command: Option<Command>,
 }
@@ -119,6 +143,7 @@ pub fn run<S: Stores>(
         call,
         timings: Timings::begin(),
         tally: Tally::default(),
+        notices: Vec::new(),
     };
     let inv = env::parse(vars);
     let command = inv.as_ref().ok().map(|i| i.command);
@@ -154,6 +179,7 @@ pub fn run<S: Stores>(
         exit_code,
         timings: cx.timings,
         tally: cx.tally,
+        notices: cx.notices,
         command,
     }
 }
@@ -164,6 +190,7 @@ struct Context<'s, S> {
     call: &'s Call,
     timings: Timings,
     tally: Tally,
+    notices: Vec<Notice>,
 }
 
 impl<S: Stores> Context<'_, S> {
@@ -276,6 +303,7 @@ fn cmd_add<S: Stores>(
         requested: &requested,
         netns: Some(inv.netns.clone()).filter(|n| !n.is_empty()),
         netns_exists: &files::netns_exists,
+        reuse_cooldown: plan.reuse_cooldown,
     };
     let reading = &cx.call.reading;
     let (outcome, t) = cx.with_store(decoded, |store| {
@@ -294,6 +322,30 @@ fn cmd_add<S: Stores>(
     for lease in &outcome.expired {
         info!(ip = %lease.ip, pod = %lease.pod.as_ref().map(ToString::to_string).unwrap_or_default(), "released an expired holding");
     }
+    if !outcome.outside_ranges.is_empty() {
+        let ranges = plan
+            .range_sets
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let new_ips: Vec<IpAddr> = outcome.assignments.iter().map(|a| a.ip).collect();
+        for lease in &outcome.outside_ranges {
+            warn!(
+                ip = %lease.ip,
+                ranges = %ranges,
+                "the address kept for this pod is outside the network's current ranges (the node's pod CIDR or the CNI configuration changed): released, and the pod gets a new address"
+            );
+            if let Some(pod) = &req.pod {
+                cx.notices.push(Notice::OutsideRanges {
+                    pod: pod.clone(),
+                    ip: lease.ip,
+                    ranges: ranges.clone(),
+                    new_ips: new_ips.clone(),
+                });
+            }
+        }
+    }
     for a in &outcome.assignments {
         match &a.source {
             Source::Existing => {
@@ -303,6 +355,16 @@ fn cmd_add<S: Stores>(
                 cx.tally.allocated += 1;
                 cx.tally.retained += 1;
                 info!(ip = %a.ip, from = %from, was_held, %retention, ?source, "gave the pod its retained address back");
+            }
+            Source::Cooling { freed_at } => {
+                cx.tally.allocated += 1;
+                cx.tally.cooling += 1;
+                warn!(
+                    ip = %a.ip,
+                    freed_at = %ipkeep_values::time::rfc3339(*freed_at),
+                    cooldown = %ipkeep_values::time::duration(plan.reuse_cooldown),
+                    "no address of the range is free but ones freed less than ipam.reuseCooldown ago: the one freed longest ago goes to this pod before its cooldown ended"
+                );
             }
             Source::Reclaimed { from } => {
                 cx.tally.allocated += 1;

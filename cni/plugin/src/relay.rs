@@ -80,6 +80,7 @@ pub fn cni(
                     exit_code: answer.exit_code,
                     timings,
                     tally: Tally::default(),
+                    notices: Vec::new(),
                     command: None,
                 };
             }

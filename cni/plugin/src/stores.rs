@@ -276,6 +276,9 @@ impl<S: StoreRead> StoreRead for Deadlined<'_, S> {
     fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
         self.store.clock()
     }
+    fn freed_at(&self, ip: std::net::IpAddr) -> Result<Option<u64>, StoreError> {
+        self.store.freed_at(ip)
+    }
 }
 
 impl<S: Store> Store for Deadlined<'_, S> {

@@ -17,6 +17,10 @@ pub const NODE_LOSS_ACTION: &str = "ipkeep.dev/node-loss-action";
 /// StatefulSet (copied into `spec.nodeLossPolicy.after` of a generated PersistentPodState): how
 /// long a recorded node is missing or NotReady before the action applies, e.g. `5m`.
 pub const NODE_LOSS_AFTER: &str = "ipkeep.dev/node-loss-after";
+/// StatefulSet: `"true"` lets it adopt the PersistentPodState, the records and (through them) the
+/// held IPs left by an earlier StatefulSet of the same name (deleted with `--cascade=orphan`, or
+/// by a Helm re-install that kept the PersistentPodState), instead of starting afresh.
+pub const ADOPT_PERSISTENT_POD_STATE: &str = "ipkeep.dev/adopt-persistent-pod-state";
 
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
 pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";

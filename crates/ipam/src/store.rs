@@ -124,6 +124,10 @@ pub struct Commit {
     pub range_sets: Option<String>,
     /// The store's clock after this command (see [`crate::clock`]).
     pub clock: Option<ClockMark>,
+    /// When addresses this commit frees were freed (`Some(now)`), and addresses it hands out
+    /// again (`None`: forget when they were freed). Read back by [`StoreRead::freed_at`] for the
+    /// reuse cooldown.
+    pub freed: Vec<(IpAddr, Option<u64>)>,
 }
 
 impl Commit {
@@ -155,6 +159,8 @@ pub trait StoreRead {
     fn range_sets(&self) -> Result<Option<String>, StoreError>;
     /// The store's clock as of its last commit.
     fn clock(&self) -> Result<Option<ClockMark>, StoreError>;
+    /// When a free address was last freed (store-clock seconds), if the store remembers it.
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError>;
 
     /// Every held lease (timed or forever), in address order. Reads every lease: for rare
     /// decisions only (a full range).
@@ -195,6 +201,7 @@ pub struct MemoryStore {
     last_reserved: BTreeMap<String, IpAddr>,
     range_sets: Option<String>,
     clock: Option<ClockMark>,
+    freed: BTreeMap<IpAddr, u64>,
 }
 
 impl MemoryStore {
@@ -251,6 +258,10 @@ impl StoreRead for MemoryStore {
     fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
         Ok(self.clock.clone())
     }
+
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        Ok(self.freed.get(&ip).copied())
+    }
 }
 
 impl Store for MemoryStore {
@@ -267,6 +278,12 @@ impl Store for MemoryStore {
         }
         if commit.clock.is_some() {
             self.clock = commit.clock;
+        }
+        for (ip, at) in commit.freed {
+            match at {
+                Some(at) => self.freed.insert(ip, at),
+                None => self.freed.remove(&ip),
+            };
         }
         Ok(())
     }

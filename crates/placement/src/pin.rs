@@ -201,10 +201,13 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         return managed(PinOutcome::Skipped(SkipReason::InvalidSpec(e.to_string())));
     }
     let status = pps.status.clone().unwrap_or_default();
+    // Records of an earlier StatefulSet of this name are not this pod's, unless the PPS says the
+    // next StatefulSet of the name adopts them.
     if status
         .target_uid
         .as_ref()
         .is_some_and(|uid| !uid.is_empty() && !owner.uid.is_empty() && *uid != owner.uid)
+        && !crate::view::adopts(pps.metadata.annotations.as_ref())
     {
         return managed(PinOutcome::Unrecorded(
             UnrecordedReason::RecordsOfEarlierStatefulSet,

@@ -296,6 +296,18 @@ fn rows() -> Vec<Row> {
             Want::Unrecorded("records-of-earlier-statefulset", Some("24h")),
         ),
         row(
+            "records of an earlier StatefulSet, kept for adoption by the next one of the name",
+            pod(json!({})),
+            Some(with(
+                with(pps(), "/status/targetUID", json!("old-uid")),
+                "/metadata/annotations",
+                json!({"ipkeep.dev/adopt-persistent-pod-state": "true"}),
+            )),
+            Want::Pinned(json!({
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [pinned_host()]}]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [preferred_zone()]})),
+        ),
+        row(
             "a record under a name that is not one of this StatefulSet's pods",
             with(pod(json!({})), "/metadata/name", json!("db-0x")),
             Some(with(

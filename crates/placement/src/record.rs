@@ -76,6 +76,12 @@ pub enum RecordChange {
         /// How many records were dropped.
         dropped: usize,
     },
+    /// Records of an earlier StatefulSet with the same name were kept for this one, which asked
+    /// to adopt them.
+    Adopted {
+        /// How many records were kept.
+        records: usize,
+    },
     /// The node-loss policy released the pin to preferred-only.
     FellBack {
         /// Pod name.
@@ -151,7 +157,15 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
         .target_uid
         .as_deref()
         .is_none_or(|uid| uid == input.target.uid);
+    let adopt = !same_target && input.target.adopts_records;
     let mut records = if same_target {
+        input.previous.pod_states.clone()
+    } else if adopt {
+        if !input.previous.pod_states.is_empty() {
+            changes.push(RecordChange::Adopted {
+                records: input.previous.pod_states.len(),
+            });
+        }
         input.previous.pod_states.clone()
     } else {
         if !input.previous.pod_states.is_empty() {
@@ -386,7 +400,7 @@ fn change_pod(c: &RecordChange) -> &str {
         | RecordChange::Pruned { pod }
         | RecordChange::FellBack { pod, .. }
         | RecordChange::NodeRecovered { pod, .. } => pod,
-        RecordChange::TargetReplaced { .. } => "",
+        RecordChange::TargetReplaced { .. } | RecordChange::Adopted { .. } => "",
     }
 }
 

@@ -24,6 +24,7 @@ fn target(replicas: i32, start: i32) -> TargetView {
         uid: "sts-1".into(),
         replicas,
         ordinals_start: start,
+        adopts_records: false,
     }
 }
 
@@ -242,6 +243,26 @@ fn records_of_an_earlier_statefulset_with_the_same_name_are_dropped() {
     let p = c.step();
     assert!(p.pod_states.is_empty());
     assert_eq!(p.changes, vec![RecordChange::TargetReplaced { dropped: 1 }]);
+}
+
+#[test]
+fn records_kept_for_adoption_go_to_the_next_statefulset_of_the_name() {
+    let mut c = Case::new();
+    c.pods = vec![pod("db-0", "n1", true), pod("db-1", "n2", true)];
+    c.step();
+    // Deleted with --cascade=orphan and re-created: db-1 is being rebuilt, db-0 runs on and
+    // is adopted by the new StatefulSet (its controller reference names the new UID).
+    c.previous.target_uid = Some("sts-0".into());
+    c.target.adopts_records = true;
+    c.pods = vec![pod("db-0", "n1", true)];
+    let p = c.step();
+    assert_eq!(p.changes, vec![RecordChange::Adopted { records: 2 }]);
+    assert_eq!(
+        p.pod_states.keys().collect::<Vec<_>>(),
+        ["db-0", "db-1"],
+        "db-1 keeps its record while it is rebuilt"
+    );
+    assert_eq!(p.pod_states["db-1"].node_name, "n2");
 }
 
 #[test]

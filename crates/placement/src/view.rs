@@ -132,6 +132,19 @@ pub struct TargetView {
     pub replicas: i32,
     /// `spec.ordinals.start` (0 when unset).
     pub ordinals_start: i32,
+    /// Records of an earlier StatefulSet with this name are this one's: the PersistentPodState
+    /// carries [`ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE`] (see [`adopts`]).
+    pub adopts_records: bool,
+}
+
+/// Whether an object's annotations ask for adoption
+/// ([`ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE`] is `"true"`): on a StatefulSet, to
+/// take over the PersistentPodState an earlier one of its name left; on a PersistentPodState,
+/// to keep its records when its StatefulSet is deleted, for the next one of that name.
+pub fn adopts(annotations: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE))
+        .is_some_and(|v| v.trim() == "true")
 }
 
 impl TargetView {
@@ -147,6 +160,7 @@ impl TargetView {
                 .and_then(|o| o.start)
                 .unwrap_or(0)
                 .max(0),
+            adopts_records: false,
         }
     }
 
@@ -177,6 +191,7 @@ mod tests {
             uid: "u".into(),
             replicas: 3,
             ordinals_start: 5,
+            adopts_records: false,
         };
         assert_eq!(
             t.wanted_pod_names().collect::<Vec<_>>(),

@@ -410,6 +410,12 @@ impl StoreRead for SledStore {
         let value = self.db.get(b"m:clock").map_err(self.err("read"))?;
         Ok(value.and_then(|v| serde_json::from_slice(&v).ok()))
     }
+
+    /// The rejected candidate was measured before the reuse cooldown existed; it keeps no
+    /// record of freed addresses (the comparison's workloads do not exercise the cooldown).
+    fn freed_at(&self, _ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
 }
 
 impl Store for SledStore {

@@ -68,6 +68,7 @@ pub fn add(
         requested: &[],
         netns: None,
         netns_exists: &|_| false,
+        reuse_cooldown: 0,
     };
     let outcome = allocator::add(store, &req, &system_reading())?;
     Ok(outcome.assignments.iter().map(|a| a.ip).collect())
@@ -330,6 +331,7 @@ pub fn fill(backend: Backend, data_dir: &Path, count: u32) -> anyhow::Result<f64
             last_reserved: vec![(sets[0].to_string(), last)],
             range_sets: Some(serde_json::to_string(&sets)?),
             clock: None,
+            freed: Vec::new(),
         })?;
         i = end;
     }

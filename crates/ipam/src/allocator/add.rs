@@ -107,6 +107,9 @@ pub struct AddRequest<'a> {
     pub netns: Option<String>,
     /// Tells whether an older sandbox's network namespace still exists.
     pub netns_exists: NetnsProbe<'a>,
+    /// `ipam.reuseCooldown` in seconds: an address freed less than this long ago goes to a
+    /// new pod only when no other address of its range set is free (0: no cooldown).
+    pub reuse_cooldown: u64,
 }
 
 impl fmt::Debug for AddRequest<'_> {
@@ -118,6 +121,7 @@ impl fmt::Debug for AddRequest<'_> {
             .field("retention", &self.retention)
             .field("requested", &self.requested)
             .field("netns", &self.netns)
+            .field("reuse_cooldown", &self.reuse_cooldown)
             .finish_non_exhaustive()
     }
 }
@@ -127,6 +131,13 @@ impl fmt::Debug for AddRequest<'_> {
 pub enum Source {
     /// Next free address in round-robin order.
     RoundRobin,
+    /// No other address of the range set was free: this one was freed at `freed_at` (store
+    /// clock), less than `ipam.reuseCooldown` ago, and goes to a new pod before its cooldown
+    /// ended.
+    Cooling {
+        /// When it was freed.
+        freed_at: u64,
+    },
     /// Explicitly requested.
     Requested,
     /// The attachment already had it (repeated ADD).
@@ -164,6 +175,10 @@ pub struct AddOutcome {
     pub assignments: Vec<Assignment>,
     /// Holdings released because they had expired.
     pub expired: Vec<Lease>,
+    /// Addresses held (or still recorded) for this pod that lie in none of the network's
+    /// current ranges (the node's pod CIDR or the configuration changed): released, and the pod
+    /// got a new address instead.
+    pub outside_ranges: Vec<Lease>,
 }
 
 /// Runs an ADD and commits it. Returns one assignment per range set.
@@ -217,7 +232,7 @@ fn plan_add<S: Store + ?Sized>(
             };
             (lease.ip, source)
         } else {
-            let (ip, source) = next_free(&mut pending, set, index)?;
+            let (ip, source) = next_free(&mut pending, set, index, req.reuse_cooldown)?;
             pending.last_reserved.push((set.to_string(), ip));
             (ip, source)
         };
@@ -249,6 +264,19 @@ fn plan_add<S: Store + ?Sized>(
     if !unused.is_empty() {
         return Err(AllocError::RequestedUnused(unused));
     }
+    // What is kept for this pod outside every current range can never be handed out again
+    // here: it goes, and the caller says so.
+    let outside_ranges: Vec<Lease> = retained
+        .into_iter()
+        .filter(|l| {
+            req.range_sets
+                .iter()
+                .all(|set| set.range_of(l.ip).is_none())
+        })
+        .collect();
+    for lease in &outside_ranges {
+        pending.replace(lease, None);
+    }
     let mut commit = pending.into_commit();
     // Remember the configured ranges so `ipkeep list` can count free addresses without the
     // network configuration at hand.
@@ -260,6 +288,7 @@ fn plan_add<S: Store + ?Sized>(
         AddOutcome {
             assignments,
             expired,
+            outside_ranges,
         },
         commit,
     ))
@@ -340,18 +369,33 @@ fn take_requested<S: Store + ?Sized>(
     }
 }
 
-/// The next free address in round-robin order; when there is none, the holding that gives way
-/// (see [`reclaimable`]).
+/// The next free address in round-robin order, passing over those freed less than `cooldown`
+/// seconds ago; when there is none, the cooling address freed longest ago; when there is none
+/// either, the holding that gives way (see [`reclaimable`]).
 fn next_free<S: Store + ?Sized>(
     pending: &mut Pending<'_, S>,
     set: &RangeSet,
     index: usize,
+    cooldown: u64,
 ) -> Result<(IpAddr, Source), AllocError> {
     let last = pending.store.last_reserved(&set.to_string())?;
+    let now = pending.now();
+    let mut cooling: Option<(u64, IpAddr)> = None;
     for candidate in set.candidates(last) {
-        if pending.lease(candidate)?.is_none() {
-            return Ok((candidate, Source::RoundRobin));
+        if pending.lease(candidate)?.is_some() {
+            continue;
         }
+        match pending.freed_at(candidate)? {
+            Some(at) if cooldown > 0 && now < at.saturating_add(cooldown) => {
+                if cooling.is_none_or(|(best, _)| at < best) {
+                    cooling = Some((at, candidate));
+                }
+            }
+            _ => return Ok((candidate, Source::RoundRobin)),
+        }
+    }
+    if let Some((freed_at, ip)) = cooling {
+        return Ok((ip, Source::Cooling { freed_at }));
     }
     if let Some(victim) = reclaimable(pending, set)? {
         pending.replace(&victim, None);

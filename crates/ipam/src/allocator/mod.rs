@@ -20,6 +20,8 @@ mod add;
 mod release;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_ranges;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -115,16 +117,40 @@ impl<'s, S: Store + ?Sized> Pending<'s, S> {
         Ok(expired)
     }
 
+    /// When a free address was freed: now, if this command freed it; else as the store says.
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        match self.changes.get(&ip) {
+            Some(LeaseChange {
+                before: Some(_),
+                after: None,
+                ..
+            }) => Ok(Some(self.now())),
+            _ => self.store.freed_at(ip),
+        }
+    }
+
     fn into_commit(self) -> Commit {
+        let now = self.now();
+        let leases: Vec<LeaseChange> = self
+            .changes
+            .into_values()
+            .filter(|c| c.before != c.after)
+            .collect();
+        // Freed addresses remember when, for the reuse cooldown; taken ones forget it.
+        let freed = leases
+            .iter()
+            .filter_map(|c| match (&c.before, &c.after) {
+                (Some(_), None) => Some((c.ip, Some(now))),
+                (None, Some(_)) => Some((c.ip, None)),
+                _ => None,
+            })
+            .collect();
         Commit {
-            leases: self
-                .changes
-                .into_values()
-                .filter(|c| c.before != c.after)
-                .collect(),
+            leases,
             last_reserved: self.last_reserved,
             range_sets: None,
             clock: self.new_clock.then_some(self.clock),
+            freed,
         }
     }
 }

@@ -13,10 +13,10 @@ use crate::range::{RangeSet, RangeSpec};
 use crate::retention::Retention;
 use crate::store::{MemoryStore, Store, StoreRead};
 
-const T0: u64 = 1_700_000_000;
-const DAY: Retention = Retention::Seconds(86_400);
+pub(super) const T0: u64 = 1_700_000_000;
+pub(super) const DAY: Retention = Retention::Seconds(86_400);
 
-fn sets(subnets: &[&str]) -> Vec<RangeSet> {
+pub(super) fn sets(subnets: &[&str]) -> Vec<RangeSet> {
     subnets
         .iter()
         .map(|s| {
@@ -29,14 +29,14 @@ fn sets(subnets: &[&str]) -> Vec<RangeSet> {
         .collect()
 }
 
-fn att(id: &str) -> Attachment {
+pub(super) fn att(id: &str) -> Attachment {
     Attachment {
         container_id: id.to_string(),
         ifname: "eth0".to_string(),
     }
 }
 
-fn pod(name: &str) -> Option<PodRef> {
+pub(super) fn pod(name: &str) -> Option<PodRef> {
     Some(PodRef {
         namespace: "db".to_string(),
         name: name.to_string(),
@@ -45,13 +45,13 @@ fn pod(name: &str) -> Option<PodRef> {
     })
 }
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
-struct Case<'a> {
-    sets: &'a [RangeSet],
-    store: &'a mut dyn Store,
+pub(super) struct Case<'a> {
+    pub(super) sets: &'a [RangeSet],
+    pub(super) store: &'a mut dyn Store,
 }
 
 impl Case<'_> {
@@ -71,6 +71,7 @@ impl Case<'_> {
             requested,
             netns: None,
             netns_exists: &|_| false,
+            reuse_cooldown: 0,
         };
         let out = allocator::add(self.store, &req, &Reading::wall(now))?;
         Ok(out
@@ -80,7 +81,12 @@ impl Case<'_> {
             .collect())
     }
 
-    fn add(&mut self, cid: &str, pod_name: Option<&str>, retention: Retention) -> Vec<String> {
+    pub(super) fn add(
+        &mut self,
+        cid: &str,
+        pod_name: Option<&str>,
+        retention: Retention,
+    ) -> Vec<String> {
         self.add_at(cid, pod_name, retention, T0)
     }
 
@@ -92,12 +98,12 @@ impl Case<'_> {
             .collect()
     }
 
-    fn del(&mut self, cid: &str, now: u64) -> (usize, usize) {
+    pub(super) fn del(&mut self, cid: &str, now: u64) -> (usize, usize) {
         let out = allocator::del(self.store, &att(cid), None, &Reading::wall(now)).expect("DEL");
         (out.held.len(), out.released.len())
     }
 
-    fn state(&self, addr: &str) -> Option<(String, LeaseState)> {
+    pub(super) fn state(&self, addr: &str) -> Option<(String, LeaseState)> {
         self.store
             .lease(ip(addr))
             .expect("read")
@@ -151,6 +157,11 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("check", check_semantics),
     ("admin_release", admin_release),
     ("agent_sweep_and_release", agent_sweep_and_release),
+    ("reuse_cooldown", super::tests_ranges::reuse_cooldown),
+    (
+        "a_holding_outside_the_current_ranges_is_released",
+        super::tests_ranges::a_holding_outside_the_current_ranges_is_released,
+    ),
 ];
 
 fn round_robin_exhaustion_and_release(store: &mut dyn Store) {
@@ -285,6 +296,7 @@ fn held_addresses_never_starve_a_new_pod(store: &mut dyn Store) {
             requested: &[],
             netns: None,
             netns_exists: &|_| false,
+            reuse_cooldown: 0,
         };
         allocator::add(c.store, &req, &Reading::wall(T0)).expect("add");
         c.del(cid, T0);
@@ -344,6 +356,7 @@ fn expired_holdings_are_reclaimed(store: &mut dyn Store) {
             requested: &[],
             netns: None,
             netns_exists: &|_| false,
+            reuse_cooldown: 0,
         },
         &Reading::wall(T0 + 60),
     )
@@ -426,6 +439,7 @@ fn a_live_old_sandbox_keeps_its_address(store: &mut dyn Store) {
             requested: &[],
             netns: Some(format!("/run/netns/{cid}")),
             netns_exists: &probe,
+            reuse_cooldown: 0,
         };
         allocator::add(store, &req, &Reading::wall(T0))
     };

@@ -44,6 +44,10 @@ const BY_POD: TableDefinition<(&str, &str, &str, &[u8]), ()> = TableDefinition::
 const BY_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("by_expiry");
 const CURSORS: TableDefinition<&str, &str> = TableDefinition::new("cursors");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Free addresses → when they were freed (store clock), for the reuse cooldown. Added after
+/// layout 2 without a version change: a store without it has simply freed nothing yet, and an
+/// older ipkeep ignores it (its entries only ever make an address wait longer).
+const FREED: TableDefinition<&[u8], u64> = TableDefinition::new("freed");
 
 const MIN_IP: &[u8] = &[];
 const MAX_IP: &[u8] = &[0xff; 17];
@@ -123,6 +127,8 @@ struct ReadTables {
     by_expiry: ReadOnlyTable<(u64, &'static [u8]), ()>,
     cursors: ReadOnlyTable<&'static str, &'static str>,
     meta: ReadOnlyTable<&'static str, &'static [u8]>,
+    /// `None` in a store that has not freed anything since it learnt the table.
+    freed: Option<ReadOnlyTable<&'static [u8], u64>>,
 }
 
 impl ReadTables {
@@ -137,6 +143,11 @@ impl ReadTables {
             by_expiry: txn.open_table(BY_EXPIRY).map_err(err)?,
             cursors: txn.open_table(CURSORS).map_err(err)?,
             meta: txn.open_table(META).map_err(err)?,
+            freed: match txn.open_table(FREED) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(err(e)),
+            },
         })
     }
 
@@ -254,6 +265,16 @@ impl StoreRead for ReadTables {
         };
         // An unreadable clock mark only costs the protection against wall-clock jumps.
         Ok(serde_json::from_slice(v.value()).ok())
+    }
+
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        let Some(freed) = &self.freed else {
+            return Ok(None);
+        };
+        let value = freed
+            .get(&ip_key(ip)[..])
+            .map_err(|e| self.err("read", e))?;
+        Ok(value.map(|v| v.value()))
     }
 }
 
@@ -453,6 +474,17 @@ impl DiskStore {
                 let json = serde_json::to_vec(clock).unwrap_or_default();
                 meta.insert("clock", json.as_slice()).map_err(w)?;
             }
+            if !commit.freed.is_empty() {
+                let mut freed = txn.open_table(FREED).map_err(t)?;
+                for (ip, at) in &commit.freed {
+                    let key = ip_key(*ip);
+                    match at {
+                        Some(at) => freed.insert(&key[..], *at).map(drop),
+                        None => freed.remove(&key[..]).map(drop),
+                    }
+                    .map_err(w)?;
+                }
+            }
         }
         txn.commit().map_err(|e| db_error("commit to", path, e))
     }
@@ -488,6 +520,9 @@ impl StoreRead for DiskStore {
     }
     fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
         self.tables()?.clock()
+    }
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        self.tables()?.freed_at(ip)
     }
 }
 
@@ -539,6 +574,9 @@ impl StoreRead for DiskSnapshot {
     fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
         self.0.clock()
     }
+    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
+        self.0.freed_at(ip)
+    }
 }
 
 /// Creates a new, empty database at `path` atomically: built under a temporary name, synced,
@@ -566,6 +604,7 @@ fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
             txn.open_table(BY_POD).map_err(t)?;
             txn.open_table(BY_EXPIRY).map_err(t)?;
             txn.open_table(CURSORS).map_err(t)?;
+            txn.open_table(FREED).map_err(t)?;
             let mut meta = txn.open_table(META).map_err(t)?;
             meta.insert("version", LAYOUT_VERSION.to_string().as_bytes())
                 .map_err(|e| init(e.into()))?;
