@@ -1,0 +1,325 @@
+//! Lifecycle hooks for the pods of native StatefulSets, as pure decisions (no I/O): the state
+//! machine behind a PersistentPodState's `spec.lifecycle`, shaped after OpenKruise's CloneSet
+//! `lifecycle` with `labelsHandler`. Not wired into the webhook and the controller yet.
+//!
+//! Middleware that registers pods in a service-discovery centre of its own must register a pod
+//! **before** it counts as available, and deregister it **before** it goes. Two hooks, each a
+//! set of labels (`labelsHandler`); a pod is **blocked** by a hook while it carries every one of
+//! the hook's labels with the hook's value:
+//!
+//! * **PreNormal.** A new pod gets the hook's labels at CREATE (the webhook adds them, with the
+//!   readiness gate [`READINESS_GATE`]) and starts [`State::PreparingNormal`]: it runs, but the
+//!   gate's condition stays False, so it is not Ready and Services and the StatefulSet's ordered
+//!   rollout wait. The user's operator registers the pod and changes or removes a label; the pod
+//!   is then [`State::Normal`] and the gate True.
+//! * **PreDelete.** While a pod is blocked, its deletion or eviction is refused with a message
+//!   saying what it waits for (the StatefulSet controller, a user or a drain retries), and the pod
+//!   is marked [`State::PreparingDelete`]; with `markPodNotReady` its gate goes False first, so
+//!   traffic drains. Once the operator deregisters the pod and removes a label, the next attempt
+//!   passes.
+//!
+//! Escape hatches, so nothing is held for ever: a force deletion (grace period 0) always passes;
+//! so does any deletion of a pod whose node is not Ready (its operator cannot act there, and pod
+//! garbage collection must proceed), of a pod already terminating, and any deletion once the pod
+//! has been `PreparingDelete` for the hook's timeout (a node drain waits at most that long). A
+//! pod the webhook never saw (created while it was down: it fails open) has no state and no gate
+//! and is treated as `Normal`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The pod label that shows where a pod stands.
+pub const STATE_LABEL: &str = "ipkeep.dev/lifecycle-state";
+/// The pod annotation with the unix second the pod entered its state.
+pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
+/// The readiness gate (condition type) ipkeep sets on pods of a StatefulSet with hooks.
+pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
+/// How long a pod may be held in `PreparingDelete` unless the hook says otherwise.
+pub const DEFAULT_PRE_DELETE_TIMEOUT_SECS: u64 = 600;
+
+/// Where a pod stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Created, waiting for the PreNormal hook.
+    PreparingNormal,
+    /// Available (as far as the hooks go).
+    Normal,
+    /// A deletion was refused; waiting for the PreDelete hook.
+    PreparingDelete,
+}
+
+impl State {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::PreparingNormal => "PreparingNormal",
+            State::Normal => "Normal",
+            State::PreparingDelete => "PreparingDelete",
+        }
+    }
+
+    /// Reads a label value; anything else is no state.
+    pub fn parse(text: &str) -> Option<State> {
+        match text {
+            "PreparingNormal" => Some(State::PreparingNormal),
+            "Normal" => Some(State::Normal),
+            "PreparingDelete" => Some(State::PreparingDelete),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One hook.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hook {
+    /// `labelsHandler`: the pod is blocked while it has all of these with these values.
+    pub labels: BTreeMap<String, String>,
+    /// `markPodNotReady`: the readiness gate goes False while the pod is held by this hook
+    /// (PreNormal always holds the pod not Ready).
+    pub mark_pod_not_ready: bool,
+}
+
+impl Hook {
+    /// Whether `pod_labels` block on this hook. A hook without labels never blocks.
+    pub fn blocks(&self, pod_labels: &BTreeMap<String, String>) -> bool {
+        !self.labels.is_empty()
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| pod_labels.get(k) == Some(v))
+    }
+
+    fn describe(&self) -> String {
+        self.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A PersistentPodState's `spec.lifecycle`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// `preNormal`.
+    pub pre_normal: Option<Hook>,
+    /// `preDelete`.
+    pub pre_delete: Option<Hook>,
+    /// How long `PreparingDelete` may hold a pod (seconds).
+    pub pre_delete_timeout: u64,
+}
+
+impl Lifecycle {
+    /// Whether the pods get the readiness gate: a hook that can hold them not Ready.
+    pub fn gates_readiness(&self) -> bool {
+        self.pre_normal.is_some()
+            || self
+                .pre_delete
+                .as_ref()
+                .is_some_and(|h| h.mark_pod_not_ready)
+    }
+}
+
+/// What the webhook adds to a new pod at CREATE.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AtCreate {
+    /// Labels to set (the state, and PreNormal's blockers the pod does not already have).
+    pub labels: BTreeMap<String, String>,
+    /// Whether to add the readiness gate [`READINESS_GATE`].
+    pub readiness_gate: bool,
+}
+
+/// What a new pod gets.
+pub fn at_create(lifecycle: &Lifecycle, pod_labels: &BTreeMap<String, String>) -> AtCreate {
+    let mut labels = BTreeMap::new();
+    let state = match &lifecycle.pre_normal {
+        Some(hook) if !hook.labels.is_empty() => {
+            for (k, v) in &hook.labels {
+                if !pod_labels.contains_key(k) {
+                    labels.insert(k.clone(), v.clone());
+                }
+            }
+            State::PreparingNormal
+        }
+        _ => State::Normal,
+    };
+    if lifecycle.pre_normal.is_some() || lifecycle.pre_delete.is_some() {
+        labels.insert(STATE_LABEL.to_string(), state.as_str().to_string());
+    }
+    AtCreate {
+        labels,
+        readiness_gate: lifecycle.gates_readiness(),
+    }
+}
+
+/// What the controller reads of a pod.
+#[derive(Debug, Clone, Copy)]
+pub struct PodFacts<'a> {
+    /// Its labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// When it entered its state ([`SINCE_ANNOTATION`]), if known.
+    pub since: Option<u64>,
+    /// It has a deletion timestamp.
+    pub terminating: bool,
+    /// Its node is Ready (false when unbound, NotReady or gone).
+    pub node_ready: bool,
+}
+
+impl PodFacts<'_> {
+    /// The state its label says; a pod the webhook never saw has none.
+    pub fn state(&self) -> Option<State> {
+        self.labels.get(STATE_LABEL).and_then(|s| State::parse(s))
+    }
+}
+
+/// Where the controller should bring a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    /// The state label (`None`: leave the pod unlabelled, it has no hooks).
+    pub state: Option<State>,
+    /// The readiness gate's condition (`None`: the pod has no gate to set).
+    pub ready: Option<bool>,
+}
+
+/// The controller's decision for one pod, whenever the pod or the configuration changes.
+pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>) -> Wanted {
+    let gated = lifecycle.gates_readiness();
+    let ready = |r: bool| gated.then_some(r);
+    match pod.state() {
+        // Never labelled (created while the webhook was down, or before the hooks): it fails
+        // open, and never becomes PreparingNormal after the fact.
+        None => Wanted {
+            state: None,
+            ready: ready(true),
+        },
+        Some(State::PreparingNormal) => match &lifecycle.pre_normal {
+            Some(hook) if hook.blocks(pod.labels) => Wanted {
+                state: Some(State::PreparingNormal),
+                ready: ready(false),
+            },
+            _ => Wanted {
+                state: Some(State::Normal),
+                ready: ready(true),
+            },
+        },
+        Some(State::Normal) => Wanted {
+            state: Some(State::Normal),
+            ready: ready(true),
+        },
+        Some(State::PreparingDelete) => {
+            let drain = lifecycle
+                .pre_delete
+                .as_ref()
+                .is_some_and(|h| h.mark_pod_not_ready);
+            Wanted {
+                state: Some(State::PreparingDelete),
+                ready: ready(!drain),
+            }
+        }
+    }
+}
+
+/// A DELETE of a pod, or a create of its `eviction` subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeleteRequest {
+    /// `gracePeriodSeconds: 0` (a force deletion).
+    pub force: bool,
+    /// An eviction (a drain) rather than a deletion.
+    pub eviction: bool,
+    /// A dry run: decide, but mark nothing.
+    pub dry_run: bool,
+}
+
+/// Why a deletion passes although the pod is blocked, for the log and the admission warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escape {
+    /// A force deletion.
+    Force,
+    /// The pod's node is not Ready.
+    NodeNotReady,
+    /// Held for the hook's timeout already.
+    TimedOut,
+}
+
+impl fmt::Display for Escape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Escape::Force => "a force deletion skips the preDelete hook",
+            Escape::NodeNotReady => "the pod's node is not Ready, so the preDelete hook cannot run",
+            Escape::TimedOut => "the pod was held in PreparingDelete for the hook's timeout",
+        })
+    }
+}
+
+/// The admission decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Let it through; `escaped` says which hatch a blocked pod went through.
+    Allow {
+        /// Set when the pod was blocked.
+        escaped: Option<Escape>,
+    },
+    /// Refuse it; the caller retries.
+    Deny {
+        /// What the pod waits for, and how to get past it.
+        message: String,
+        /// Mark the pod `PreparingDelete` since this unix second (`None`: it already is, or a
+        /// dry run).
+        mark_since: Option<u64>,
+    },
+}
+
+/// Whether a deletion or eviction of `pod` may pass at `now` (unix seconds).
+pub fn admit_delete(
+    lifecycle: &Lifecycle,
+    pod: &PodFacts<'_>,
+    request: DeleteRequest,
+    now: u64,
+    pod_name: &str,
+) -> Admission {
+    let allow = Admission::Allow { escaped: None };
+    let Some(hook) = &lifecycle.pre_delete else {
+        return allow;
+    };
+    if pod.terminating || !hook.blocks(pod.labels) {
+        return allow;
+    }
+    let escaped = |e| Admission::Allow { escaped: Some(e) };
+    if request.force {
+        return escaped(Escape::Force);
+    }
+    if !pod.node_ready {
+        return escaped(Escape::NodeNotReady);
+    }
+    let preparing = pod.state() == Some(State::PreparingDelete);
+    let since = if preparing { pod.since } else { None };
+    if since.is_some_and(|s| now.saturating_sub(s) >= lifecycle.pre_delete_timeout) {
+        return escaped(Escape::TimedOut);
+    }
+    let left = since.map_or(lifecycle.pre_delete_timeout, |s| {
+        lifecycle
+            .pre_delete_timeout
+            .saturating_sub(now.saturating_sub(s))
+    });
+    let what = if request.eviction {
+        "eviction"
+    } else {
+        "deletion"
+    };
+    Admission::Deny {
+        message: format!(
+            "ipkeep: the {what} of pod {pod_name} waits for its preDelete hook: it is PreparingDelete until the label {} is removed or changed (your operator deregisters the pod first); it goes through then, or in {left} s at the latest; `kubectl delete pod --force --grace-period=0` skips the hook",
+            hook.describe()
+        ),
+        mark_since: (!preparing && !request.dry_run).then_some(now),
+    }
+}
+
+#[cfg(test)]
+mod tests;

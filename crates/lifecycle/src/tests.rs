@@ -1,0 +1,363 @@
+//! Every transition and every escape hatch, as tables.
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+const BLOCK_NORMAL: (&str, &str) = ("example.com/registered", "false");
+const BLOCK_DELETE: (&str, &str) = ("example.com/deregister-first", "true");
+const NOW: u64 = 1_000_000;
+
+fn hook(label: (&str, &str), mark: bool) -> Hook {
+    Hook {
+        labels: [(label.0.to_string(), label.1.to_string())].into(),
+        mark_pod_not_ready: mark,
+    }
+}
+
+fn lifecycle(pre_normal: bool, pre_delete: Option<bool>) -> Lifecycle {
+    Lifecycle {
+        pre_normal: pre_normal.then(|| hook(BLOCK_NORMAL, false)),
+        pre_delete: pre_delete.map(|mark| hook(BLOCK_DELETE, mark)),
+        pre_delete_timeout: DEFAULT_PRE_DELETE_TIMEOUT_SECS,
+    }
+}
+
+fn labels(state: Option<State>, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut l: BTreeMap<String, String> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    if let Some(s) = state {
+        l.insert(STATE_LABEL.into(), s.as_str().into());
+    }
+    l
+}
+
+fn facts(labels: &BTreeMap<String, String>) -> PodFacts<'_> {
+    PodFacts {
+        labels,
+        since: None,
+        terminating: false,
+        node_ready: true,
+    }
+}
+
+#[test]
+fn what_a_new_pod_gets() {
+    let none = BTreeMap::new();
+    let own = labels(None, &[("example.com/registered", "yes")]);
+    for (name, lc, pod, want_labels, gate) in [
+        (
+            "no hooks: nothing",
+            lifecycle(false, None),
+            &none,
+            vec![],
+            false,
+        ),
+        (
+            "PreNormal: its blocker and PreparingNormal, gated",
+            lifecycle(true, None),
+            &none,
+            vec![BLOCK_NORMAL, (STATE_LABEL, "PreparingNormal")],
+            true,
+        ),
+        (
+            "PreNormal, the template sets the label itself: kept as it is",
+            lifecycle(true, None),
+            &own,
+            vec![(STATE_LABEL, "PreparingNormal")],
+            true,
+        ),
+        (
+            "PreDelete only: Normal, no gate",
+            lifecycle(false, Some(false)),
+            &none,
+            vec![(STATE_LABEL, "Normal")],
+            false,
+        ),
+        (
+            "PreDelete with markPodNotReady: Normal, gated",
+            lifecycle(false, Some(true)),
+            &none,
+            vec![(STATE_LABEL, "Normal")],
+            true,
+        ),
+    ] {
+        let got = at_create(&lc, pod);
+        let want: BTreeMap<String, String> = want_labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got.labels, want, "{name}");
+        assert_eq!(got.readiness_gate, gate, "{name}");
+    }
+}
+
+#[test]
+fn every_transition_of_the_controller() {
+    use State::*;
+    let both = lifecycle(true, Some(true));
+    let no_drain = lifecycle(true, Some(false));
+    let delete_only = lifecycle(false, Some(false));
+    for (name, lc, state, extra, want_state, want_ready) in [
+        (
+            "unlabelled pod fails open",
+            &both,
+            None,
+            vec![],
+            None,
+            Some(true),
+        ),
+        (
+            "PreparingNormal while blocked: not Ready",
+            &both,
+            Some(PreparingNormal),
+            vec![BLOCK_NORMAL],
+            Some(PreparingNormal),
+            Some(false),
+        ),
+        (
+            "PreparingNormal, the operator said yes: Normal and Ready",
+            &both,
+            Some(PreparingNormal),
+            vec![("example.com/registered", "true")],
+            Some(Normal),
+            Some(true),
+        ),
+        (
+            "PreparingNormal, the label removed: Normal",
+            &both,
+            Some(PreparingNormal),
+            vec![],
+            Some(Normal),
+            Some(true),
+        ),
+        (
+            "PreparingNormal after the hook was removed from the spec: Normal",
+            &delete_only,
+            Some(PreparingNormal),
+            vec![BLOCK_NORMAL],
+            Some(Normal),
+            None,
+        ),
+        (
+            "Normal stays Normal",
+            &both,
+            Some(Normal),
+            vec![BLOCK_DELETE],
+            Some(Normal),
+            Some(true),
+        ),
+        (
+            "PreparingDelete with markPodNotReady: not Ready, traffic drains",
+            &both,
+            Some(PreparingDelete),
+            vec![BLOCK_DELETE],
+            Some(PreparingDelete),
+            Some(false),
+        ),
+        (
+            "PreparingDelete without markPodNotReady: stays Ready",
+            &no_drain,
+            Some(PreparingDelete),
+            vec![BLOCK_DELETE],
+            Some(PreparingDelete),
+            Some(true),
+        ),
+        (
+            "no gate to set without a hook that can hold readiness",
+            &delete_only,
+            Some(Normal),
+            vec![],
+            Some(Normal),
+            None,
+        ),
+    ] {
+        let l = labels(state, &extra);
+        let got = reconcile(lc, &facts(&l));
+        assert_eq!(got.state, want_state, "{name}");
+        assert_eq!(got.ready, want_ready, "{name}");
+    }
+}
+
+#[test]
+fn deletions_are_held_only_while_the_hook_blocks() {
+    let lc = lifecycle(true, Some(true));
+    let delete = DeleteRequest {
+        force: false,
+        eviction: false,
+        dry_run: false,
+    };
+    let blocked = labels(Some(State::Normal), &[BLOCK_DELETE]);
+    match admit_delete(&lc, &facts(&blocked), delete, NOW, "db-2") {
+        Admission::Deny {
+            message,
+            mark_since,
+        } => {
+            assert!(message.contains("deletion of pod db-2"), "{message}");
+            assert!(
+                message.contains("example.com/deregister-first=true"),
+                "{message}"
+            );
+            assert!(message.contains("in 600 s at the latest"), "{message}");
+            assert!(message.contains("--force --grace-period=0"), "{message}");
+            assert_eq!(mark_since, Some(NOW), "marked PreparingDelete now");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Already PreparingDelete: refused again, not marked again, the time left counts down.
+    let preparing = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let mut pod = facts(&preparing);
+    pod.since = Some(NOW - 100);
+    match admit_delete(
+        &lc,
+        &pod,
+        DeleteRequest {
+            eviction: true,
+            ..delete
+        },
+        NOW,
+        "db-2",
+    ) {
+        Admission::Deny {
+            message,
+            mark_since,
+        } => {
+            assert!(message.contains("eviction of pod db-2"), "{message}");
+            assert!(message.contains("in 500 s"), "{message}");
+            assert_eq!(mark_since, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A dry run decides the same and marks nothing.
+    assert!(matches!(
+        admit_delete(
+            &lc,
+            &facts(&blocked),
+            DeleteRequest {
+                dry_run: true,
+                ..delete
+            },
+            NOW,
+            "db-2"
+        ),
+        Admission::Deny {
+            mark_since: None,
+            ..
+        }
+    ));
+    // The operator removed the label: it passes.
+    let released = labels(Some(State::PreparingDelete), &[]);
+    assert_eq!(
+        admit_delete(&lc, &facts(&released), delete, NOW, "db-2"),
+        Admission::Allow { escaped: None }
+    );
+}
+
+#[test]
+fn every_escape_hatch() {
+    let lc = lifecycle(false, Some(true));
+    let delete = DeleteRequest {
+        force: false,
+        eviction: false,
+        dry_run: false,
+    };
+    let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let base = PodFacts {
+        since: Some(NOW - 10),
+        ..facts(&blocked)
+    };
+    for (name, pod, request, want) in [
+        (
+            "force deletion",
+            base,
+            DeleteRequest {
+                force: true,
+                ..delete
+            },
+            Some(Escape::Force),
+        ),
+        (
+            "node not Ready (drain of a dead node, pod GC)",
+            PodFacts {
+                node_ready: false,
+                ..base
+            },
+            delete,
+            Some(Escape::NodeNotReady),
+        ),
+        (
+            "held for the timeout: a drain is never blocked for ever",
+            PodFacts {
+                since: Some(NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+                ..base
+            },
+            DeleteRequest {
+                eviction: true,
+                ..delete
+            },
+            Some(Escape::TimedOut),
+        ),
+        (
+            "already terminating: nothing left to hold",
+            PodFacts {
+                terminating: true,
+                ..base
+            },
+            delete,
+            None,
+        ),
+    ] {
+        assert_eq!(
+            admit_delete(&lc, &pod, request, NOW, "db-0"),
+            Admission::Allow { escaped: want },
+            "{name}"
+        );
+    }
+    // Without a PreDelete hook nothing is ever held.
+    assert_eq!(
+        admit_delete(&lifecycle(true, None), &base, delete, NOW, "db-0"),
+        Admission::Allow { escaped: None }
+    );
+    // The timeout counts from PreparingDelete only: a Normal pod's stale `since` does not let
+    // its first deletion through.
+    let normal = labels(Some(State::Normal), &[BLOCK_DELETE]);
+    let old = PodFacts {
+        since: Some(0),
+        ..facts(&normal)
+    };
+    assert!(matches!(
+        admit_delete(&lc, &old, delete, NOW, "db-0"),
+        Admission::Deny {
+            mark_since: Some(NOW),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_hook_blocks_only_with_all_its_labels() {
+    let h = Hook {
+        labels: [
+            ("a".to_string(), "1".to_string()),
+            ("b".to_string(), "2".to_string()),
+        ]
+        .into(),
+        mark_pod_not_ready: false,
+    };
+    assert!(h.blocks(&labels(None, &[("a", "1"), ("b", "2"), ("c", "3")])));
+    assert!(!h.blocks(&labels(None, &[("a", "1")])));
+    assert!(!h.blocks(&labels(None, &[("a", "1"), ("b", "x")])));
+    assert!(
+        !Hook::default().blocks(&labels(None, &[("a", "1")])),
+        "no labels: never"
+    );
+    for s in [
+        State::PreparingNormal,
+        State::Normal,
+        State::PreparingDelete,
+    ] {
+        assert_eq!(State::parse(s.as_str()), Some(s));
+    }
+    assert_eq!(State::parse("normal"), None);
+}
