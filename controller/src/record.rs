@@ -53,18 +53,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
             // The spec's text is anyone's with write access to it: logged escaped (`?`).
             warn!(error = ?e.to_string(), "invalid spec");
             let ready = not_ready("InvalidSpec", format!("{e}; fix the spec"));
-            let status = next_status(
-                &previous,
-                previous.pod_states.clone(),
-                None,
-                &[ready],
-                generation,
-                &now,
-                previous.target_uid.clone(),
-            );
-            write_status(&pps, &ctx, &previous, status.clone()).await?;
-            announce_conditions(&pps, &ctx, &previous, &status).await;
-            return Ok(Action::await_change());
+            return not_ready_keeping_records(&pps, &ctx, &previous, ready, generation, &now).await;
         }
     };
 
@@ -84,18 +73,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
                 previous.pod_states.len()
             ),
         );
-        let status = next_status(
-            &previous,
-            previous.pod_states.clone(),
-            None,
-            &[ready],
-            generation,
-            &now,
-            previous.target_uid.clone(),
-        );
-        write_status(&pps, &ctx, &previous, status.clone()).await?;
-        announce_conditions(&pps, &ctx, &previous, &status).await;
-        return Ok(Action::await_change());
+        return not_ready_keeping_records(&pps, &ctx, &previous, ready, generation, &now).await;
     }
     let Some(sts) = sts else {
         // No StatefulSet (or it is being deleted): its records die with it, whatever the policy;
@@ -265,6 +243,29 @@ async fn announce_conditions(
             publish(pps, ctx, EventType::Warning, &c.reason, &c.message).await;
         }
     }
+}
+
+/// Writes `ready` (a False `Ready`) and leaves the records and the target as they are.
+async fn not_ready_keeping_records(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    previous: &PersistentPodStateStatus,
+    ready: DesiredCondition,
+    generation: Option<i64>,
+    now: &Time,
+) -> Result<Action, Error> {
+    let status = next_status(
+        previous,
+        previous.pod_states.clone(),
+        None,
+        &[ready],
+        generation,
+        now,
+        previous.target_uid.clone(),
+    );
+    write_status(pps, ctx, previous, status.clone()).await?;
+    announce_conditions(pps, ctx, previous, &status).await;
+    Ok(Action::await_change())
 }
 
 fn not_ready(reason: &str, message: String) -> DesiredCondition {

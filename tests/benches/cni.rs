@@ -19,6 +19,8 @@
 //!
 //! `IPKEEP_BENCH_SCALE` (float, default 1.0) multiplies every op count (not the pre-fill sizes);
 //! `IPKEEP_BENCH_DIR` chooses where the data directories are created (default: the temp dir).
+//! `IPKEEP_BENCH_REUSE_COOLDOWN` sets ipkeep's `ipam.reuseCooldown` (default: the plugin's, 5m),
+//! to measure what the cooldown costs.
 //! With `IPKEEP_BENCH_AGENT=1`, ipkeep goes through an `ipkeep-agent` started for each
 //! scenario's data directory (an agent serves its own data directory only); the run fails if
 //! any command fell back to the plugin process, and reports the agent's peak memory. The
@@ -74,6 +76,11 @@ impl Plugin {
         });
         if let Some(socket) = &self.agent_socket {
             conf["ipam"]["agentSocket"] = socket.to_str().expect("socket is UTF-8").into();
+        }
+        if let (Kind::Ipkeep, Ok(cooldown)) =
+            (self.kind, std::env::var("IPKEEP_BENCH_REUSE_COOLDOWN"))
+        {
+            conf["ipam"]["reuseCooldown"] = cooldown.into();
         }
         conf.to_string()
     }

@@ -210,16 +210,26 @@ spec:
         ipkeep.dev/persistent-pod-state: {name}
     spec:
       terminationGracePeriodSeconds: 1
-      containers:
-      - name: sleep
-        image: localhost/ipkeep/busybox:dev
-        imagePullPolicy: Never
-        command: [sleep, '1d']
-        resources:
-          requests: {{cpu: 10m, memory: 16Mi}}
-          limits: {{cpu: 100m, memory: 32Mi}}
-"#
+{}"#,
+        sleeper("      ")
     )
+}
+
+/// A busybox sleeper container list, indented by `indent`, with the resources a resize changes.
+fn sleeper(indent: &str) -> String {
+    [
+        "containers:",
+        "- name: sleep",
+        "  image: localhost/ipkeep/busybox:dev",
+        "  imagePullPolicy: Never",
+        "  command: [sleep, '1d']",
+        "  resources:",
+        "    requests: {cpu: 10m, memory: 16Mi}",
+        "    limits: {cpu: 100m, memory: 32Mi}",
+    ]
+    .iter()
+    .map(|l| format!("{indent}{l}\n"))
+    .collect()
 }
 
 /// Every step, in order; the last one changes a node's pod CIDR for good.
@@ -496,12 +506,8 @@ metadata: {{name: loner, namespace: {NS}, labels: {{app: loner}}}}
 spec:
   nodeName: {node}
   terminationGracePeriodSeconds: 1
-  containers:
-  - name: sleep
-    image: localhost/ipkeep/busybox:dev
-    imagePullPolicy: Never
-    command: [sleep, '1d']
-"#
+{}"#,
+        sleeper("  ")
     ));
     let loner = real.wait_ready("loner Ready", "app=loner", &["loner".to_string()]);
     let containers = |selector: &str| -> BTreeMap<String, Value> {
