@@ -613,8 +613,36 @@ fn a_new_pod_cidr(real: &Real) {
         .to_string();
     // The node's daemons stop (its pods run on), its Node goes; pod GC deletes its pods and the
     // StatefulSet re-creates them, pinned to the node, Pending.
+    let uids = |pods: &[Value]| -> BTreeMap<String, Value> {
+        pods.iter()
+            .map(|p| {
+                (
+                    p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    p["metadata"]["uid"].clone(),
+                )
+            })
+            .collect()
+    };
+    let before = uids(&real.pods("app=kv"));
     real.script(&["node", "stop", &node]);
     real.kubectl.run(&["delete", "node", &node]);
+    // Pod garbage collection deletes the pods of a Node that is gone (after a quarantine of
+    // 40 s) and the StatefulSet re-creates them. A Node registered again before that keeps its
+    // running pods, sandboxes and addresses (in the old range): nothing is rebuilt then.
+    wait_until(
+        &format!("kv's pods on {node} deleted by pod GC and re-created"),
+        Duration::from_secs(240),
+        || {
+            let now = uids(&real.pods("app=kv"));
+            on_node
+                .iter()
+                .all(|(pod, _)| now.get(pod).is_some_and(|uid| Some(uid) != before.get(pod)))
+                .then_some(())
+        },
+    );
     let conflist = "/etc/cni/net.d/10-ipkeep.conflist";
     wait_until(
         "the agent removed the deleted Node's CNI configuration",
