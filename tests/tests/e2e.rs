@@ -178,29 +178,9 @@ fn a_static_pod_keeps_its_address(state: &std::path::Path) {
         mirror["metadata"]["uid"], mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"],
         "the mirror Pod should have a UID of its own"
     );
-    let leases = |s: &std::path::Path| -> Vec<(String, String, bool)> {
-        let out = Command::new(ipkeep_tests::cluster::repo_root().join("scripts/cluster.sh"))
-            .args(["node", "exec", "node-1", "--state"])
-            .arg(s)
-            .args([
-                "--",
-                "/opt/cni/bin/ipkeep",
-                "list",
-                "--json",
-                "--network",
-                "k8s-pod-network",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ipkeep list on node-1: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        list["leases"]
-            .as_array()
-            .unwrap()
+    let node = retention::Real::new(state);
+    let leases = |_: &std::path::Path| -> Vec<(String, String, bool)> {
+        node.leases("node-1")
             .iter()
             .map(|l| {
                 let ip = l["ip"].as_str().unwrap_or_default().to_string();

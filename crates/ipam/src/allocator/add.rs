@@ -385,8 +385,14 @@ fn next_free<S: Store + ?Sized>(
         if pending.lease(candidate)?.is_some() {
             continue;
         }
-        match pending.freed_at(candidate)? {
-            Some(at) if cooldown > 0 && now < at.saturating_add(cooldown) => {
+        // With the cooldown off, when an address was freed is not read at all.
+        let freed = if cooldown > 0 {
+            pending.freed_at(candidate)?
+        } else {
+            None
+        };
+        match freed {
+            Some(at) if now < at.saturating_add(cooldown) => {
                 if cooling.is_none_or(|(best, _)| at < best) {
                     cooling = Some((at, candidate));
                 }
