@@ -5,10 +5,11 @@
 //! Decisions are pure functions in `ipkeep-placement`; this crate feeds them from watch caches and
 //! writes their answers back (status by server-side apply, Events, metrics).
 //!
-//! - [`run`]: wiring: preflight, leader election, the two controllers, shutdown.
+//! - [`run`]: wiring: preflight, leader election, the three controllers, shutdown.
 //! - [`caches`]: the watches (trimmed objects, change filters) and the event → PPS mapping.
 //! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss).
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
+//! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
 //! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod generate;
 pub mod http;
 pub mod leader;
+pub mod lifecycle;
 pub mod metrics;
 pub mod pin_skipped;
 pub mod record;

@@ -1,5 +1,6 @@
 //! Wiring: check that the CRD is installed, wait for the leader lease, run the record and
-//! generate controllers over shared watch caches, and stop cleanly on shutdown or lost lease.
+//! generate controllers and the lifecycle loop over watch caches, and stop cleanly on shutdown
+//! or lost lease.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -220,12 +221,47 @@ async fn run_controllers(
             .modify(caches::trim_statefulset),
     )
     .applied_objects();
+    let config_for_lifecycle = config.clone();
+    let lifecycle_ctx = ctx.clone();
     let generate_loop = Controller::for_stream(generate_stream, generate_reader)
         .owns(pps_api, watcher::Config::default().any_semantic())
         .with_config(config)
         .graceful_shutdown_on(stop.clone())
         .run(generate::reconcile, generate::error_policy, ctx)
         .for_each(|result| async move { log_result(generate::LOOP, result) });
+
+    // The lifecycle loop watches the pods with hooks on its own (labels and the gate's
+    // condition, which the record loop's cache drops), and re-reads them when their
+    // PersistentPodState changes.
+    let (lifecycle_reader, lifecycle_writer) = reflector::store();
+    let (lifecycle_relisted, _) = mpsc::unbounded_channel();
+    let lifecycle_stream = crate::lifecycle::changes(
+        reflector(
+            lifecycle_writer,
+            watcher(
+                Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone()),
+                crate::lifecycle::watch_config(),
+            )
+            .default_backoff()
+            .modify(crate::lifecycle::trim),
+        ),
+        lifecycle_relisted,
+    );
+    let lifecycle_pods = lifecycle_reader.clone();
+    let lifecycle_loop = Controller::for_stream(lifecycle_stream, lifecycle_reader)
+        .watches(
+            Api::<PersistentPodState>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+            move |pps| crate::lifecycle::pods_of(&lifecycle_pods, &pps),
+        )
+        .with_config(config_for_lifecycle)
+        .graceful_shutdown_on(stop.clone())
+        .run(
+            crate::lifecycle::reconcile,
+            crate::lifecycle::error_policy,
+            lifecycle_ctx,
+        )
+        .for_each(|result| async move { log_result(crate::lifecycle::LOOP, result) });
 
     let mark_ready = {
         let health = health.clone();
@@ -236,7 +272,13 @@ async fn run_controllers(
             }
         }
     };
-    tokio::join!(record_loop, generate_loop, mark_ready, announce);
+    tokio::join!(
+        record_loop,
+        generate_loop,
+        lifecycle_loop,
+        mark_ready,
+        announce
+    );
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TLS for ipkeep-scheduler-ext without cert-manager: makes a private CA (or reuses the one in
 # DIR), signs a serving certificate for the Service, stores it in the Secret
-# ipkeep-scheduler-ext-tls, puts the CA into the webhook configuration's caBundle, and leaves
+# ipkeep-scheduler-ext-tls, puts the CA into both webhook configurations' caBundle, and leaves
 # the CA in DIR/ca.crt for kube-scheduler's extender (tlsConfig.caFile).
 #
 #   deploy/scheduler-ext/make-certificate.sh [--out DIR] [--days N] [--cluster-ip IP]
@@ -16,7 +16,7 @@
 #   --kubectl PATH    the kubectl to use (default: kubectl on PATH), with its usual KUBECONFIG
 #   --files-only      make the files only; touch nothing in the cluster
 #
-# Run it after `kubectl apply -k deploy/` (the namespace and the webhook configuration must
+# Run it after `kubectl apply -k deploy/` (the namespace and the webhook configurations must
 # exist). The scheduler-ext pods pick the Secret up by themselves (they stay ContainerCreating
 # until it exists, and reload renewed files within --cert-reload-interval). Needs openssl.
 set -euo pipefail
@@ -95,13 +95,16 @@ fi
   --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | "$kubectl" apply -f - >/dev/null
 say "Secret $ns/$secret holds the certificate"
 
-count=$("$kubectl" get mutatingwebhookconfiguration "$webhook" -o jsonpath='{range .webhooks[*]}x{end}' 2>/dev/null) ||
-  die "MutatingWebhookConfiguration $webhook not found: apply deploy/ first"
 bundle=$(base64 -w0 <"$out/ca.crt")
-patch=
-for ((i = 0; i < ${#count}; i++)); do
-  patch="$patch${patch:+,}{\"op\":\"add\",\"path\":\"/webhooks/$i/clientConfig/caBundle\",\"value\":\"$bundle\"}"
+# Both webhook configurations (the pinning one and the lifecycle hooks' one), every webhook.
+for kind in mutatingwebhookconfiguration validatingwebhookconfiguration; do
+  count=$("$kubectl" get "$kind" "$webhook" -o jsonpath='{range .webhooks[*]}x{end}' 2>/dev/null) ||
+    die "$kind $webhook not found: apply deploy/ first"
+  patch=
+  for ((i = 0; i < ${#count}; i++)); do
+    patch="$patch${patch:+,}{\"op\":\"add\",\"path\":\"/webhooks/$i/clientConfig/caBundle\",\"value\":\"$bundle\"}"
+  done
+  "$kubectl" patch "$kind" "$webhook" --type=json -p "[$patch]" >/dev/null
+  say "$kind $webhook trusts the CA"
 done
-"$kubectl" patch mutatingwebhookconfiguration "$webhook" --type=json -p "[$patch]" >/dev/null
-say "MutatingWebhookConfiguration $webhook trusts the CA"
 say "kube-scheduler: copy $out/ca.crt to the extender's tlsConfig.caFile on every control-plane node (docs/install.md, step 4)"

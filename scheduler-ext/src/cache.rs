@@ -1,5 +1,7 @@
 //! What the decisions read, kept in kube-rs reflector caches: every PersistentPodState (without
-//! `managedFields`) and every node's name and labels. Requests never call the API server.
+//! `managedFields`), every node's name, labels and Ready condition, and the pods that have
+//! lifecycle hooks (those labelled `ipkeep.dev/lifecycle-state`; an eviction names its pod
+//! without carrying it). Requests never call the API server.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use k8s_openapi::api::core::v1::Node;
+use ipkeep_placement::ipkeep_lifecycle::{SINCE_ANNOTATION, STATE_LABEL};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodSpec, PodStatus};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -18,6 +21,7 @@ use kube::{Client, ResourceExt};
 pub struct Caches {
     pps: Store<PersistentPodState>,
     nodes: Store<Node>,
+    pods: Store<Pod>,
     synced: Arc<AtomicBool>,
 }
 
@@ -28,6 +32,8 @@ pub struct Writers {
     pub pps: Writer<PersistentPodState>,
     /// Nodes.
     pub nodes: Writer<Node>,
+    /// Pods with lifecycle hooks.
+    pub pods: Writer<Pod>,
 }
 
 impl Caches {
@@ -35,30 +41,34 @@ impl Caches {
     pub fn new() -> (Self, Writers) {
         let (pps, pps_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
+        let (pods, pods_writer) = reflector::store();
         (
             Self {
                 pps,
                 nodes,
+                pods,
                 synced: Arc::default(),
             },
             Writers {
                 pps: pps_writer,
                 nodes: nodes_writer,
+                pods: pods_writer,
             },
         )
     }
 
-    /// Both caches have been filled once (and [`Self::wait_until_ready`] noticed).
+    /// Every cache has been filled once (and [`Self::wait_until_ready`] noticed).
     pub fn ready(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// Waits until both caches have been filled once, then makes [`Self::ready`] true.
+    /// Waits until every cache has been filled once, then makes [`Self::ready`] true.
     pub async fn wait_until_ready(&self) {
         // Only fails when a writer is dropped, which only happens at shutdown.
         let pps = self.pps.wait_until_ready().await;
         let nodes = self.nodes.wait_until_ready().await;
-        if pps.is_ok() && nodes.is_ok() {
+        let pods = self.pods.wait_until_ready().await;
+        if pps.is_ok() && nodes.is_ok() && pods.is_ok() {
             self.synced.store(true, Ordering::Release);
         }
     }
@@ -87,6 +97,21 @@ impl Caches {
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.nodes.get(&ObjectRef::new(name))
     }
+
+    /// Whether node `name` is known and its Ready condition is True.
+    pub fn node_ready(&self, name: &str) -> bool {
+        self.node(name).is_some_and(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+    }
+
+    /// A pod with lifecycle hooks, if it is known.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
 }
 
 /// A node's labels (empty when it has none).
@@ -105,10 +130,17 @@ pub async fn watch(client: Client, writers: Writers) {
     .default_backoff()
     .modify(|p| p.managed_fields_mut().clear())
     .reflect(writers.pps);
-    let nodes = watcher(Api::<Node>::all(client), watcher::Config::default())
+    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .modify(trim_node)
         .reflect(writers.nodes);
+    let pods = watcher(
+        Api::<Pod>::all(client),
+        watcher::Config::default().labels(STATE_LABEL),
+    )
+    .default_backoff()
+    .modify(trim_pod)
+    .reflect(writers.pods);
     let pps = pps.for_each(|event| async move {
         if let Err(e) = event {
             tracing::warn!(error = %e, "PersistentPodState watch failed; retrying");
@@ -119,14 +151,46 @@ pub async fn watch(client: Client, writers: Writers) {
             tracing::warn!(error = %e, "node watch failed; retrying");
         }
     });
-    futures::join!(pps, nodes);
+    let pods = pods.for_each(|event| async move {
+        if let Err(e) = event {
+            tracing::warn!(error = %e, "pod watch failed; retrying");
+        }
+    });
+    futures::join!(pps, nodes, pods);
 }
 
-/// Keeps a node's name and labels only: all a decision reads, and a fraction of the memory.
+/// Keeps a node's name, labels and Ready condition only: all a decision reads, and a fraction
+/// of the memory.
 fn trim_node(node: &mut Node) {
     node.spec = None;
-    node.status = None;
+    node.status = node.status.take().map(|s| NodeStatus {
+        conditions: s
+            .conditions
+            .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
+        ..NodeStatus::default()
+    });
     node.metadata.annotations = None;
     node.metadata.managed_fields = None;
     node.metadata.owner_references = None;
+}
+
+/// Keeps what a deletion's decision reads of a pod: identity, labels, owner, the lifecycle
+/// annotation, deletion, node, readiness gates and phase.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = meta.annotations.take().map(|a| {
+        a.into_iter()
+            .filter(|(k, _)| k == SINCE_ANNOTATION)
+            .collect()
+    });
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        readiness_gates: s.readiness_gates,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        ..PodStatus::default()
+    });
 }

@@ -21,8 +21,9 @@ use tokio::sync::Semaphore;
 use crate::budget::{Budget, Charge, ChargedBody};
 use crate::cache::Caches;
 use crate::error::RequestError;
+use crate::marker::Marker;
 use crate::metrics::Metrics;
-use crate::{extender, webhook};
+use crate::{deletion, extender, webhook};
 
 const MIB: usize = 1 << 20;
 
@@ -87,6 +88,8 @@ pub struct AppState {
     pub budget: Budget,
     /// Turns for decisions.
     decisions: Arc<Semaphore>,
+    /// Writes `PreparingDelete` marks (none: marks are dropped, as in tests).
+    marker: Option<Marker>,
 }
 
 impl AppState {
@@ -98,6 +101,15 @@ impl AppState {
             limits,
             budget: Budget::new(limits.in_flight),
             decisions: Arc::new(Semaphore::new(DECISIONS_AT_ONCE)),
+            marker: None,
+        }
+    }
+
+    /// The same state, writing marks with `marker`.
+    pub fn with_marker(self, marker: Marker) -> Self {
+        Self {
+            marker: Some(marker),
+            ..self
         }
     }
 }
@@ -106,10 +118,12 @@ impl AppState {
 /// stall the other requests on this core.
 const BLOCKING_ABOVE: usize = 1 << 20;
 
-/// All routes: `/mutate-pods`, `/filter`, `/prioritize`, and [`health_routes`].
+/// All routes: `/mutate-pods`, `/validate-pods`, `/filter`, `/prioritize`, and
+/// [`health_routes`].
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
+        .route("/validate-pods", post(validate_pods))
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .merge(health_routes())
@@ -130,7 +144,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the PersistentPodState and node caches are not synced yet",
+            "not ready: the PersistentPodState, node and pod caches are not synced yet",
         )
     }
 }
@@ -256,6 +270,51 @@ async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Bo
             }
             if let Some(reason) = reviewed.skipped {
                 state.metrics.pin_skipped(ENDPOINT, reason);
+            }
+            state
+                .metrics
+                .request(ENDPOINT, reviewed.outcome, started.elapsed().as_secs_f64());
+            response
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "admission request refused");
+            state.metrics.request(ENDPOINT, e.outcome(), 0.0);
+            e.into_webhook_response()
+        }
+    }
+}
+
+async fn validate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    const ENDPOINT: &str = "validate-pods";
+    let result = async {
+        let (bytes, charge) = read_body(&state, &headers, body, state.limits.webhook_body).await?;
+        let started = Instant::now();
+        let reviewed = run(&state, bytes, deletion::review).await?;
+        let answer = serde_json::to_vec(&reviewed.review).unwrap_or_default();
+        Ok::<_, RequestError>((reviewed, json_response(answer, charge).await?, started))
+    }
+    .await;
+    match result {
+        Ok((reviewed, response, started)) => {
+            if matches!(reviewed.outcome, "held" | "escaped") {
+                let (namespace, pod) = reviewed
+                    .pod
+                    .as_ref()
+                    .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()));
+                let answer = &reviewed.review.response;
+                // Request fields with `?`: escaped, so a name cannot forge a log line.
+                tracing::info!(
+                    namespace = ?namespace,
+                    pod = ?pod,
+                    uid = ?answer.uid,
+                    outcome = reviewed.outcome,
+                    message = ?answer.status.as_ref().map_or("", |s| s.message.as_str()),
+                    warnings = ?answer.warnings,
+                    "pod deletion reviewed"
+                );
+            }
+            if let (Some(mark), Some(marker)) = (reviewed.mark, &state.marker) {
+                marker.send(mark);
             }
             state
                 .metrics

@@ -7,20 +7,25 @@
 //!   `ipkeep.dev/pinned-by`; a pin the pod's own constraints exclude is skipped and explained
 //!   (`ipkeep.dev/pin-skipped` and an admission warning; the controller publishes the
 //!   `PinSkipped` Event once the pod exists).
+//! - **Validating webhook** `/validate-pods` ([`deletion`]): holds the deletion and eviction of a
+//!   pod whose PreDelete lifecycle hook blocks, and marks it `PreparingDelete` ([`marker`]: the
+//!   server's only write).
 //! - **Scheduler extender** `/filter`, `/prioritize` ([`extender`]): the same decision at
 //!   scheduling time, for pods the webhook did not see.
 //!
-//! Decisions read PersistentPodStates and nodes from reflector caches ([`cache`]); a request
-//! never waits on the API server, and never writes to it. What requests cost in memory is
+//! Decisions read PersistentPodStates, nodes and pods with hooks from reflector caches
+//! ([`cache`]); a request never waits on the API server. What requests cost in memory is
 //! bounded ([`budget`], [`pod`], [`http`], [`server`]). `/healthz`, `/readyz` (caches synced)
 //! and `/metrics` are served on the same listener, and optionally on a plain-HTTP probe
 //! listener.
 
 pub mod budget;
 pub mod cache;
+pub mod deletion;
 pub mod error;
 pub mod extender;
 pub mod http;
+pub mod marker;
 pub mod metrics;
 pub mod pod;
 pub mod server;
@@ -81,13 +86,14 @@ pub async fn run(
         }
     };
     let (caches, writers) = Caches::new();
+    let marker = marker::Marker::spawn(client.clone());
     tokio::spawn(cache::watch(client, writers));
     let ready = caches.clone();
     tokio::spawn(async move {
         ready.wait_until_ready().await;
-        tracing::info!("PersistentPodState and node caches synced; ready");
+        tracing::info!("PersistentPodState, node and pod caches synced; ready");
     });
-    let state = AppState::new(caches, metrics, settings.limits);
+    let state = AppState::new(caches, metrics, settings.limits).with_marker(marker);
     let shutdown = shutdown.shared();
     if let Some(addr) = settings.probe_listen {
         let listener = TcpListener::bind(addr)
@@ -103,7 +109,7 @@ pub async fn run(
         listen = %settings.listen,
         tls = settings.tls.is_some(),
         probe_listen = ?settings.probe_listen,
-        "serving /mutate-pods, /filter, /prioritize"
+        "serving /mutate-pods, /validate-pods, /filter, /prioritize"
     );
     server::serve(listener, http::router(state), tls, shutdown).await;
     tracing::info!("stopped");

@@ -15,10 +15,11 @@ use ipkeep_scheduler_ext::{Settings, run};
 /// Pins a rebuilt StatefulSet pod to the node (or zone) its PersistentPodState recorded, so it
 /// finds its local disk and, through the ipkeep CNI plugin, its old IP.
 ///
-/// Serves a mutating admission webhook (POST /mutate-pods, AdmissionReview v1) and a
+/// Serves a mutating admission webhook (POST /mutate-pods, AdmissionReview v1), the lifecycle
+/// hooks' validating webhook (POST /validate-pods: pod DELETE and pods/eviction), and a
 /// kube-scheduler extender (POST /filter and /prioritize, with nodeCacheCapable: true or
-/// false), plus /healthz, /readyz and /metrics. See deploy/ for the
-/// MutatingWebhookConfiguration and the KubeSchedulerConfiguration extender stanza.
+/// false), plus /healthz, /readyz and /metrics. See deploy/ for the webhook configurations and
+/// the KubeSchedulerConfiguration extender stanza.
 ///
 /// Finds the cluster like kubectl: $KUBECONFIG (or ~/.kube/config), else the in-cluster
 /// service account. Every flag can also be set by the environment variable shown.

@@ -1,8 +1,9 @@
 //! The fields of a pod that a decision reads, taken from a request's JSON without copying the
-//! rest: `metadata.name`, `generateName`, `namespace`, the controlling ownerReference, the
-//! annotations in [`KEPT_ANNOTATIONS`], and `spec.nodeName`, `spec.nodeSelector` and
-//! `spec.affinity.nodeAffinity`. Containers, volumes, status, managed fields and every other
-//! annotation and label are skipped as they are read.
+//! rest: `metadata.name`, `generateName`, `namespace`, `uid`, `deletionTimestamp`, the labels
+//! (the lifecycle hooks read them), the controlling ownerReference, the annotations in
+//! [`KEPT_ANNOTATIONS`], `spec.nodeName`, `spec.nodeSelector`, `spec.affinity.nodeAffinity` and
+//! `spec.readinessGates`, and `status.phase`. Containers, volumes, the rest of the status,
+//! managed fields and every other annotation are skipped as they are read.
 //!
 //! The result is a [`Pod`] holding only those fields: what `pin::decide` and `affinity::apply`
 //! look at, and what the webhook's patch is the diff of (so the patch can only touch them).
@@ -15,19 +16,23 @@ use std::fmt;
 
 use ipkeep_api::annotations::{PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
-use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use ipkeep_placement::ipkeep_lifecycle::SINCE_ANNOTATION;
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, Pod, PodReadinessGate, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 /// The annotations a decision reads or writes; all others are skipped.
-pub const KEPT_ANNOTATIONS: [&str; 5] = [
+pub const KEPT_ANNOTATIONS: [&str; 6] = [
     IP_RETENTION,
     KRUISE_RESERVED_IP,
     PERSISTENT_POD_STATE,
     PINNED_BY,
     PIN_SKIPPED,
+    SINCE_ANNOTATION,
 ];
 
 /// The most JSON `spec.nodeSelector` and `spec.affinity.nodeAffinity` may take together.
@@ -78,6 +83,7 @@ pub fn read(json: &str) -> Result<Pod, PodError> {
                 node_name: spec.node_name.map(|n| n.0.into_owned()),
                 node_selector,
                 affinity,
+                readiness_gates: spec.readiness_gates,
                 ..PodSpec::default()
             })
         }
@@ -87,12 +93,18 @@ pub fn read(json: &str) -> Result<Pod, PodError> {
             name: meta.name.map(|n| n.0.into_owned()),
             generate_name: meta.generate_name.map(|n| n.0.into_owned()),
             namespace: meta.namespace.map(|n| n.0.into_owned()),
+            uid: meta.uid.map(|n| n.0.into_owned()),
+            deletion_timestamp: meta.deletion_timestamp,
+            labels: meta.labels,
             owner_references: meta.owner_references.map(|c| c.0.into_iter().collect()),
             annotations: meta.annotations.map(|a| a.0),
             ..ObjectMeta::default()
         },
         spec,
-        status: None,
+        status: pod.status.and_then(|s| s.phase).map(|phase| PodStatus {
+            phase: Some(phase.0.into_owned()),
+            ..PodStatus::default()
+        }),
     })
 }
 
@@ -102,6 +114,14 @@ struct PodIn<'a> {
     metadata: Option<MetaIn<'a>>,
     #[serde(default, borrow)]
     spec: Option<SpecIn<'a>>,
+    #[serde(default, borrow)]
+    status: Option<StatusIn<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StatusIn<'a> {
+    #[serde(default, borrow)]
+    phase: Option<Text<'a>>,
 }
 
 /// A string, borrowed from the request unless it has escapes.
@@ -117,6 +137,12 @@ struct MetaIn<'a> {
     generate_name: Option<Text<'a>>,
     #[serde(default, borrow)]
     namespace: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    uid: Option<Text<'a>>,
+    #[serde(default)]
+    deletion_timestamp: Option<Time>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     owner_references: Option<Controller>,
     #[serde(default)]
@@ -132,6 +158,8 @@ struct SpecIn<'a> {
     node_selector: Option<&'a RawValue>,
     #[serde(default, borrow)]
     affinity: Option<AffinityIn<'a>>,
+    #[serde(default)]
+    readiness_gates: Option<Vec<PodReadinessGate>>,
 }
 
 #[derive(Deserialize)]
@@ -305,10 +333,12 @@ mod tests {
             serde_json::to_value(&read).unwrap(),
             json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "db-0", "namespace": "prod",
+                "metadata": {"name": "db-0", "namespace": "prod", "uid": "u1",
+                    "labels": full_pod()["metadata"]["labels"],
                     "annotations": {IP_RETENTION: "6h"},
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s1", "controller": true}]},
-                "spec": {"containers": [], "nodeSelector": {"disk": "nvme"}, "affinity": {"nodeAffinity": full_pod()["spec"]["affinity"]["nodeAffinity"]}}
+                "spec": {"containers": [], "nodeSelector": {"disk": "nvme"}, "affinity": {"nodeAffinity": full_pod()["spec"]["affinity"]["nodeAffinity"]}},
+                "status": {"phase": "Pending"}
             })
         );
     }

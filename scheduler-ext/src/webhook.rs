@@ -17,8 +17,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
-use ipkeep_placement::affinity;
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
+use ipkeep_placement::{affinity, lifecycle, spec};
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -39,29 +39,56 @@ struct ReviewIn<'a> {
     request: Option<RequestIn<'a>>,
 }
 
+/// `request` of an AdmissionReview: what either webhook reads of it.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RequestIn<'a> {
-    uid: String,
+pub(crate) struct RequestIn<'a> {
+    pub(crate) uid: String,
     #[serde(default)]
-    resource: GroupResource,
+    pub(crate) resource: GroupResource,
     #[serde(default)]
-    sub_resource: Option<String>,
+    pub(crate) sub_resource: Option<String>,
     #[serde(default)]
-    namespace: Option<String>,
-    operation: String,
+    pub(crate) name: Option<String>,
+    #[serde(default)]
+    pub(crate) namespace: Option<String>,
+    pub(crate) operation: String,
     #[serde(default, borrow)]
-    object: Option<&'a RawValue>,
+    pub(crate) object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub(crate) old_object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub(crate) options: Option<&'a RawValue>,
     #[serde(default)]
-    dry_run: Option<bool>,
+    pub(crate) dry_run: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
-struct GroupResource {
+pub(crate) struct GroupResource {
     #[serde(default)]
-    group: String,
+    pub(crate) group: String,
     #[serde(default)]
-    resource: String,
+    pub(crate) resource: String,
+}
+
+/// Reads an AdmissionReview's request, refusing anything but `admission.k8s.io/v1`.
+pub(crate) fn read_request(body: &[u8]) -> Result<RequestIn<'_>, RequestError> {
+    let malformed =
+        |reason: String| RequestError::malformed("admission.k8s.io/v1 AdmissionReview", reason);
+    let review: ReviewIn<'_> =
+        serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
+    if review.api_version.as_deref() != Some(ADMISSION_V1)
+        || review.kind.as_deref() != Some("AdmissionReview")
+    {
+        return Err(malformed(format!(
+            "apiVersion/kind must be {ADMISSION_V1}/AdmissionReview, got {}/{}",
+            review.api_version.as_deref().unwrap_or("(none)"),
+            review.kind.as_deref().unwrap_or("(none)")
+        )));
+    }
+    review
+        .request
+        .ok_or_else(|| malformed("it has no request".into()))
 }
 
 /// The AdmissionReview sent back.
@@ -74,14 +101,37 @@ pub struct ReviewOut {
     pub response: ResponseOut,
 }
 
+impl ReviewOut {
+    /// An answer that allows the request unchanged.
+    pub fn allow(uid: String) -> Self {
+        Self {
+            api_version: ADMISSION_V1,
+            kind: "AdmissionReview",
+            response: ResponseOut {
+                uid,
+                allowed: true,
+                status: None,
+                patch_type: None,
+                patch: None,
+                warnings: Vec::new(),
+                audit_annotations: BTreeMap::new(),
+            },
+        }
+    }
+}
+
 /// `response` of an AdmissionReview.
 #[derive(Serialize, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct ResponseOut {
     /// `request.uid`.
     pub uid: String,
-    /// Always true: the webhook pins or explains, it never refuses a pod.
+    /// False only when `/validate-pods` holds a deletion; the mutating webhook pins or
+    /// explains, it never refuses a pod.
     pub allowed: bool,
+    /// Why a request is refused (`metav1.Status`): the client sees its message and code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatusOut>,
     /// `JSONPatch` when `patch` is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch_type: Option<&'static str>,
@@ -94,6 +144,18 @@ pub struct ResponseOut {
     /// Recorded in the API server's audit log.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub audit_annotations: BTreeMap<String, String>,
+}
+
+/// `response.status` of a refusal.
+#[derive(Serialize, Debug, PartialEq, Eq)]
+pub struct StatusOut {
+    /// The HTTP code the client gets: 429, so the StatefulSet controller and `kubectl drain`
+    /// retry, as they do for a PodDisruptionBudget.
+    pub code: u16,
+    /// `TooManyRequests`.
+    pub reason: &'static str,
+    /// What the request waits for, and how to get past it.
+    pub message: String,
 }
 
 /// What came of one review.
@@ -111,35 +173,9 @@ pub struct Reviewed {
 
 /// Reviews one AdmissionReview body.
 pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
-    let malformed =
-        |reason: String| RequestError::malformed("admission.k8s.io/v1 AdmissionReview", reason);
-    let review: ReviewIn<'_> =
-        serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
-    if review.api_version.as_deref() != Some(ADMISSION_V1)
-        || review.kind.as_deref() != Some("AdmissionReview")
-    {
-        return Err(malformed(format!(
-            "apiVersion/kind must be {ADMISSION_V1}/AdmissionReview, got {}/{}",
-            review.api_version.as_deref().unwrap_or("(none)"),
-            review.kind.as_deref().unwrap_or("(none)")
-        )));
-    }
-    let request = review
-        .request
-        .ok_or_else(|| malformed("it has no request".into()))?;
+    let request = read_request(body)?;
     let mut out = Reviewed {
-        review: ReviewOut {
-            api_version: ADMISSION_V1,
-            kind: "AdmissionReview",
-            response: ResponseOut {
-                uid: request.uid.clone(),
-                allowed: true,
-                patch_type: None,
-                patch: None,
-                warnings: Vec::new(),
-                audit_annotations: BTreeMap::new(),
-            },
-        },
+        review: ReviewOut::allow(request.uid.clone()),
         outcome: "passed",
         skipped: None,
         pod: None,
@@ -191,6 +227,14 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     };
     let mut after = pod.clone();
     affinity::apply(&managed, &mut after);
+    // The hooks of a spec that does not check are not applied (the pod fails open); the
+    // controller reports the spec on the PersistentPodState.
+    let hooks = pps
+        .as_deref()
+        .and_then(|p| spec::check(&p.spec).ok())
+        .map(|c| c.lifecycle)
+        .unwrap_or_default();
+    lifecycle::apply_at_create(&hooks, &mut after);
     let patch = json_patch::diff(&to_json(&pod), &to_json(&after));
     if !patch.0.is_empty() {
         let bytes = serde_json::to_vec(&patch).map_err(|e| RequestError::Body(e.to_string()))?;

@@ -6,7 +6,7 @@
 #   configuration) applied with `kubectl apply -k`; the webhook's certificate by
 #   deploy/scheduler-ext/make-certificate.sh; kube-scheduler started with the extender.
 # - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
-#   processes, each with its own ServiceAccount's token; the webhook with a url on loopback.
+#   processes, each with its own ServiceAccount's token; the webhooks with a url on loopback.
 
 # ipkeep_build PROFILE PACKAGE...: builds the packages' binaries; prints their directory.
 ipkeep_build() {
@@ -102,6 +102,13 @@ ipkeep_up() {
     {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
      \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}}]" \
     >"$state/webhook.yaml"
+  local i patch=
+  for i in 0 1; do
+    patch="$patch${patch:+,}{\"op\": \"replace\", \"path\": \"/webhooks/$i/clientConfig\",
+     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/validate-pods\", \"caBundle\": \"$ca\"}}"
+  done
+  "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/lifecycle-webhook.yaml" --type=json -o yaml \
+    -p "[$patch]" >"$state/lifecycle-webhook.yaml"
   for sa in ipkeep-controller ipkeep-scheduler-ext; do
     token=$("${kubectl[@]}" -n ipkeep-system create token "$sa" --duration=48h)
     kubeconfig "$state/$sa.kubeconfig" token "$token" ipkeep-system
@@ -117,7 +124,7 @@ ipkeep_up() {
   wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
   wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
   wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"
-  "${kubectl[@]}" apply -f "$state/webhook.yaml" >/dev/null
+  "${kubectl[@]}" apply -f "$state/webhook.yaml" -f "$state/lifecycle-webhook.yaml" >/dev/null
   cat >"$state/ipkeep.env" <<EOF
 IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
 IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe

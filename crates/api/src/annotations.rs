@@ -21,6 +21,10 @@ pub const NODE_LOSS_AFTER: &str = "ipkeep.dev/node-loss-after";
 /// held IPs left by an earlier StatefulSet of the same name (deleted with `--cascade=orphan`, or
 /// by a Helm re-install that kept the PersistentPodState), instead of starting afresh.
 pub const ADOPT_PERSISTENT_POD_STATE: &str = "ipkeep.dev/adopt-persistent-pod-state";
+/// StatefulSet (copied into `spec.lifecycle` of a generated PersistentPodState): the lifecycle
+/// hooks as JSON, exactly as `spec.lifecycle` would be written, e.g.
+/// `{"preNormal":{"labelsHandler":{"registry.example.com/pending":"true"}}}`.
+pub const LIFECYCLE: &str = "ipkeep.dev/lifecycle";
 
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.
 pub const PINNED_BY: &str = "ipkeep.dev/pinned-by";

@@ -49,6 +49,86 @@ pub struct PersistentPodStateSpec {
     #[serde(default = "default_ip_retention")]
     #[schemars(regex(pattern = r"^(0|forever|([0-9]+(ns|us|ms|s|m|h|d))+)$"))]
     pub ip_retention: String,
+    /// ipkeep addition: lifecycle hooks for the StatefulSet's pods, shaped after OpenKruise's
+    /// `lifecycle` with `labelsHandler` (docs/lifecycle.md). `preNormal` keeps a new pod not
+    /// Ready until your operator removes its labels; `preDelete` holds a pod's deletion and
+    /// eviction while the pod carries its labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleSpec>,
+}
+
+/// `spec.lifecycle`: two hooks, each a set of pod labels that holds the pod while it has them
+/// all with these values.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LifecycleSpec {
+    /// Added to every new pod at creation (state `PreparingNormal`); the pod is not Ready until
+    /// your operator removes or changes one of them (state `Normal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_normal: Option<PreNormalHook>,
+    /// While a pod carries all of these, its deletion and eviction are refused and the pod is
+    /// `PreparingDelete`; your operator adds them once it registered the pod, and removes one
+    /// after it deregistered the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_delete: Option<PreDeleteHook>,
+}
+
+/// The CEL rule every `labelsHandler` key passes: a label key (optional DNS-subdomain prefix).
+const LABELS_HANDLER_RULE: &str = "self.all(k, k.size() <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))";
+
+/// What a label value may be.
+const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
+/// `spec.lifecycle.preNormal`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreNormalHook {
+    /// Label keys and values: a new pod is created with them, and is `PreparingNormal` until
+    /// one is removed or has another value.
+    #[schemars(extend(
+        "minProperties" = 1,
+        "maxProperties" = 16,
+        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/pending"}],
+        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    ))]
+    pub labels_handler: BTreeMap<String, String>,
+    /// Keep the pod not Ready while `PreparingNormal` (default true: the point of the hook).
+    #[serde(default = "yes")]
+    pub mark_pod_not_ready: bool,
+}
+
+/// `spec.lifecycle.preDelete`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreDeleteHook {
+    /// Label keys and values: while a pod has them all, its deletion and eviction are refused.
+    #[schemars(extend(
+        "minProperties" = 1,
+        "maxProperties" = 16,
+        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/registered"}],
+        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    ))]
+    pub labels_handler: BTreeMap<String, String>,
+    /// Take the pod out of its Services (not Ready) as soon as its deletion is held, so traffic
+    /// drains before your operator deregisters it (default false).
+    #[serde(default)]
+    pub mark_pod_not_ready: bool,
+    /// How long a deletion may be held, counted from the first refusal (default 600); after it,
+    /// every deletion and eviction passes, so a drain is never blocked for ever.
+    #[serde(default = "default_pre_delete_timeout")]
+    #[schemars(range(min = 1, max = 604_800))]
+    pub timeout_seconds: i64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The default `spec.lifecycle.preDelete.timeoutSeconds`.
+pub const DEFAULT_PRE_DELETE_TIMEOUT_SECONDS: i64 = 600;
+
+fn default_pre_delete_timeout() -> i64 {
+    DEFAULT_PRE_DELETE_TIMEOUT_SECONDS
 }
 
 /// The default `spec.ipRetention`.

@@ -36,6 +36,9 @@ pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
 pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
 /// How long a pod may be held in `PreparingDelete` unless the hook says otherwise.
 pub const DEFAULT_PRE_DELETE_TIMEOUT_SECS: u64 = 600;
+/// How long past the PreDelete timeout a pod still in `PreparingDelete` returns to `Normal`: any
+/// deletion would have passed since the timeout, so nobody is deleting it.
+pub const ABANDONED_AFTER_SECS: u64 = 120;
 
 /// Where a pod stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +83,7 @@ impl fmt::Display for State {
 pub struct Hook {
     /// `labelsHandler`: the pod is blocked while it has all of these with these values.
     pub labels: BTreeMap<String, String>,
-    /// `markPodNotReady`: the readiness gate goes False while the pod is held by this hook
-    /// (PreNormal always holds the pod not Ready).
+    /// `markPodNotReady`: the readiness gate is False while the pod is held by this hook.
     pub mark_pod_not_ready: bool,
 }
 
@@ -118,11 +120,10 @@ pub struct Lifecycle {
 impl Lifecycle {
     /// Whether the pods get the readiness gate: a hook that can hold them not Ready.
     pub fn gates_readiness(&self) -> bool {
-        self.pre_normal.is_some()
-            || self
-                .pre_delete
-                .as_ref()
-                .is_some_and(|h| h.mark_pod_not_ready)
+        [&self.pre_normal, &self.pre_delete]
+            .into_iter()
+            .flatten()
+            .any(|h| h.mark_pod_not_ready)
     }
 }
 
@@ -165,10 +166,12 @@ pub struct PodFacts<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// When it entered its state ([`SINCE_ANNOTATION`]), if known.
     pub since: Option<u64>,
-    /// It has a deletion timestamp.
+    /// It has a deletion timestamp, or it has finished (phase `Succeeded` or `Failed`).
     pub terminating: bool,
     /// Its node is Ready (false when unbound, NotReady or gone).
     pub node_ready: bool,
+    /// Its spec has the readiness gate [`READINESS_GATE`] (only the webhook adds it, at CREATE).
+    pub gated: bool,
 }
 
 impl PodFacts<'_> {
@@ -185,44 +188,59 @@ pub struct Wanted {
     pub state: Option<State>,
     /// The readiness gate's condition (`None`: the pod has no gate to set).
     pub ready: Option<bool>,
+    /// When to look at the pod again although nothing changes (unix seconds): when a
+    /// `PreparingDelete` pod counts as abandoned.
+    pub recheck_at: Option<u64>,
 }
 
-/// The controller's decision for one pod, whenever the pod or the configuration changes.
-pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>) -> Wanted {
-    let gated = lifecycle.gates_readiness();
-    let ready = |r: bool| gated.then_some(r);
+/// The controller's decision for one pod at `now` (unix seconds), whenever the pod or the
+/// configuration changes. A gated pod's condition follows its state even when its
+/// PersistentPodState or hooks are gone, so no pod is left not Ready by a gate nobody sets.
+pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, now: u64) -> Wanted {
+    let ready = |r: bool| pod.gated.then_some(r);
+    let wanted = |state: Option<State>, r: bool| Wanted {
+        state,
+        ready: ready(r),
+        recheck_at: None,
+    };
     match pod.state() {
         // Never labelled (created while the webhook was down, or before the hooks): it fails
         // open, and never becomes PreparingNormal after the fact.
-        None => Wanted {
-            state: None,
-            ready: ready(true),
-        },
+        None => wanted(None, true),
         Some(State::PreparingNormal) => match &lifecycle.pre_normal {
-            Some(hook) if hook.blocks(pod.labels) => Wanted {
-                state: Some(State::PreparingNormal),
-                ready: ready(false),
-            },
-            _ => Wanted {
-                state: Some(State::Normal),
-                ready: ready(true),
-            },
+            Some(hook) if hook.blocks(pod.labels) => {
+                wanted(Some(State::PreparingNormal), !hook.mark_pod_not_ready)
+            }
+            _ => wanted(Some(State::Normal), true),
         },
-        Some(State::Normal) => Wanted {
-            state: Some(State::Normal),
-            ready: ready(true),
-        },
+        Some(State::Normal) => wanted(Some(State::Normal), true),
         Some(State::PreparingDelete) => {
-            let drain = lifecycle
-                .pre_delete
-                .as_ref()
-                .is_some_and(|h| h.mark_pod_not_ready);
+            if pod.terminating {
+                // Going anyway: keep what it shows until it is gone.
+                return wanted(Some(State::PreparingDelete), !drains(lifecycle));
+            }
+            let abandoned_at = pod
+                .since
+                .unwrap_or(now)
+                .saturating_add(lifecycle.pre_delete_timeout)
+                .saturating_add(ABANDONED_AFTER_SECS);
+            if now >= abandoned_at {
+                return wanted(Some(State::Normal), true);
+            }
             Wanted {
-                state: Some(State::PreparingDelete),
-                ready: ready(!drain),
+                recheck_at: Some(abandoned_at),
+                ..wanted(Some(State::PreparingDelete), !drains(lifecycle))
             }
         }
     }
+}
+
+/// Whether the PreDelete hook takes a held pod out of its Services.
+fn drains(lifecycle: &Lifecycle) -> bool {
+    lifecycle
+        .pre_delete
+        .as_ref()
+        .is_some_and(|h| h.mark_pod_not_ready)
 }
 
 /// A DELETE of a pod, or a create of its `eviction` subresource.

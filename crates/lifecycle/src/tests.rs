@@ -16,7 +16,7 @@ fn hook(label: (&str, &str), mark: bool) -> Hook {
 
 fn lifecycle(pre_normal: bool, pre_delete: Option<bool>) -> Lifecycle {
     Lifecycle {
-        pre_normal: pre_normal.then(|| hook(BLOCK_NORMAL, false)),
+        pre_normal: pre_normal.then(|| hook(BLOCK_NORMAL, true)),
         pre_delete: pre_delete.map(|mark| hook(BLOCK_DELETE, mark)),
         pre_delete_timeout: DEFAULT_PRE_DELETE_TIMEOUT_SECS,
     }
@@ -39,6 +39,7 @@ fn facts(labels: &BTreeMap<String, String>) -> PodFacts<'_> {
         since: None,
         terminating: false,
         node_ready: true,
+        gated: true,
     }
 }
 
@@ -138,7 +139,7 @@ fn every_transition_of_the_controller() {
             Some(PreparingNormal),
             vec![BLOCK_NORMAL],
             Some(Normal),
-            None,
+            Some(true),
         ),
         (
             "Normal stays Normal",
@@ -164,20 +165,75 @@ fn every_transition_of_the_controller() {
             Some(PreparingDelete),
             Some(true),
         ),
-        (
-            "no gate to set without a hook that can hold readiness",
-            &delete_only,
-            Some(Normal),
-            vec![],
-            Some(Normal),
-            None,
-        ),
     ] {
         let l = labels(state, &extra);
-        let got = reconcile(lc, &facts(&l));
+        let got = reconcile(lc, &facts(&l), NOW);
         assert_eq!(got.state, want_state, "{name}");
         assert_eq!(got.ready, want_ready, "{name}");
     }
+}
+
+#[test]
+fn the_gate_follows_the_pod_not_the_configuration() {
+    use State::*;
+    let none = Lifecycle::default();
+    // The hooks (or the whole PersistentPodState) were removed after the pod was created with
+    // the gate: it is still set, or the pod would never be Ready.
+    for state in [PreparingNormal, Normal] {
+        let l = labels(Some(state), &[BLOCK_NORMAL]);
+        let got = reconcile(&none, &facts(&l), NOW);
+        assert_eq!(
+            (got.state, got.ready),
+            (Some(Normal), Some(true)),
+            "{state}"
+        );
+    }
+    // A pod without the gate (created before the hooks, or while the webhook was down): no
+    // condition to write, whatever its state.
+    let l = labels(Some(PreparingDelete), &[BLOCK_DELETE]);
+    let ungated = PodFacts {
+        gated: false,
+        since: Some(NOW),
+        ..facts(&l)
+    };
+    assert_eq!(
+        reconcile(&lifecycle(true, Some(true)), &ungated, NOW).ready,
+        None
+    );
+}
+
+#[test]
+fn a_pod_nobody_deletes_leaves_preparing_delete() {
+    let lc = lifecycle(false, Some(true));
+    let l = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let limit = DEFAULT_PRE_DELETE_TIMEOUT_SECS + ABANDONED_AFTER_SECS;
+    let pod = |since: u64, terminating: bool| PodFacts {
+        since: Some(since),
+        terminating,
+        ..facts(&l)
+    };
+    let held = reconcile(&lc, &pod(NOW - 10, false), NOW);
+    assert_eq!(
+        held,
+        Wanted {
+            state: Some(State::PreparingDelete),
+            ready: Some(false),
+            recheck_at: Some(NOW - 10 + limit),
+        }
+    );
+    // Past the timeout every deletion passes; still here ABANDONED_AFTER_SECS later, nobody is
+    // deleting it (a scale-down undone): back to Normal and Ready.
+    let back = reconcile(&lc, &pod(NOW - limit, false), NOW);
+    assert_eq!(
+        (back.state, back.ready, back.recheck_at),
+        (Some(State::Normal), Some(true), None)
+    );
+    // One that is terminating stays as it is until it is gone.
+    let going = reconcile(&lc, &pod(NOW - limit, true), NOW);
+    assert_eq!(
+        (going.state, going.ready),
+        (Some(State::PreparingDelete), Some(false))
+    );
 }
 
 #[test]

@@ -29,6 +29,9 @@ pub enum AutoGenerateError {
         key = keys::NODE_LOSS_ACTION
     )]
     NodeLossAction(String),
+    /// The lifecycle annotation does not read as `spec.lifecycle`.
+    #[error("{key} cannot be read as spec.lifecycle: {0}", key = keys::LIFECYCLE)]
+    Lifecycle(String),
     #[error("the annotations give an invalid PersistentPodState: {0}")]
     Invalid(#[from] SpecError),
 }
@@ -89,6 +92,10 @@ pub fn generated_spec(
         ip_retention: lookup(annotations, keys::IP_RETENTION, None)
             .map_or(DEFAULT_IP_RETENTION, str::trim)
             .to_string(),
+        lifecycle: lookup(annotations, keys::LIFECYCLE, None)
+            .map(crate::lifecycle::parse_annotation)
+            .transpose()
+            .map_err(AutoGenerateError::Lifecycle)?,
     };
     spec::check(&spec)?;
     Ok(Some(spec))

@@ -55,6 +55,26 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a label value: empty, or at most 63 characters of `[A-Za-z0-9-_.]` that start and end
+/// alphanumeric. Returns why it is invalid.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    let alnum = |b: u8| b.is_ascii_alphanumeric();
+    let bytes = value.as_bytes();
+    if value.len() > 63
+        || !bytes
+            .iter()
+            .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
+        || !bytes.first().copied().is_some_and(alnum)
+        || !bytes.last().copied().is_some_and(alnum)
+    {
+        return Err("a label value is empty, or at most 63 letters, digits, '-', '_' and '.' that start and end with a letter or digit".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

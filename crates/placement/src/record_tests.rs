@@ -15,6 +15,7 @@ fn config(policy: RetentionPolicy, action: NodeLossAction) -> PinConfig {
         retention_policy: policy,
         node_loss_action: action,
         node_loss_after: Duration::from_secs(300),
+        lifecycle: Default::default(),
     }
 }
 

@@ -8,6 +8,7 @@ use ipkeep_api::ipkeep_values::{Retention, RetentionError};
 use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
 
 use crate::keys::check_label_key;
+use ipkeep_lifecycle::Lifecycle;
 
 /// A spec the controller cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +55,9 @@ pub enum SpecError {
     /// `ipRetention` outside the retention grammar.
     #[error("{0}")]
     BadRetention(#[from] RetentionError),
+    /// `lifecycle` cannot be applied.
+    #[error("lifecycle: {0}")]
+    InvalidLifecycle(String),
 }
 
 /// A checked spec.
@@ -69,6 +73,8 @@ pub struct PinConfig {
     pub node_loss_action: NodeLossAction,
     /// How long a node is missing or NotReady before the action applies.
     pub node_loss_after: Duration,
+    /// The lifecycle hooks.
+    pub lifecycle: Lifecycle,
 }
 
 /// Checks `spec` and reads it into a [`PinConfig`].
@@ -128,6 +134,7 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
         retention_policy: spec.persistent_pod_state_retention_policy,
         node_loss_action: spec.node_loss_policy.action,
         node_loss_after,
+        lifecycle: crate::lifecycle::read(spec.lifecycle.as_ref())?,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_scheduler_ext::cache::Caches;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::{Value, json};
@@ -74,6 +74,11 @@ pub fn pps_json() -> Value {
 
 /// Caches holding `pps` and nodes `n0`..`n<nodes-1>`, synced.
 pub async fn caches(pps: &[Value], nodes: usize) -> Caches {
+    caches_with_pods(pps, nodes, &[]).await
+}
+
+/// Caches holding `pps`, nodes `n0`..`n<nodes-1>` and the pods with hooks `pods`, synced.
+pub async fn caches_with_pods(pps: &[Value], nodes: usize, pods: &[Value]) -> Caches {
     let (caches, mut writers) = Caches::new();
     writers.pps.apply_watcher_event(&Event::Init);
     for p in pps {
@@ -87,6 +92,13 @@ pub async fn caches(pps: &[Value], nodes: usize) -> Caches {
         writers.nodes.apply_watcher_event(&Event::InitApply(n));
     }
     writers.nodes.apply_watcher_event(&Event::InitDone);
+    writers.pods.apply_watcher_event(&Event::Init);
+    for p in pods {
+        let mut p: Pod = serde_json::from_value(p.clone()).unwrap();
+        ipkeep_scheduler_ext::cache::trim_pod(&mut p);
+        writers.pods.apply_watcher_event(&Event::InitApply(p));
+    }
+    writers.pods.apply_watcher_event(&Event::InitDone);
     caches.wait_until_ready().await;
     // The writers must outlive the caches' readers only for updates; dropping them is fine.
     caches

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use ipkeep_api::annotations as keys;
-use ipkeep_api::k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use ipkeep_api::k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::{Namespace, Service};
 use ipkeep_api::k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -177,17 +179,35 @@ fn webhook_extender_service_and_certificate_agree() {
 
     let hook: MutatingWebhookConfiguration =
         find("MutatingWebhookConfiguration", "ipkeep-scheduler-ext").typed();
-    let client = hook.webhooks.as_ref().expect("webhooks")[0]
-        .client_config
-        .service
-        .clone()
-        .expect("a service reference");
-    assert_eq!((client.name.as_str(), client.namespace.as_str()), (svc, ns));
-    assert_eq!(client.port.map(i64::from), Some(svc_port));
-    let path = client.path.expect("path");
-    assert!(
-        help.contains(&format!("POST {path}")),
-        "the server serves {path}"
+    let lifecycle: ValidatingWebhookConfiguration =
+        find("ValidatingWebhookConfiguration", "ipkeep-scheduler-ext").typed();
+    let clients = hook
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| &w.client_config)
+        .chain(
+            lifecycle
+                .webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config),
+        );
+    let mut paths = BTreeSet::new();
+    for config in clients {
+        let client = config.service.clone().expect("a service reference");
+        assert_eq!((client.name.as_str(), client.namespace.as_str()), (svc, ns));
+        assert_eq!(client.port.map(i64::from), Some(svc_port));
+        let path = client.path.expect("path");
+        assert!(
+            help.contains(&format!("POST {path}")),
+            "the server serves {path}"
+        );
+        paths.insert(path);
+    }
+    assert_eq!(
+        paths,
+        BTreeSet::from(["/mutate-pods".to_string(), "/validate-pods".to_string()])
     );
 
     let config = of_kind("KubeSchedulerConfiguration")
@@ -252,12 +272,12 @@ fn webhook_extender_service_and_certificate_agree() {
         .filter_map(Value::as_str)
         .collect();
     assert!(dns.contains(&server_name.as_str()), "{dns:?}");
-    let inject = hook
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("cert-manager.io/inject-ca-from"));
-    assert_eq!(inject, Some(&format!("{ns}/{}", cert.name())));
+    for annotations in [&hook.metadata.annotations, &lifecycle.metadata.annotations] {
+        let inject = annotations
+            .as_ref()
+            .and_then(|a| a.get("cert-manager.io/inject-ca-from"));
+        assert_eq!(inject, Some(&format!("{ns}/{}", cert.name())));
+    }
     // Every Certificate's issuer is in the file, and every CA Issuer's Secret is a Certificate's.
     for c in of_kind("Certificate") {
         let issuer = find("Issuer", c.str("/spec/issuerRef/name"));
@@ -275,12 +295,13 @@ fn webhook_extender_service_and_certificate_agree() {
 
 #[test]
 fn everything_but_the_examples_is_in_ipkeep_system() {
-    const CLUSTER_SCOPED: [&str; 8] = [
+    const CLUSTER_SCOPED: [&str; 9] = [
         "Namespace",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
         "KubeSchedulerConfiguration",
         "Kustomization",
         "Component",
@@ -352,6 +373,40 @@ fn the_webhook_skips_ipkeep_system_and_disabled_namespaces_and_sees_statefulset_
         selects(objects, &pod),
         "the StatefulSet controller's pod-name label lets it in"
     );
+
+    // The lifecycle webhooks skip the same namespaces; pod DELETE reaches the server only for
+    // pods the pinning webhook gave a lifecycle state, and evictions (no labels) all do.
+    let lifecycle: ValidatingWebhookConfiguration =
+        find("ValidatingWebhookConfiguration", "ipkeep-scheduler-ext").typed();
+    for hook in lifecycle.webhooks.iter().flatten() {
+        assert_eq!(
+            hook.namespace_selector.as_ref(),
+            Some(namespaces),
+            "{}",
+            hook.name
+        );
+        assert_eq!(hook.failure_policy.as_deref(), Some("Ignore"), "fail open");
+        let resources: Vec<&str> = hook
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.resources.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        match resources.as_slice() {
+            ["pods"] => {
+                let objects = hook.object_selector.as_ref().expect("objectSelector");
+                assert!(!selects(objects, &pod));
+                pod.insert(ipkeep_lifecycle::STATE_LABEL.into(), "Normal".into());
+                assert!(selects(objects, &pod), "a pod with a lifecycle state");
+            }
+            ["pods/eviction"] => assert!(
+                hook.object_selector.is_none(),
+                "an Eviction has no labels: a selector would match none"
+            ),
+            other => panic!("unexpected resources {other:?}"),
+        }
+    }
 }
 
 #[test]

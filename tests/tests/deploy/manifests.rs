@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use ipkeep_api::k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use ipkeep_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use ipkeep_api::k8s_openapi::api::core::v1::{
     Container, Namespace, PodTemplateSpec, Service, ServiceAccount,
@@ -235,6 +237,9 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         ("policy/v1", "PodDisruptionBudget") => round_trip::<PodDisruptionBudget>(value),
         ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
             round_trip::<MutatingWebhookConfiguration>(value)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            round_trip::<ValidatingWebhookConfiguration>(value)
         }
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             round_trip::<CustomResourceDefinition>(value)

@@ -1,0 +1,291 @@
+//! The lifecycle loop: keeps each pod with hooks (labelled `ipkeep.dev/lifecycle-state` by the
+//! webhook at CREATE) in the state [`ipkeep_lifecycle::reconcile`] wants, and its readiness
+//! gate's condition with it. The decisions are pure; this module reads the pod and its
+//! PersistentPodState's `spec.lifecycle` and writes two things back:
+//!
+//! - the state label, and the unix second it changed in `ipkeep.dev/lifecycle-since` (a merge
+//!   patch with the pod's UID as a precondition);
+//! - the condition `ipkeep.dev/lifecycle-ready` in `status.conditions` (a strategic merge patch
+//!   of the status subresource keyed by the condition's type, so the kubelet's conditions are
+//!   untouched).
+//!
+//! Pods are watched on their own (only those with the label, trimmed to what the decision
+//! reads); a pod event that changes none of it reconciles nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::Stream;
+use ipkeep_api::PersistentPodState;
+use ipkeep_placement::ipkeep_lifecycle::{
+    self as lifecycle, Lifecycle, PodFacts, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, State,
+    Wanted,
+};
+use ipkeep_placement::spec;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tracing::{info, warn};
+
+use crate::caches::Caches;
+use crate::context::Context;
+use crate::{Error, FIELD_MANAGER};
+
+/// The loop's name in logs and metrics.
+pub const LOOP: &str = "lifecycle";
+
+/// Watch configuration: only pods the webhook gave a lifecycle state.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default()
+        .labels(STATE_LABEL)
+        .any_semantic()
+}
+
+/// Keeps what the decision reads: identity, labels, owner, the since-annotation, deletion,
+/// readiness gates, phase, and the gate's condition.
+pub fn trim(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = meta.annotations.take().map(|a| {
+        a.into_iter()
+            .filter(|(k, _)| k == SINCE_ANNOTATION)
+            .collect()
+    });
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        readiness_gates: s.readiness_gates,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == READINESS_GATE)
+                .collect()
+        }),
+        ..PodStatus::default()
+    });
+}
+
+/// What of a trimmed pod decides its reconcile.
+pub fn fingerprint(pod: &Pod) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    pod.metadata.labels.hash(&mut h);
+    pod.metadata.annotations.hash(&mut h);
+    pod.metadata.uid.hash(&mut h);
+    pod.metadata.deletion_timestamp.is_some().hash(&mut h);
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_ref())
+        .hash(&mut h);
+    gated(pod).hash(&mut h);
+    gate_status(pod).hash(&mut h);
+    h.finish()
+}
+
+/// The pods a PersistentPodState's change concerns: those of its StatefulSet.
+pub fn pods_of(
+    pods: &Store<Pod>,
+    pps: &PersistentPodState,
+) -> impl Iterator<Item = ObjectRef<Pod>> + use<> {
+    let namespace = pps.namespace();
+    let target = pps.spec.target_ref.name.clone();
+    pods.state()
+        .into_iter()
+        .filter(move |p| {
+            p.namespace() == namespace
+                && p.owner_references().iter().any(|o| {
+                    o.controller == Some(true) && o.kind == "StatefulSet" && o.name == target
+                })
+        })
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+}
+
+/// Reconciles one pod.
+pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile(LOOP);
+    ctx.caches.wait_until_ready().await?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let hooks = hooks_of(&pod, &ctx.caches);
+    let empty = BTreeMap::new();
+    let facts = PodFacts {
+        labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+        since: pod
+            .annotations()
+            .get(SINCE_ANNOTATION)
+            .and_then(|s| s.trim().parse().ok()),
+        terminating: pod.metadata.deletion_timestamp.is_some()
+            || matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
+        node_ready: true, // read by admission only
+        gated: gated(&pod),
+    };
+    let wanted = lifecycle::reconcile(&hooks, &facts, now);
+    let name = pod.name_any();
+    let namespace = pod.namespace().ok_or(Error::MissingMeta("namespace"))?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let state_changes = wanted.state.is_some() && wanted.state != facts.state();
+    let since_missing = wanted.state == Some(State::PreparingDelete) && facts.since.is_none();
+    if state_changes || since_missing {
+        let state = wanted.state.map_or("", State::as_str);
+        let patch = serde_json::json!({"metadata": {
+            "uid": pod.uid(),
+            "labels": {STATE_LABEL: state},
+            "annotations": {SINCE_ANNOTATION: now.to_string()},
+        }});
+        api.patch(&name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|source| Error::Api {
+                action: "set the lifecycle state of",
+                what: format!("{namespace}/{name}"),
+                source,
+            })?;
+        info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
+            to = state, "lifecycle state changed");
+    }
+    if let Some(ready) = wanted.ready
+        && gate_status(&pod) != Some(if ready { "True" } else { "False" })
+    {
+        let condition = condition(&wanted, ready, &hooks);
+        let patch = serde_json::json!({"status": {"conditions": [condition]}});
+        api.patch_status(&name, &params, &Patch::Strategic(&patch))
+            .await
+            .map_err(|source| Error::Api {
+                action: "set the readiness gate of",
+                what: format!("{namespace}/{name}"),
+                source,
+            })?;
+        info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
+            "readiness gate {READINESS_GATE} set");
+    }
+    Ok(match wanted.recheck_at {
+        Some(at) => Action::requeue(Duration::from_secs(at.saturating_sub(now).max(1))),
+        None => Action::await_change(),
+    })
+}
+
+/// Retries a failed reconcile with backoff; a pod that is gone needs nothing.
+pub fn error_policy(pod: Arc<Pod>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(LOOP, error);
+    if matches!(error, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404 || s.code == 409)
+    {
+        // Gone, or re-created under the name (the UID precondition): its next event decides.
+        return Action::await_change();
+    }
+    warn!(namespace = ?pod.namespace(), pod = ?pod.name_any(), error = %error, kind = error.kind(),
+        "lifecycle reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// The hooks of the pod's PersistentPodState (none when it has none, or its spec does not
+/// check: the gate then follows the state to Ready, so nothing stays held).
+fn hooks_of(pod: &Pod, caches: &Caches) -> Lifecycle {
+    let Some(namespace) = pod.namespace() else {
+        return Lifecycle::default();
+    };
+    let Some(sts) = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+    else {
+        return Lifecycle::default();
+    };
+    // The one named after the StatefulSet (what auto-generation creates), else the first by name.
+    let mut candidates: Vec<Arc<PersistentPodState>> = caches
+        .pps_targeting(&namespace, &sts.name)
+        .into_iter()
+        .filter_map(|r| caches.pps.get(&r))
+        .collect();
+    candidates.sort_by_key(|p| (p.name_any() != sts.name, p.name_any()));
+    candidates
+        .first()
+        .and_then(|p| spec::check(&p.spec).ok())
+        .map(|c| c.lifecycle)
+        .unwrap_or_default()
+}
+
+fn gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE))
+}
+
+fn gate_status(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == READINESS_GATE))
+        .map(|c| c.status.as_str())
+}
+
+/// The gate's condition: why the pod is (not) Ready, in words an operator can act on.
+fn condition(wanted: &Wanted, ready: bool, hooks: &Lifecycle) -> PodCondition {
+    let labels = |h: &Option<lifecycle::Hook>| {
+        h.as_ref().map_or(String::new(), |h| {
+            h.labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    };
+    let (reason, message) = match wanted.state {
+        Some(State::PreparingNormal) => (
+            "PreparingNormal",
+            format!(
+                "waiting for the preNormal hook: the pod is Ready once the label {} is removed or changed",
+                labels(&hooks.pre_normal)
+            ),
+        ),
+        Some(State::PreparingDelete) if !ready => (
+            "PreparingDelete",
+            format!(
+                "its deletion is held by the preDelete hook (markPodNotReady): it goes once the label {} is removed or changed",
+                labels(&hooks.pre_delete)
+            ),
+        ),
+        Some(state) => (
+            state.as_str(),
+            "the lifecycle hooks hold nothing".to_string(),
+        ),
+        None => (
+            "NoLifecycleState",
+            "the lifecycle hooks hold nothing".to_string(),
+        ),
+    };
+    PodCondition {
+        type_: READINESS_GATE.to_string(),
+        status: if ready { "True" } else { "False" }.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message),
+        last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        )),
+        ..PodCondition::default()
+    }
+}
+
+/// The pod stream the loop runs on: trimmed, and only pods whose decision inputs changed.
+pub fn changes<S>(
+    events: S,
+    relisted: tokio::sync::mpsc::UnboundedSender<()>,
+) -> impl Stream<Item = Result<Pod, watcher::Error>>
+where
+    S: Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+{
+    crate::caches::changed_objects(events, fingerprint, relisted)
+}

@@ -1,0 +1,242 @@
+//! `spec.lifecycle` (and the StatefulSet annotation that generates it) read into the hooks'
+//! state machine ([`ipkeep_lifecycle::Lifecycle`]), refusing what the webhook could not apply: a
+//! pod created with a label the API server rejects would never be created at all.
+
+use std::collections::BTreeMap;
+
+use ipkeep_api::LifecycleSpec;
+use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate};
+use ipkeep_lifecycle::{Hook, Lifecycle, READINESS_GATE, at_create};
+
+use crate::keys::{check_label_key, check_label_value};
+use crate::spec::SpecError;
+
+/// The hooks of `spec` (none when `spec.lifecycle` is absent).
+pub fn read(spec: Option<&LifecycleSpec>) -> Result<Lifecycle, SpecError> {
+    let Some(spec) = spec else {
+        return Ok(Lifecycle::default());
+    };
+    let pre_normal = spec
+        .pre_normal
+        .as_ref()
+        .map(|h| hook("preNormal", &h.labels_handler, h.mark_pod_not_ready))
+        .transpose()?;
+    let (pre_delete, timeout) = match &spec.pre_delete {
+        None => (None, ipkeep_lifecycle::DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+        Some(h) => {
+            let timeout = u64::try_from(h.timeout_seconds)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| {
+                    SpecError::InvalidLifecycle(format!(
+                        "preDelete.timeoutSeconds is {}; give a positive number of seconds",
+                        h.timeout_seconds
+                    ))
+                })?;
+            (
+                Some(hook("preDelete", &h.labels_handler, h.mark_pod_not_ready)?),
+                timeout,
+            )
+        }
+    };
+    Ok(Lifecycle {
+        pre_normal,
+        pre_delete,
+        pre_delete_timeout: timeout,
+    })
+}
+
+fn hook(name: &str, labels: &BTreeMap<String, String>, mark: bool) -> Result<Hook, SpecError> {
+    if labels.is_empty() {
+        return Err(SpecError::InvalidLifecycle(format!(
+            "{name}.labelsHandler is empty; give at least one label"
+        )));
+    }
+    for (key, value) in labels {
+        check_label_key(key).map_err(|why| {
+            SpecError::InvalidLifecycle(format!("{name}.labelsHandler key {key:?}: {why}"))
+        })?;
+        check_label_value(value).map_err(|why| {
+            SpecError::InvalidLifecycle(format!(
+                "{name}.labelsHandler value {value:?} of {key:?}: {why}"
+            ))
+        })?;
+    }
+    Ok(Hook {
+        labels: labels.clone(),
+        mark_pod_not_ready: mark,
+    })
+}
+
+/// Writes into a new pod what the hooks give it at creation: the state label, PreNormal's labels
+/// it does not have yet, and the readiness gate. Applying it twice changes nothing.
+pub fn apply_at_create(lifecycle: &Lifecycle, pod: &mut Pod) {
+    let got = at_create(
+        lifecycle,
+        pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+    );
+    if !got.labels.is_empty() {
+        pod.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(got.labels);
+    }
+    if got.readiness_gate {
+        let gates = pod
+            .spec
+            .get_or_insert_with(Default::default)
+            .readiness_gates
+            .get_or_insert_with(Vec::new);
+        if !gates.iter().any(|g| g.condition_type == READINESS_GATE) {
+            gates.push(PodReadinessGate {
+                condition_type: READINESS_GATE.to_string(),
+            });
+        }
+    }
+}
+
+/// The fields `spec.lifecycle` has, by level (a misspelt field in an annotation is refused
+/// rather than silently dropped, as the API server would).
+const FIELDS: [(&str, &[&str]); 3] = [
+    ("", &["preNormal", "preDelete"]),
+    ("preNormal", &["labelsHandler", "markPodNotReady"]),
+    (
+        "preDelete",
+        &["labelsHandler", "markPodNotReady", "timeoutSeconds"],
+    ),
+];
+
+/// Reads the StatefulSet annotation `ipkeep.dev/lifecycle`: `spec.lifecycle` as JSON.
+pub fn parse_annotation(text: &str) -> Result<LifecycleSpec, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("it is not JSON: {e}"))?;
+    for (at, known) in FIELDS {
+        let object = if at.is_empty() {
+            Some(&value)
+        } else {
+            value.get(at)
+        };
+        let fields = object.and_then(|o| o.as_object());
+        if let Some(unknown) = fields
+            .into_iter()
+            .flat_map(|f| f.keys())
+            .find(|k| !known.contains(&k.as_str()))
+        {
+            let place = if at.is_empty() { "" } else { " in " };
+            return Err(format!(
+                "unknown field {unknown:?}{place}{at}; the fields are {}",
+                known.join(", ")
+            ));
+        }
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_hooks_with_their_defaults() {
+        let spec = parse_annotation(
+            r#"{"preNormal":{"labelsHandler":{"registry.example.com/pending":"true"}},
+                "preDelete":{"labelsHandler":{"registry.example.com/registered":"true"},"markPodNotReady":true}}"#,
+        )
+        .unwrap();
+        let lc = read(Some(&spec)).unwrap();
+        let pre_normal = lc.pre_normal.unwrap();
+        assert!(
+            pre_normal.mark_pod_not_ready,
+            "preNormal holds readiness by default"
+        );
+        assert_eq!(
+            pre_normal
+                .labels
+                .get("registry.example.com/pending")
+                .map(String::as_str),
+            Some("true")
+        );
+        assert!(lc.pre_delete.unwrap().mark_pod_not_ready);
+        assert_eq!(lc.pre_delete_timeout, 600);
+        assert_eq!(read(None).unwrap(), Lifecycle::default());
+    }
+
+    #[test]
+    fn a_new_pod_gets_its_labels_and_gate_once() {
+        let lc = read(Some(
+            &parse_annotation(
+                r#"{"preNormal":{"labelsHandler":{"r.example.com/pending":"true"}}}"#,
+            )
+            .unwrap(),
+        ))
+        .unwrap();
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0", "labels": {"app": "db"}},
+            "spec": {"containers": [], "readinessGates": [{"conditionType": "other"}]}
+        }))
+        .unwrap();
+        apply_at_create(&lc, &mut pod);
+        let once = pod.clone();
+        apply_at_create(&lc, &mut pod);
+        assert_eq!(pod, once, "a reinvocation changes nothing");
+        let json = serde_json::to_value(&pod).unwrap();
+        assert_eq!(
+            json["metadata"]["labels"],
+            serde_json::json!({"app": "db", "r.example.com/pending": "true",
+                               ipkeep_lifecycle::STATE_LABEL: "PreparingNormal"})
+        );
+        assert_eq!(
+            json["spec"]["readinessGates"],
+            serde_json::json!([{"conditionType": "other"}, {"conditionType": READINESS_GATE}])
+        );
+        // No hooks: the pod is left exactly as it is.
+        let mut plain: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
+        apply_at_create(&Lifecycle::default(), &mut plain);
+        assert_eq!(
+            serde_json::to_value(&plain).unwrap()["metadata"],
+            serde_json::json!({"name": "x"})
+        );
+        assert!(plain.spec.is_none());
+    }
+
+    #[test]
+    fn refuses_what_the_webhook_could_not_apply() {
+        for (text, want) in [
+            (
+                r#"{"preNormal":{"labelsHandler":{}}}"#,
+                "preNormal.labelsHandler is empty",
+            ),
+            (
+                r#"{"preNormal":{"labelsHandler":{"Bad Key":"x"}}}"#,
+                "key \"Bad Key\"",
+            ),
+            (
+                r#"{"preDelete":{"labelsHandler":{"a/b":"not ok"}}}"#,
+                "value \"not ok\"",
+            ),
+            (
+                r#"{"preDelete":{"labelsHandler":{"a":"b"},"timeoutSeconds":0}}"#,
+                "timeoutSeconds is 0",
+            ),
+        ] {
+            let err = read(Some(&parse_annotation(text).unwrap()))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        for (text, want) in [
+            (r#"{"preNormal":"#, "not JSON"),
+            (r#"{"preNormall":{}}"#, "unknown field \"preNormall\""),
+            (
+                r#"{"preDelete":{"labelsHandler":{"a":"b"},"timeout":5}}"#,
+                "unknown field \"timeout\" in preDelete",
+            ),
+            (r#"{"preDelete":{"markPodNotReady":true}}"#, "labelsHandler"),
+        ] {
+            let err = parse_annotation(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+}

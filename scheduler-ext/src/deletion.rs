@@ -1,0 +1,224 @@
+//! The validating webhook `/validate-pods` (`admission.k8s.io/v1` AdmissionReview): holds the
+//! deletion (pods DELETE) and the eviction (pods/eviction CREATE) of a pod whose PreDelete hook
+//! blocks, with the decision of [`ipkeep_lifecycle::admit_delete`]. A held request is refused
+//! with code 429, so the StatefulSet controller, the garbage collector and `kubectl drain` retry
+//! as they do for a PodDisruptionBudget; its message says what the pod waits for.
+//!
+//! The first refusal also marks the pod `PreparingDelete` (label, and the time in an
+//! annotation, which starts the hook's timeout): the answer carries a [`Mark`], which the
+//! server hands to [`Marker`] to write. Requests are not authenticated, so a mark is written
+//! only for a pod this server watches with the UID the request names, and it only ever sets
+//! these two keys (docs/lifecycle.md, "Security").
+//!
+//! A DELETE carries the pod (`oldObject`); an eviction only names it, so its pod comes from the
+//! cache of pods with hooks ([`Caches::pod`]): a pod not there has no hooks, and passes.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipkeep_placement::ipkeep_lifecycle::{
+    self as lifecycle, Admission, DeleteRequest, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
+};
+use ipkeep_placement::{pin, spec};
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+
+use crate::cache::Caches;
+use crate::error::RequestError;
+use crate::pod;
+use crate::webhook::{ReviewOut, StatusOut, read_request};
+
+/// A pod to mark `PreparingDelete` since `since` (unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// Its UID: the mark is a precondition on it, so a pod re-created with the name is not
+    /// marked.
+    pub uid: String,
+    /// When its deletion was first held.
+    pub since: u64,
+}
+
+/// What came of one review.
+#[derive(Debug)]
+pub struct Reviewed {
+    /// The answer.
+    pub review: ReviewOut,
+    /// The `outcome` metric label: `passed` (not a pod with hooks), `allowed`, `held`, or
+    /// `escaped` (held by its hook, let through by an escape hatch).
+    pub outcome: &'static str,
+    /// The pod's namespace and name, once known (for logs).
+    pub pod: Option<(String, String)>,
+    /// The pod to mark.
+    pub mark: Option<Mark>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct OptionsIn {
+    #[serde(default)]
+    grace_period_seconds: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EvictionIn {
+    #[serde(default)]
+    delete_options: Option<OptionsIn>,
+}
+
+/// Reviews one AdmissionReview body now.
+pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    review_at(body, caches, now)
+}
+
+/// Reviews one AdmissionReview body at `now` (unix seconds).
+pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, RequestError> {
+    let request = read_request(body)?;
+    let mut out = Reviewed {
+        review: ReviewOut::allow(request.uid.clone()),
+        outcome: "passed",
+        pod: None,
+        mark: None,
+    };
+    let core_pods = request.resource.group.is_empty() && request.resource.resource == "pods";
+    let sub = request.sub_resource.as_deref().unwrap_or_default();
+    let malformed = |what: &str, e: serde_json::Error| {
+        RequestError::malformed(
+            "admission.k8s.io/v1 AdmissionReview",
+            format!("{what}: {e}"),
+        )
+    };
+    let (eviction, options) = match (request.operation.as_str(), sub) {
+        ("DELETE", "") if core_pods => {
+            let options = request
+                .options
+                .map(|o| serde_json::from_str::<OptionsIn>(o.get()))
+                .transpose()
+                .map_err(|e| malformed("request.options", e))?;
+            (false, options.unwrap_or_default())
+        }
+        ("CREATE", "eviction") if core_pods => {
+            let eviction = request
+                .object
+                .map(|o| serde_json::from_str::<EvictionIn>(o.get()))
+                .transpose()
+                .map_err(|e| malformed("request.object (an Eviction)", e))?;
+            (
+                true,
+                eviction.and_then(|e| e.delete_options).unwrap_or_default(),
+            )
+        }
+        _ => return Ok(out),
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let name = request.name.clone().unwrap_or_default();
+    out.pod = Some((namespace.clone(), name.clone()));
+    if !caches.ready() {
+        return Err(RequestError::NotReady);
+    }
+    let cached = caches.pod(&namespace, &name);
+    let pod: Pod = match (eviction, request.old_object) {
+        (false, Some(old)) => pod::read(old.get()).map_err(|e| malformed_pod(&e))?,
+        _ => match &cached {
+            Some(p) => Pod::clone(p),
+            None => return Ok(out),
+        },
+    };
+    let Some(statefulset) = pin::statefulset_name(&pod) else {
+        return Ok(out);
+    };
+    let Some(hooks) = caches
+        .pps_for(&namespace, &statefulset)
+        .and_then(|p| spec::check(&p.spec).ok())
+        .map(|c| c.lifecycle)
+        .filter(|l| l.pre_delete.is_some())
+    else {
+        return Ok(out);
+    };
+    let empty = Default::default();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let facts = PodFacts {
+        labels,
+        since: annotation(&pod, SINCE_ANNOTATION).and_then(|s| s.trim().parse().ok()),
+        terminating: pod.metadata.deletion_timestamp.is_some()
+            || matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
+        node_ready: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| caches.node_ready(n)),
+        gated: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.readiness_gates.as_ref())
+            .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE)),
+    };
+    let delete = DeleteRequest {
+        force: options.grace_period_seconds == Some(0),
+        eviction,
+        dry_run: request.dry_run.unwrap_or(false),
+    };
+    let response = &mut out.review.response;
+    match lifecycle::admit_delete(&hooks, &facts, delete, now, &name) {
+        Admission::Allow { escaped: None } => out.outcome = "allowed",
+        Admission::Allow {
+            escaped: Some(escape),
+        } => {
+            out.outcome = "escaped";
+            response.warnings.push(format!(
+                "ipkeep: pod {name} passes its preDelete hook: {escape}"
+            ));
+            response
+                .audit_annotations
+                .insert("lifecycle".into(), escape.to_string());
+        }
+        Admission::Deny {
+            message,
+            mark_since,
+        } => {
+            out.outcome = "held";
+            response.allowed = false;
+            response.status = Some(StatusOut {
+                code: 429,
+                reason: "TooManyRequests",
+                message,
+            });
+            // Only a pod this server watches, with the UID the request names.
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let known = cached.is_some_and(|c| c.metadata.uid.as_deref() == Some(uid.as_str()));
+            out.mark = mark_since
+                .filter(|_| known && !uid.is_empty())
+                .map(|since| Mark {
+                    namespace,
+                    name,
+                    uid,
+                    since,
+                });
+        }
+    }
+    Ok(out)
+}
+
+fn malformed_pod(e: &pod::PodError) -> RequestError {
+    RequestError::malformed(
+        "admission.k8s.io/v1 AdmissionReview",
+        format!("request.oldObject (a Pod): {e}"),
+    )
+}
+
+fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
