@@ -7,7 +7,9 @@
 //!   patch with the pod's UID as a precondition);
 //! - the condition `ipkeep.dev/lifecycle-ready` in `status.conditions` (a strategic merge patch
 //!   of the status subresource keyed by the condition's type, so the kubelet's conditions are
-//!   untouched).
+//!   untouched);
+//! - and, once the preDelete hook lets go of a pod whose deletion it held, the deletion (with
+//!   the pod's UID as a precondition): its deleter may never retry.
 //!
 //! Pods are watched on their own (only those with the label, trimmed to what the decision
 //! reads); a pod event that changes none of it reconciles nothing.
@@ -19,13 +21,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Lifecycle, PodFacts, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, State,
-    Wanted,
+    self as lifecycle, HELD_ANNOTATION, Held, Lifecycle, PodFacts, READINESS_GATE,
+    SINCE_ANNOTATION, STATE_LABEL, State, Wanted,
 };
 use ipkeep_placement::spec;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -45,7 +47,7 @@ pub fn watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Keeps what the decision reads: identity, labels, owner, the since-annotation, deletion,
+/// Keeps what the decision reads: identity, labels, owner, the two lifecycle annotations, deletion,
 /// readiness gates, phase, and the gate's condition.
 pub fn trim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
@@ -128,6 +130,10 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
             ),
         node_ready: true, // read by admission only
         gated: gated(&pod),
+        held: pod
+            .annotations()
+            .get(HELD_ANNOTATION)
+            .and_then(|h| Held::parse(h)),
     };
     let wanted = lifecycle::reconcile(&hooks, &facts, now);
     let name = pod.name_any();
@@ -170,6 +176,26 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
             })?;
         info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
             "readiness gate {READINESS_GATE} set");
+    }
+    if wanted.delete {
+        // Through the webhook like any deletion: it passes now (released, or timed out).
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pod.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&name, &params)
+            .await
+            .map_err(|source| Error::Api {
+                action: "complete the held deletion of",
+                what: format!("{namespace}/{name}"),
+                source,
+            })?;
+        info!(namespace = ?namespace, pod = ?name,
+            "the preDelete hook let the pod go; completed the deletion it held");
+        return Ok(Action::await_change());
     }
     Ok(match wanted.recheck_at {
         Some(at) => Action::requeue(Duration::from_secs(at.saturating_sub(now).max(1))),

@@ -4,9 +4,9 @@
 //! with code 429, so the StatefulSet controller, the garbage collector and `kubectl drain` retry
 //! as they do for a PodDisruptionBudget; its message says what the pod waits for.
 //!
-//! The first refusal also marks the pod `PreparingDelete` (label, and the time in an
-//! annotation, which starts the hook's timeout): the answer carries a [`Mark`], which the
-//! server hands to [`Marker`] to write. Requests are not authenticated, so a mark is written
+//! The first refusal also marks the pod `PreparingDelete` (label; the time in an annotation,
+//! which starts the hook's timeout; and whether a deletion or an eviction was held, in another):
+//! the answer carries a [`Mark`], which the server hands to [`crate::marker::Marker`] to write. Requests are not authenticated, so a mark is written
 //! only for a pod this server watches with the UID the request names, and it only ever sets
 //! these two keys (docs/lifecycle.md, "Security").
 //!
@@ -16,7 +16,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Admission, DeleteRequest, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
+    self as lifecycle, Admission, DeleteRequest, Held, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
 };
 use ipkeep_placement::{pin, spec};
 use k8s_openapi::api::core::v1::Pod;
@@ -39,6 +39,8 @@ pub struct Mark {
     pub uid: String,
     /// When its deletion was first held.
     pub since: u64,
+    /// What was held: the controller completes a held deletion, never an eviction.
+    pub held: Held,
 }
 
 /// What came of one review.
@@ -161,6 +163,7 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
             .as_ref()
             .and_then(|s| s.readiness_gates.as_ref())
             .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE)),
+        held: None, // read by the controller only
     };
     let delete = DeleteRequest {
         force: options.grace_period_seconds == Some(0),
@@ -202,6 +205,11 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
                     name,
                     uid,
                     since,
+                    held: if eviction {
+                        Held::Eviction
+                    } else {
+                        Held::Deletion
+                    },
                 });
         }
     }

@@ -1,13 +1,13 @@
 //! Writes the `PreparingDelete` marks of [`crate::deletion`]: the server's only write to the API.
 //! Marks are queued (at most [`QUEUE`]; more are dropped, and the next refusal of the same
 //! deletion marks again) and written one at a time by one task, so no admission request waits
-//! for the API server. Each mark is a merge patch of the pod's state label and since-annotation
-//! with the pod's UID as a precondition.
+//! for the API server. Each mark is a merge patch of the pod's state label and its two lifecycle
+//! annotations (since when, and what was held), with the pod's UID as a precondition.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ipkeep_placement::ipkeep_lifecycle::{SINCE_ANNOTATION, STATE_LABEL, State};
+use ipkeep_placement::ipkeep_lifecycle::{HELD_ANNOTATION, SINCE_ANNOTATION, STATE_LABEL, State};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -57,7 +57,10 @@ async fn write(client: Client, mut marks: mpsc::Receiver<Mark>) {
         let patch = serde_json::json!({"metadata": {
             "uid": mark.uid,
             "labels": {STATE_LABEL: State::PreparingDelete.as_str()},
-            "annotations": {SINCE_ANNOTATION: mark.since.to_string()},
+            "annotations": {
+                SINCE_ANNOTATION: mark.since.to_string(),
+                HELD_ANNOTATION: mark.held.as_str(),
+            },
         }});
         let api: Api<Pod> = Api::namespaced(client.clone(), &mark.namespace);
         match api.patch(&mark.name, &params, &Patch::Merge(&patch)).await {

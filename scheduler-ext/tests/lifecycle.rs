@@ -6,6 +6,7 @@ mod support;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use ipkeep_placement::ipkeep_lifecycle::Held;
 use ipkeep_scheduler_ext::deletion::{self, Mark};
 use ipkeep_scheduler_ext::webhook;
 use serde_json::{Value, json};
@@ -131,7 +132,8 @@ async fn a_blocked_deletion_is_held_with_429_and_marks_the_pod_once() {
             namespace: "prod".into(),
             name: "db-1".into(),
             uid: "pod-uid-1".into(),
-            since: NOW
+            since: NOW,
+            held: Held::Deletion,
         })
     );
 
@@ -187,7 +189,10 @@ async fn an_eviction_is_held_by_its_pod_from_the_cache() {
         "{}",
         status.message
     );
-    assert_eq!(r.mark.map(|m| m.uid), Some("pod-uid-1".into()));
+    assert_eq!(
+        r.mark.map(|m| (m.uid, m.held)),
+        Some(("pod-uid-1".into(), Held::Eviction))
+    );
     // A pod without hooks is not in the cache: its eviction passes untouched.
     let r = deletion::review_at(eviction_review("web-0", None).as_bytes(), &caches, NOW).unwrap();
     assert_eq!(r.outcome, "passed");

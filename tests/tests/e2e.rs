@@ -14,6 +14,8 @@ use std::process::{Command, Output, Stdio};
 
 use ipkeep_tests::{demo_bin, require_root};
 
+#[path = "e2e/lifecycle.rs"]
+mod lifecycle;
 #[path = "e2e/retention.rs"]
 mod retention;
 
@@ -121,18 +123,27 @@ fn story_on_real_nodes() {
     assert!(expectations_held(&api) >= 8, "{api}");
     assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
     a_static_pod_keeps_its_address(&state);
+    lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
     drop(down);
 }
 
-/// The retention steps of `story_on_real_nodes` on a cluster you brought up yourself
-/// (`scripts/cluster.sh up`; `IPKEEP_CLUSTER_STATE` names its state directory): for working on
-/// them without the whole story. `cargo test -p ipkeep-tests --test e2e -- --ignored`.
+/// The lifecycle and retention steps of `story_on_real_nodes` on a cluster you brought up
+/// yourself (`scripts/cluster.sh up`; `IPKEEP_CLUSTER_STATE` names its state directory): for
+/// working on them without the whole story. `cargo test -p ipkeep-tests --test e2e --
+/// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two.
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
     let state = std::env::var_os("IPKEEP_CLUSTER_STATE").expect("IPKEEP_CLUSTER_STATE");
-    retention::on_real_nodes(std::path::Path::new(&state));
+    let state = std::path::Path::new(&state);
+    let steps = std::env::var("IPKEEP_STEPS").unwrap_or_default();
+    if steps.is_empty() || steps == "lifecycle" {
+        lifecycle::on_real_nodes(state);
+    }
+    if steps.is_empty() || steps == "retention" {
+        retention::on_real_nodes(state);
+    }
 }
 
 /// A static pod's mirror Pod has a UID of its own; the runtime knows the pod by the static

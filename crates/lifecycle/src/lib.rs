@@ -1,6 +1,7 @@
 //! Lifecycle hooks for the pods of native StatefulSets, as pure decisions (no I/O): the state
 //! machine behind a PersistentPodState's `spec.lifecycle`, shaped after OpenKruise's CloneSet
-//! `lifecycle` with `labelsHandler`. Not wired into the webhook and the controller yet.
+//! `lifecycle` with `labelsHandler`. The scheduler extension's webhooks and the controller's
+//! lifecycle loop apply it (docs/lifecycle.md).
 //!
 //! Middleware that registers pods in a service-discovery centre of its own must register a pod
 //! **before** it counts as available, and deregister it **before** it goes. Two hooks, each a
@@ -18,12 +19,19 @@
 //!   traffic drains. Once the operator deregisters the pod and removes a label, the next attempt
 //!   passes.
 //!
+//! A held **deletion** is completed by ipkeep once the hook lets the pod go (the controller
+//! deletes it), because its deleter may never retry: the StatefulSet controller with
+//! `OrderedReady` waits for every pod to be Ready before it acts again. A held **eviction** is
+//! left to the drain that retries it.
+//!
 //! Escape hatches, so nothing is held for ever: a force deletion (grace period 0) always passes;
 //! so does any deletion of a pod whose node is not Ready (its operator cannot act there, and pod
 //! garbage collection must proceed), of a pod already terminating, and any deletion once the pod
 //! has been `PreparingDelete` for the hook's timeout (a node drain waits at most that long). A
 //! pod the webhook never saw (created while it was down: it fails open) has no state and no gate
-//! and is treated as `Normal`.
+//! and is treated as `Normal`. A pod still `PreparingDelete` [`ABANDONED_AFTER_SECS`] past the
+//! timeout after a held eviction nobody retried (a drain cancelled) returns to `Normal`, so
+//! nothing stays not Ready for ever.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,6 +40,9 @@ use std::fmt;
 pub const STATE_LABEL: &str = "ipkeep.dev/lifecycle-state";
 /// The pod annotation with the unix second the pod entered its state.
 pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
+/// The pod annotation that says what was held when the pod became `PreparingDelete`
+/// ([`Held`]).
+pub const HELD_ANNOTATION: &str = "ipkeep.dev/lifecycle-held";
 /// The readiness gate (condition type) ipkeep sets on pods of a StatefulSet with hooks.
 pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
 /// How long a pod may be held in `PreparingDelete` unless the hook says otherwise.
@@ -75,6 +86,38 @@ impl State {
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// What was held when a pod became `PreparingDelete`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// A deletion (the StatefulSet controller, a user, the garbage collector): ipkeep completes
+    /// it once the hook lets the pod go. The StatefulSet controller would not retry it in every
+    /// case: with `OrderedReady` it waits for a not-Ready pod to be Ready again first, which
+    /// `markPodNotReady` prevents.
+    Deletion,
+    /// An eviction (a drain): whoever evicts retries, and an eviction is not turned into a
+    /// deletion (that would skip the pod's disruption budgets).
+    Eviction,
+}
+
+impl Held {
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Held::Deletion => "deletion",
+            Held::Eviction => "eviction",
+        }
+    }
+
+    /// Reads an annotation value.
+    pub fn parse(text: &str) -> Option<Held> {
+        match text {
+            "deletion" => Some(Held::Deletion),
+            "eviction" => Some(Held::Eviction),
+            _ => None,
+        }
     }
 }
 
@@ -172,6 +215,8 @@ pub struct PodFacts<'a> {
     pub node_ready: bool,
     /// Its spec has the readiness gate [`READINESS_GATE`] (only the webhook adds it, at CREATE).
     pub gated: bool,
+    /// What was held when it became `PreparingDelete` ([`HELD_ANNOTATION`]).
+    pub held: Option<Held>,
 }
 
 impl PodFacts<'_> {
@@ -188,9 +233,11 @@ pub struct Wanted {
     pub state: Option<State>,
     /// The readiness gate's condition (`None`: the pod has no gate to set).
     pub ready: Option<bool>,
-    /// When to look at the pod again although nothing changes (unix seconds): when a
-    /// `PreparingDelete` pod counts as abandoned.
+    /// When to look at the pod again although nothing changes (unix seconds): when a held
+    /// deletion times out, or a `PreparingDelete` pod counts as abandoned.
     pub recheck_at: Option<u64>,
+    /// Delete the pod: a deletion was held and the hook now lets it go (or timed out).
+    pub delete: bool,
 }
 
 /// The controller's decision for one pod at `now` (unix seconds), whenever the pod or the
@@ -202,6 +249,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, now: u64) -> Wanted 
         state,
         ready: ready(r),
         recheck_at: None,
+        delete: false,
     };
     match pod.state() {
         // Never labelled (created while the webhook was down, or before the hooks): it fails
@@ -219,17 +267,32 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, now: u64) -> Wanted 
                 // Going anyway: keep what it shows until it is gone.
                 return wanted(Some(State::PreparingDelete), !drains(lifecycle));
             }
-            let abandoned_at = pod
-                .since
-                .unwrap_or(now)
-                .saturating_add(lifecycle.pre_delete_timeout)
-                .saturating_add(ABANDONED_AFTER_SECS);
+            let since = pod.since.unwrap_or(now);
+            let timed_out_at = since.saturating_add(lifecycle.pre_delete_timeout);
+            let released = !lifecycle
+                .pre_delete
+                .as_ref()
+                .is_some_and(|h| h.blocks(pod.labels));
+            let held = wanted(Some(State::PreparingDelete), !drains(lifecycle));
+            if pod.held == Some(Held::Deletion) {
+                if released || now >= timed_out_at {
+                    return Wanted {
+                        delete: true,
+                        ..held
+                    };
+                }
+                return Wanted {
+                    recheck_at: Some(timed_out_at),
+                    ..held
+                };
+            }
+            let abandoned_at = timed_out_at.saturating_add(ABANDONED_AFTER_SECS);
             if now >= abandoned_at {
                 return wanted(Some(State::Normal), true);
             }
             Wanted {
                 recheck_at: Some(abandoned_at),
-                ..wanted(Some(State::PreparingDelete), !drains(lifecycle))
+                ..held
             }
         }
     }

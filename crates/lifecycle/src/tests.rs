@@ -40,6 +40,7 @@ fn facts(labels: &BTreeMap<String, String>) -> PodFacts<'_> {
         terminating: false,
         node_ready: true,
         gated: true,
+        held: None,
     }
 }
 
@@ -203,13 +204,14 @@ fn the_gate_follows_the_pod_not_the_configuration() {
 }
 
 #[test]
-fn a_pod_nobody_deletes_leaves_preparing_delete() {
+fn a_held_eviction_nobody_retries_leaves_preparing_delete() {
     let lc = lifecycle(false, Some(true));
     let l = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let limit = DEFAULT_PRE_DELETE_TIMEOUT_SECS + ABANDONED_AFTER_SECS;
     let pod = |since: u64, terminating: bool| PodFacts {
         since: Some(since),
         terminating,
+        held: Some(Held::Eviction),
         ..facts(&l)
     };
     let held = reconcile(&lc, &pod(NOW - 10, false), NOW);
@@ -219,21 +221,79 @@ fn a_pod_nobody_deletes_leaves_preparing_delete() {
             state: Some(State::PreparingDelete),
             ready: Some(false),
             recheck_at: Some(NOW - 10 + limit),
+            delete: false,
         }
     );
-    // Past the timeout every deletion passes; still here ABANDONED_AFTER_SECS later, nobody is
-    // deleting it (a scale-down undone): back to Normal and Ready.
+    // Past the timeout every eviction passes; still here ABANDONED_AFTER_SECS later, nobody is
+    // evicting it (a drain cancelled): back to Normal and Ready.
     let back = reconcile(&lc, &pod(NOW - limit, false), NOW);
     assert_eq!(
-        (back.state, back.ready, back.recheck_at),
-        (Some(State::Normal), Some(true), None)
+        (back.state, back.ready, back.recheck_at, back.delete),
+        (Some(State::Normal), Some(true), None, false)
     );
     // One that is terminating stays as it is until it is gone.
     let going = reconcile(&lc, &pod(NOW - limit, true), NOW);
     assert_eq!(
-        (going.state, going.ready),
-        (Some(State::PreparingDelete), Some(false))
+        (going.state, going.ready, going.delete),
+        (Some(State::PreparingDelete), Some(false), false)
     );
+    // A mark without what was held (written by hand) is treated as an eviction.
+    let unknown = PodFacts {
+        held: None,
+        ..pod(NOW - 10, false)
+    };
+    assert_eq!(reconcile(&lc, &unknown, NOW), held);
+}
+
+#[test]
+fn a_held_deletion_is_completed_once_the_hook_lets_go() {
+    let lc = lifecycle(false, Some(true));
+    let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let released = labels(Some(State::PreparingDelete), &[]);
+    let pod = |labels, since: u64| PodFacts {
+        since: Some(since),
+        held: Some(Held::Deletion),
+        ..facts(labels)
+    };
+    // Still blocked: held, not Ready, looked at again when the hook times out.
+    let waiting = reconcile(&lc, &pod(&blocked, NOW - 10), NOW);
+    assert_eq!(
+        waiting,
+        Wanted {
+            state: Some(State::PreparingDelete),
+            ready: Some(false),
+            recheck_at: Some(NOW - 10 + DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+            delete: false,
+        }
+    );
+    // The operator removed the label, or the hook timed out, or the hook was removed from the
+    // spec: ipkeep deletes the pod (its deleter may never retry).
+    for (name, lc, pod) in [
+        ("released", &lc, pod(&released, NOW - 10)),
+        (
+            "timed out",
+            &lc,
+            pod(&blocked, NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+        ),
+        (
+            "hook removed",
+            &lifecycle(false, None),
+            pod(&blocked, NOW - 10),
+        ),
+    ] {
+        let got = reconcile(lc, &pod, NOW);
+        assert!(got.delete, "{name}");
+        assert_eq!(got.state, Some(State::PreparingDelete), "{name}");
+    }
+    // Not once it is terminating.
+    let going = PodFacts {
+        terminating: true,
+        ..pod(&released, NOW - 10)
+    };
+    assert!(!reconcile(&lc, &going, NOW).delete);
+    assert_eq!(Held::parse(Held::Deletion.as_str()), Some(Held::Deletion));
+    assert_eq!(Held::parse(Held::Eviction.as_str()), Some(Held::Eviction));
+    assert_eq!(Held::parse("drain"), None);
 }
 
 #[test]
