@@ -273,7 +273,7 @@ fn condition(wanted: &Wanted, ready: bool, hooks: &Lifecycle) -> PodCondition {
         Some(State::PreparingNormal) => (
             "PreparingNormal",
             format!(
-                "waiting for the preNormal hook: the pod is Ready once the label {} is removed or changed",
+                "waiting for the preNormal hook: the pod is Ready once it carries the label {} (your operator adds it after registering the pod)",
                 labels(&hooks.pre_normal)
             ),
         ),

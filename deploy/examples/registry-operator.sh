@@ -7,11 +7,11 @@
 #   deploy/examples/registry-operator.sh NAMESPACE SELECTOR REGISTRY_FILE [INTERVAL_SECONDS]
 #
 # Every INTERVAL_SECONDS (default 1) it lists the pods of SELECTOR and
-# - registers each PreparingNormal pod that has an IP, then removes its preNormal label and
-#   adds its preDelete label in one patch (the pod becomes Normal, then Ready);
-# - deregisters each PreparingDelete pod that still has its preDelete label once the pod is not
-#   Ready (markPodNotReady took it out of its Services), then removes that label (the held
-#   deletion passes at its next attempt).
+# - registers each PreparingNormal pod that has an IP, then labels it
+#   registry.example.com/registered=true (the pod becomes Normal, then Ready);
+# - deregisters each PreparingDelete pod that still has that label once the pod is not Ready
+#   (markPodNotReady took it out of its Services), then removes the label (ipkeep completes the
+#   held deletion; a held eviction passes at its next retry).
 # A real operator would watch instead of polling and call its registry's API. KUBECTL names the
 # kubectl to use (default: kubectl on PATH, with its usual KUBECONFIG).
 set -euo pipefail
@@ -19,7 +19,6 @@ set -euo pipefail
 [ $# -ge 3 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 ns=$1 selector=$2 registry=$3 interval=${4:-1}
 kubectl=${KUBECTL:-kubectl}
-pending=registry.example.com/pending
 registered=registry.example.com/registered
 touch "$registry"
 
@@ -35,7 +34,7 @@ while true; do
       PreparingNormal)
         [ -n "$ip" ] && [ "$is_registered" != true ] || continue
         log register "$name" "$uid" "$ip" "ready=${ready:-False}"
-        "$kubectl" -n "$ns" label pod "$name" "$pending-" "$registered=true" --overwrite >/dev/null ||
+        "$kubectl" -n "$ns" label pod "$name" "$registered=true" --overwrite >/dev/null ||
           echo "registry-operator: could not label $name; retrying" >&2
         ;;
       PreparingDelete)

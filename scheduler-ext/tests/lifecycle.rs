@@ -21,7 +21,7 @@ const REGISTERED: &str = "registry.example.com/registered";
 fn pps_with_hooks() -> Value {
     let mut pps = pps_json();
     pps["spec"]["lifecycle"] = json!({
-        "preNormal": {"labelsHandler": {"registry.example.com/pending": "true"}},
+        "preNormal": {"labelsHandler": {REGISTERED: "true"}},
         "preDelete": {"labelsHandler": {REGISTERED: "true"}, "markPodNotReady": true, "timeoutSeconds": 300}
     });
     pps
@@ -79,7 +79,7 @@ async fn a_new_pod_is_created_preparing_normal_with_the_gate() {
     json_patch::patch(&mut object, &patch).unwrap();
     let labels = &object["metadata"]["labels"];
     assert_eq!(labels[STATE], "PreparingNormal");
-    assert_eq!(labels["registry.example.com/pending"], "true");
+    assert!(labels.get(REGISTERED).is_none(), "the operator adds it");
     assert_eq!(labels["app"], "db", "the pod's own labels stay");
     assert_eq!(
         object["spec"]["readinessGates"],

@@ -23,7 +23,7 @@ pub const NODE_LOSS_AFTER: &str = "ipkeep.dev/node-loss-after";
 pub const ADOPT_PERSISTENT_POD_STATE: &str = "ipkeep.dev/adopt-persistent-pod-state";
 /// StatefulSet (copied into `spec.lifecycle` of a generated PersistentPodState): the lifecycle
 /// hooks as JSON, exactly as `spec.lifecycle` would be written, e.g.
-/// `{"preNormal":{"labelsHandler":{"registry.example.com/pending":"true"}}}`.
+/// `{"preNormal":{"labelsHandler":{"registry.example.com/registered":"true"}}}`.
 pub const LIFECYCLE: &str = "ipkeep.dev/lifecycle";
 
 /// Pod (set by the scheduler extension): the PersistentPodState whose record pinned this pod.

@@ -51,24 +51,23 @@ pub struct PersistentPodStateSpec {
     pub ip_retention: String,
     /// ipkeep addition: lifecycle hooks for the StatefulSet's pods, shaped after OpenKruise's
     /// `lifecycle` with `labelsHandler` (docs/lifecycle.md). `preNormal` keeps a new pod not
-    /// Ready until your operator removes its labels; `preDelete` holds a pod's deletion and
-    /// eviction while the pod carries its labels.
+    /// Ready until your operator gives it the hook's labels; `preDelete` holds a pod's deletion
+    /// and eviction while the pod has its labels. Both usually name the same label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<LifecycleSpec>,
 }
 
-/// `spec.lifecycle`: two hooks, each a set of pod labels that holds the pod while it has them
-/// all with these values.
+/// `spec.lifecycle`: two hooks, each a set of pod labels (a pod "carries" a hook while it has
+/// them all with these values).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LifecycleSpec {
-    /// Added to every new pod at creation (state `PreparingNormal`); the pod is not Ready until
-    /// your operator removes or changes one of them (state `Normal`).
+    /// A new pod is `PreparingNormal`, and not Ready, until it carries these labels: your
+    /// operator adds them once it registered the pod (state `Normal`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_normal: Option<PreNormalHook>,
-    /// While a pod carries all of these, its deletion and eviction are refused and the pod is
-    /// `PreparingDelete`; your operator adds them once it registered the pod, and removes one
-    /// after it deregistered the pod.
+    /// While a pod carries these labels, its deletion and eviction are held and the pod is
+    /// `PreparingDelete`; your operator removes one once it deregistered the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_delete: Option<PreDeleteHook>,
 }
@@ -83,12 +82,11 @@ const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PreNormalHook {
-    /// Label keys and values: a new pod is created with them, and is `PreparingNormal` until
-    /// one is removed or has another value.
+    /// Label keys and values: a new pod is `PreparingNormal` until it has them all.
     #[schemars(extend(
         "minProperties" = 1,
         "maxProperties" = 16,
-        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/pending"}],
+        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/registered"}],
         "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
     ))]
     pub labels_handler: BTreeMap<String, String>,

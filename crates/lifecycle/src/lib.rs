@@ -5,19 +5,20 @@
 //!
 //! Middleware that registers pods in a service-discovery centre of its own must register a pod
 //! **before** it counts as available, and deregister it **before** it goes. Two hooks, each a
-//! set of labels (`labelsHandler`); a pod is **blocked** by a hook while it carries every one of
-//! the hook's labels with the hook's value:
+//! set of labels (`labelsHandler`); a pod **carries** a hook while it has every one of the
+//! hook's labels with the hook's value (OpenKruise's "hooked"). Usually both hooks name the same
+//! label, which the user's operator adds once it registered the pod and removes once it
+//! deregistered it:
 //!
-//! * **PreNormal.** A new pod gets the hook's labels at CREATE (the webhook adds them, with the
-//!   readiness gate [`READINESS_GATE`]) and starts [`State::PreparingNormal`]: it runs, but the
-//!   gate's condition stays False, so it is not Ready and Services and the StatefulSet's ordered
-//!   rollout wait. The user's operator registers the pod and changes or removes a label; the pod
-//!   is then [`State::Normal`] and the gate True.
-//! * **PreDelete.** While a pod is blocked, its deletion or eviction is refused with a message
-//!   saying what it waits for (the StatefulSet controller, a user or a drain retries), and the pod
-//!   is marked [`State::PreparingDelete`]; with `markPodNotReady` its gate goes False first, so
-//!   traffic drains. Once the operator deregisters the pod and removes a label, the next attempt
-//!   passes.
+//! * **PreNormal.** A new pod gets the state [`State::PreparingNormal`] and the readiness gate
+//!   [`READINESS_GATE`] at CREATE (the webhook adds them): it runs, but the gate's condition
+//!   stays False, so it is not Ready and Services and the StatefulSet's ordered rollout wait.
+//!   Once the pod carries the hook (the operator registered it and added the labels), it is
+//!   [`State::Normal`] and the gate True.
+//! * **PreDelete.** While a pod carries the hook, its deletion or eviction is refused with a
+//!   message saying what it waits for, and the pod is marked [`State::PreparingDelete`]; with
+//!   `markPodNotReady` its gate goes False first, so traffic drains. Once the operator
+//!   deregisters the pod and removes a label, the deletion proceeds.
 //!
 //! A held **deletion** is completed by ipkeep once the hook lets the pod go (the controller
 //! deletes it), because its deleter may never retry: the StatefulSet controller with
@@ -124,15 +125,17 @@ impl Held {
 /// One hook.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Hook {
-    /// `labelsHandler`: the pod is blocked while it has all of these with these values.
+    /// `labelsHandler`: the pod carries the hook while it has all of these with these values.
     pub labels: BTreeMap<String, String>,
-    /// `markPodNotReady`: the readiness gate is False while the pod is held by this hook.
+    /// `markPodNotReady`: the readiness gate is False while the pod is held by this hook
+    /// (PreNormal: until it carries the hook; PreDelete: from the first held deletion).
     pub mark_pod_not_ready: bool,
 }
 
 impl Hook {
-    /// Whether `pod_labels` block on this hook. A hook without labels never blocks.
-    pub fn blocks(&self, pod_labels: &BTreeMap<String, String>) -> bool {
+    /// Whether a pod with `pod_labels` carries this hook: it has every label with its value. A
+    /// hook without labels is never carried.
+    pub fn carried_by(&self, pod_labels: &BTreeMap<String, String>) -> bool {
         !self.labels.is_empty()
             && self
                 .labels
@@ -173,31 +176,23 @@ impl Lifecycle {
 /// What the webhook adds to a new pod at CREATE.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AtCreate {
-    /// Labels to set (the state, and PreNormal's blockers the pod does not already have).
-    pub labels: BTreeMap<String, String>,
+    /// The state label's value, when the pod has hooks.
+    pub state: Option<State>,
     /// Whether to add the readiness gate [`READINESS_GATE`].
     pub readiness_gate: bool,
 }
 
-/// What a new pod gets.
-pub fn at_create(lifecycle: &Lifecycle, pod_labels: &BTreeMap<String, String>) -> AtCreate {
-    let mut labels = BTreeMap::new();
-    let state = match &lifecycle.pre_normal {
-        Some(hook) if !hook.labels.is_empty() => {
-            for (k, v) in &hook.labels {
-                if !pod_labels.contains_key(k) {
-                    labels.insert(k.clone(), v.clone());
-                }
-            }
-            State::PreparingNormal
-        }
-        _ => State::Normal,
+/// What a new pod gets: `PreparingNormal` with a PreNormal hook (the controller makes it
+/// `Normal` once it carries the hook, at once if it was created with the labels), else
+/// `Normal`; the gate when a hook can hold the pod not Ready.
+pub fn at_create(lifecycle: &Lifecycle) -> AtCreate {
+    let state = match (&lifecycle.pre_normal, &lifecycle.pre_delete) {
+        (Some(_), _) => Some(State::PreparingNormal),
+        (None, Some(_)) => Some(State::Normal),
+        (None, None) => None,
     };
-    if lifecycle.pre_normal.is_some() || lifecycle.pre_delete.is_some() {
-        labels.insert(STATE_LABEL.to_string(), state.as_str().to_string());
-    }
     AtCreate {
-        labels,
+        state,
         readiness_gate: lifecycle.gates_readiness(),
     }
 }
@@ -256,7 +251,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, now: u64) -> Wanted 
         // open, and never becomes PreparingNormal after the fact.
         None => wanted(None, true),
         Some(State::PreparingNormal) => match &lifecycle.pre_normal {
-            Some(hook) if hook.blocks(pod.labels) => {
+            Some(hook) if !hook.carried_by(pod.labels) => {
                 wanted(Some(State::PreparingNormal), !hook.mark_pod_not_ready)
             }
             _ => wanted(Some(State::Normal), true),
@@ -272,7 +267,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, now: u64) -> Wanted 
             let released = !lifecycle
                 .pre_delete
                 .as_ref()
-                .is_some_and(|h| h.blocks(pod.labels));
+                .is_some_and(|h| h.carried_by(pod.labels));
             let held = wanted(Some(State::PreparingDelete), !drains(lifecycle));
             if pod.held == Some(Held::Deletion) {
                 if released || now >= timed_out_at {
@@ -368,7 +363,7 @@ pub fn admit_delete(
     let Some(hook) = &lifecycle.pre_delete else {
         return allow;
     };
-    if pod.terminating || !hook.blocks(pod.labels) {
+    if pod.terminating || !hook.carried_by(pod.labels) {
         return allow;
     }
     let escaped = |e| Admission::Allow { escaped: Some(e) };

@@ -3,8 +3,10 @@
 
 use super::*;
 
-const BLOCK_NORMAL: (&str, &str) = ("example.com/registered", "false");
-const BLOCK_DELETE: (&str, &str) = ("example.com/deregister-first", "true");
+/// The one label both hooks name, as users write them: the operator adds it once it registered
+/// the pod (PreNormal lets go) and removes it once it deregistered the pod (PreDelete lets go).
+const REGISTERED: (&str, &str) = ("example.com/registered", "true");
+const BLOCK_DELETE: (&str, &str) = REGISTERED;
 const NOW: u64 = 1_000_000;
 
 fn hook(label: (&str, &str), mark: bool) -> Hook {
@@ -16,7 +18,7 @@ fn hook(label: (&str, &str), mark: bool) -> Hook {
 
 fn lifecycle(pre_normal: bool, pre_delete: Option<bool>) -> Lifecycle {
     Lifecycle {
-        pre_normal: pre_normal.then(|| hook(BLOCK_NORMAL, true)),
+        pre_normal: pre_normal.then(|| hook(REGISTERED, true)),
         pre_delete: pre_delete.map(|mark| hook(BLOCK_DELETE, mark)),
         pre_delete_timeout: DEFAULT_PRE_DELETE_TIMEOUT_SECS,
     }
@@ -46,51 +48,38 @@ fn facts(labels: &BTreeMap<String, String>) -> PodFacts<'_> {
 
 #[test]
 fn what_a_new_pod_gets() {
-    let none = BTreeMap::new();
-    let own = labels(None, &[("example.com/registered", "yes")]);
-    for (name, lc, pod, want_labels, gate) in [
+    for (name, lc, state, gate) in [
+        ("no hooks: nothing", lifecycle(false, None), None, false),
         (
-            "no hooks: nothing",
-            lifecycle(false, None),
-            &none,
-            vec![],
-            false,
-        ),
-        (
-            "PreNormal: its blocker and PreparingNormal, gated",
+            "PreNormal: PreparingNormal, gated",
             lifecycle(true, None),
-            &none,
-            vec![BLOCK_NORMAL, (STATE_LABEL, "PreparingNormal")],
-            true,
-        ),
-        (
-            "PreNormal, the template sets the label itself: kept as it is",
-            lifecycle(true, None),
-            &own,
-            vec![(STATE_LABEL, "PreparingNormal")],
+            Some(State::PreparingNormal),
             true,
         ),
         (
             "PreDelete only: Normal, no gate",
             lifecycle(false, Some(false)),
-            &none,
-            vec![(STATE_LABEL, "Normal")],
+            Some(State::Normal),
             false,
         ),
         (
             "PreDelete with markPodNotReady: Normal, gated",
             lifecycle(false, Some(true)),
-            &none,
-            vec![(STATE_LABEL, "Normal")],
+            Some(State::Normal),
             true,
         ),
+        (
+            "PreNormal without markPodNotReady: PreparingNormal, no gate",
+            Lifecycle {
+                pre_normal: Some(hook(REGISTERED, false)),
+                ..lifecycle(false, None)
+            },
+            Some(State::PreparingNormal),
+            false,
+        ),
     ] {
-        let got = at_create(&lc, pod);
-        let want: BTreeMap<String, String> = want_labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        assert_eq!(got.labels, want, "{name}");
+        let got = at_create(&lc);
+        assert_eq!(got.state, state, "{name}");
         assert_eq!(got.readiness_gate, gate, "{name}");
     }
 }
@@ -111,10 +100,10 @@ fn every_transition_of_the_controller() {
             Some(true),
         ),
         (
-            "PreparingNormal while blocked: not Ready",
+            "PreparingNormal until registered: not Ready",
             &both,
             Some(PreparingNormal),
-            vec![BLOCK_NORMAL],
+            vec![],
             Some(PreparingNormal),
             Some(false),
         ),
@@ -127,18 +116,18 @@ fn every_transition_of_the_controller() {
             Some(true),
         ),
         (
-            "PreparingNormal, the label removed: Normal",
+            "PreparingNormal, the label with another value: still waiting",
             &both,
             Some(PreparingNormal),
-            vec![],
-            Some(Normal),
-            Some(true),
+            vec![("example.com/registered", "false")],
+            Some(PreparingNormal),
+            Some(false),
         ),
         (
             "PreparingNormal after the hook was removed from the spec: Normal",
             &delete_only,
             Some(PreparingNormal),
-            vec![BLOCK_NORMAL],
+            vec![],
             Some(Normal),
             Some(true),
         ),
@@ -181,7 +170,7 @@ fn the_gate_follows_the_pod_not_the_configuration() {
     // The hooks (or the whole PersistentPodState) were removed after the pod was created with
     // the gate: it is still set, or the pod would never be Ready.
     for state in [PreparingNormal, Normal] {
-        let l = labels(Some(state), &[BLOCK_NORMAL]);
+        let l = labels(Some(state), &[]);
         let got = reconcile(&none, &facts(&l), NOW);
         assert_eq!(
             (got.state, got.ready),
@@ -297,7 +286,7 @@ fn a_held_deletion_is_completed_once_the_hook_lets_go() {
 }
 
 #[test]
-fn deletions_are_held_only_while_the_hook_blocks() {
+fn deletions_are_held_only_while_the_pod_carries_the_hook() {
     let lc = lifecycle(true, Some(true));
     let delete = DeleteRequest {
         force: false,
@@ -311,10 +300,7 @@ fn deletions_are_held_only_while_the_hook_blocks() {
             mark_since,
         } => {
             assert!(message.contains("deletion of pod db-2"), "{message}");
-            assert!(
-                message.contains("example.com/deregister-first=true"),
-                "{message}"
-            );
+            assert!(message.contains("example.com/registered=true"), "{message}");
             assert!(message.contains("in 600 s at the latest"), "{message}");
             assert!(message.contains("--force --grace-period=0"), "{message}");
             assert_eq!(mark_since, Some(NOW), "marked PreparingDelete now");
@@ -452,7 +438,7 @@ fn every_escape_hatch() {
 }
 
 #[test]
-fn a_hook_blocks_only_with_all_its_labels() {
+fn a_pod_carries_a_hook_only_with_all_its_labels() {
     let h = Hook {
         labels: [
             ("a".to_string(), "1".to_string()),
@@ -461,11 +447,11 @@ fn a_hook_blocks_only_with_all_its_labels() {
         .into(),
         mark_pod_not_ready: false,
     };
-    assert!(h.blocks(&labels(None, &[("a", "1"), ("b", "2"), ("c", "3")])));
-    assert!(!h.blocks(&labels(None, &[("a", "1")])));
-    assert!(!h.blocks(&labels(None, &[("a", "1"), ("b", "x")])));
+    assert!(h.carried_by(&labels(None, &[("a", "1"), ("b", "2"), ("c", "3")])));
+    assert!(!h.carried_by(&labels(None, &[("a", "1")])));
+    assert!(!h.carried_by(&labels(None, &[("a", "1"), ("b", "x")])));
     assert!(
-        !Hook::default().blocks(&labels(None, &[("a", "1")])),
+        !Hook::default().carried_by(&labels(None, &[("a", "1")])),
         "no labels: never"
     );
     for s in [

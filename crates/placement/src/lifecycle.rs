@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ipkeep_api::LifecycleSpec;
 use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate};
-use ipkeep_lifecycle::{Hook, Lifecycle, READINESS_GATE, at_create};
+use ipkeep_lifecycle::{Hook, Lifecycle, READINESS_GATE, STATE_LABEL, at_create};
 
 use crate::keys::{check_label_key, check_label_value};
 use crate::spec::SpecError;
@@ -68,18 +68,15 @@ fn hook(name: &str, labels: &BTreeMap<String, String>, mark: bool) -> Result<Hoo
     })
 }
 
-/// Writes into a new pod what the hooks give it at creation: the state label, PreNormal's labels
-/// it does not have yet, and the readiness gate. Applying it twice changes nothing.
+/// Writes into a new pod what the hooks give it at creation: the state label and the readiness
+/// gate. Applying it twice changes nothing.
 pub fn apply_at_create(lifecycle: &Lifecycle, pod: &mut Pod) {
-    let got = at_create(
-        lifecycle,
-        pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
-    );
-    if !got.labels.is_empty() {
+    let got = at_create(lifecycle);
+    if let Some(state) = got.state {
         pod.metadata
             .labels
             .get_or_insert_with(BTreeMap::new)
-            .extend(got.labels);
+            .insert(STATE_LABEL.to_string(), state.as_str().to_string());
     }
     if got.readiness_gate {
         let gates = pod
@@ -140,7 +137,7 @@ mod tests {
     #[test]
     fn reads_the_hooks_with_their_defaults() {
         let spec = parse_annotation(
-            r#"{"preNormal":{"labelsHandler":{"registry.example.com/pending":"true"}},
+            r#"{"preNormal":{"labelsHandler":{"registry.example.com/registered":"true"}},
                 "preDelete":{"labelsHandler":{"registry.example.com/registered":"true"},"markPodNotReady":true}}"#,
         )
         .unwrap();
@@ -153,7 +150,7 @@ mod tests {
         assert_eq!(
             pre_normal
                 .labels
-                .get("registry.example.com/pending")
+                .get("registry.example.com/registered")
                 .map(String::as_str),
             Some("true")
         );
@@ -166,7 +163,7 @@ mod tests {
     fn a_new_pod_gets_its_labels_and_gate_once() {
         let lc = read(Some(
             &parse_annotation(
-                r#"{"preNormal":{"labelsHandler":{"r.example.com/pending":"true"}}}"#,
+                r#"{"preNormal":{"labelsHandler":{"r.example.com/registered":"true"}}}"#,
             )
             .unwrap(),
         ))
@@ -183,8 +180,7 @@ mod tests {
         let json = serde_json::to_value(&pod).unwrap();
         assert_eq!(
             json["metadata"]["labels"],
-            serde_json::json!({"app": "db", "r.example.com/pending": "true",
-                               ipkeep_lifecycle::STATE_LABEL: "PreparingNormal"})
+            serde_json::json!({"app": "db", STATE_LABEL: "PreparingNormal"})
         );
         assert_eq!(
             json["spec"]["readinessGates"],

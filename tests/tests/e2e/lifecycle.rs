@@ -215,10 +215,7 @@ fn not_ready_until_registered(hooks: &Hooks) {
         },
     );
     assert_eq!(pod["metadata"]["labels"][STATE], "PreparingNormal");
-    assert_eq!(
-        pod["metadata"]["labels"]["registry.example.com/pending"],
-        "true"
-    );
+    assert!(pod["metadata"]["labels"][REGISTERED].is_null(), "{pod:#}");
     assert_eq!(
         pod["spec"]["readinessGates"][0]["conditionType"], GATE,
         "{pod:#}"
