@@ -47,14 +47,14 @@ pub fn watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Keeps what the decision reads: identity, labels, owner, the two lifecycle annotations, deletion,
-/// readiness gates, phase, and the gate's condition.
+/// Keeps what the decision reads: identity, labels, owner, the two lifecycle annotations,
+/// deletion, readiness gates, phase, and the gate's condition.
 pub fn trim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.annotations = meta.annotations.take().map(|a| {
         a.into_iter()
-            .filter(|(k, _)| k == SINCE_ANNOTATION)
+            .filter(|(k, _)| k == SINCE_ANNOTATION || k == HELD_ANNOTATION)
             .collect()
     });
     pod.spec = pod.spec.take().map(|s| PodSpec {
@@ -314,4 +314,59 @@ where
     S: Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
 {
     crate::caches::changed_objects(events, fingerprint, relisted)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// What the decision reads survives trimming (a dropped annotation once made every held
+    /// deletion look like an eviction, so none was completed); the rest goes.
+    #[test]
+    fn trimming_keeps_what_the_decision_reads() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-1", "namespace": "prod", "uid": "u1",
+                "labels": {STATE_LABEL: "PreparingDelete", "registry.example.com/registered": "true"},
+                "annotations": {SINCE_ANNOTATION: "100", HELD_ANNOTATION: "deletion", "team": "x"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s", "controller": true}],
+                "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "db", "image": "db"}],
+                     "readinessGates": [{"conditionType": READINESS_GATE}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [
+                {"type": "Ready", "status": "False"}, {"type": READINESS_GATE, "status": "False"}]}
+        }))
+        .unwrap();
+        let whole = pod.clone();
+        trim(&mut pod);
+        let annotations = pod.metadata.annotations.clone().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            [HELD_ANNOTATION, SINCE_ANNOTATION]
+        );
+        assert_eq!(pod.metadata.labels, whole.metadata.labels);
+        assert_eq!(
+            pod.metadata.owner_references,
+            whole.metadata.owner_references
+        );
+        assert!(gated(&pod));
+        assert_eq!(gate_status(&pod), Some("False"));
+        assert_eq!(
+            pod.status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(pod.metadata.managed_fields.is_none());
+        assert!(pod.spec.as_ref().unwrap().containers.is_empty());
+        assert_eq!(fingerprint(&pod), {
+            let mut again = whole;
+            trim(&mut again);
+            fingerprint(&again)
+        });
+    }
 }

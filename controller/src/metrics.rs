@@ -18,7 +18,7 @@ pub struct LoopLabel {
 /// A failed reconcile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// `record` or `generate`.
+    /// `record`, `generate` or `lifecycle`.
     pub controller: &'static str,
     /// [`crate::Error::kind`].
     pub error: &'static str,

@@ -10,17 +10,17 @@ use prometheus_client::registry::Registry;
 /// One request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// `mutate-pods`, `filter` or `prioritize`.
+    /// `mutate-pods`, `validate-pods`, `filter` or `prioritize`.
     pub endpoint: &'static str,
-    /// What came of it: `pinned`, `unrecorded`, `skipped`, `passed`, `invalid`, `not-ready`,
-    /// `busy`.
+    /// What came of it: `pinned`, `unrecorded`, `skipped`, `passed`, `held`, `escaped`,
+    /// `allowed`, `invalid`, `not-ready`, `busy`.
     pub outcome: &'static str,
 }
 
 /// An endpoint.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
-    /// `mutate-pods`, `filter` or `prioritize`.
+    /// `mutate-pods`, `validate-pods`, `filter` or `prioritize`.
     pub endpoint: &'static str,
 }
 
