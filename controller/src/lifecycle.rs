@@ -143,6 +143,23 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
+    // The condition first, then the label: the kubelet re-reads a pod at once when its labels
+    // change, so it then sees the condition too.
+    if let Some(ready) = wanted.ready
+        && gate_status(&pod) != Some(if ready { "True" } else { "False" })
+    {
+        let condition = condition(&wanted, ready, &hooks);
+        let patch = serde_json::json!({"status": {"conditions": [condition]}});
+        api.patch_status(&name, &params, &Patch::Strategic(&patch))
+            .await
+            .map_err(|source| Error::Api {
+                action: "set the readiness gate of",
+                what: format!("{namespace}/{name}"),
+                source,
+            })?;
+        info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
+            "readiness gate {READINESS_GATE} set");
+    }
     let state_changes = wanted.state.is_some() && wanted.state != facts.state();
     let since_missing = wanted.state == Some(State::PreparingDelete) && facts.since.is_none();
     if state_changes || since_missing {
@@ -161,21 +178,6 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
             })?;
         info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
             to = state, "lifecycle state changed");
-    }
-    if let Some(ready) = wanted.ready
-        && gate_status(&pod) != Some(if ready { "True" } else { "False" })
-    {
-        let condition = condition(&wanted, ready, &hooks);
-        let patch = serde_json::json!({"status": {"conditions": [condition]}});
-        api.patch_status(&name, &params, &Patch::Strategic(&patch))
-            .await
-            .map_err(|source| Error::Api {
-                action: "set the readiness gate of",
-                what: format!("{namespace}/{name}"),
-                source,
-            })?;
-        info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
-            "readiness gate {READINESS_GATE} set");
     }
     if wanted.delete {
         // Through the webhook like any deletion: it passes now (released, or timed out).

@@ -221,7 +221,8 @@ async fn run_controllers(
             .modify(caches::trim_statefulset),
     )
     .applied_objects();
-    let config_for_lifecycle = config.clone();
+    // No debounce: a pod's readiness waits on this loop, and one pod's events are few.
+    let config_for_lifecycle = controller::Config::default().concurrency(settings.concurrency);
     let lifecycle_ctx = ctx.clone();
     let generate_loop = Controller::for_stream(generate_stream, generate_reader)
         .owns(pps_api, watcher::Config::default().any_semantic())

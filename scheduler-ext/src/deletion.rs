@@ -6,9 +6,10 @@
 //!
 //! The first refusal also marks the pod `PreparingDelete` (label; the time in an annotation,
 //! which starts the hook's timeout; and whether a deletion or an eviction was held, in another):
-//! the answer carries a [`Mark`], which the server hands to [`crate::marker::Marker`] to write. Requests are not authenticated, so a mark is written
-//! only for a pod this server watches with the UID the request names, and it only ever sets
-//! these two keys (docs/lifecycle.md, "Security").
+//! the answer carries a [`Mark`], which the server hands to [`crate::marker::Marker`] to write.
+//! Requests are not authenticated, so a mark is written only for a pod this server watches with
+//! the UID the request names, and it only ever sets these three keys (docs/lifecycle.md,
+//! "Limits and things to know").
 //!
 //! A DELETE carries the pod (`oldObject`); an eviction only names it, so its pod comes from the
 //! cache of pods with hooks ([`Caches::pod`]): a pod not there has no hooks, and passes.

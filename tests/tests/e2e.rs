@@ -16,6 +16,8 @@ use ipkeep_tests::{demo_bin, require_root};
 
 #[path = "e2e/lifecycle.rs"]
 mod lifecycle;
+#[path = "e2e/lifecycle_cost.rs"]
+mod lifecycle_cost;
 #[path = "e2e/retention.rs"]
 mod retention;
 
@@ -144,6 +146,20 @@ fn retention_steps_on_a_running_cluster() {
     if steps.is_empty() || steps == "retention" {
         retention::on_real_nodes(state);
     }
+}
+
+/// What the lifecycle hooks add to a pod rebuild (`scripts/bench-lifecycle.sh` runs it on a
+/// cluster of its own): `IPKEEP_CLUSTER_STATE` names a running cluster with real nodes,
+/// `IPKEEP_ROUNDS` the rebuilds of each StatefulSet (default 10).
+#[test]
+#[ignore = "a benchmark; needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
+fn lifecycle_cost_on_a_running_cluster() {
+    let state = std::env::var_os("IPKEEP_CLUSTER_STATE").expect("IPKEEP_CLUSTER_STATE");
+    let rounds = std::env::var("IPKEEP_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    lifecycle_cost::measure(std::path::Path::new(&state), rounds);
 }
 
 /// A static pod's mirror Pod has a UID of its own; the runtime knows the pod by the static

@@ -464,4 +464,40 @@ fn nothing_blocks_a_force_deletion_or_a_stopped_webhook(hooks: &Hooks) {
     hooks
         .kubectl
         .run(&[&["rollout", "status", "--timeout=180s"][..], &ext].concat());
+    one_replica_per_node(&hooks.kubectl, &ext);
+}
+
+/// The later steps power nodes off: as after `cluster.sh up`, the two webhook replicas must not
+/// share a node (their anti-affinity is preferred only).
+fn one_replica_per_node(kubectl: &Kubectl, deployment: &[&str]) {
+    let selector = "app.kubernetes.io/name=ipkeep-scheduler-ext";
+    for _ in 0..5 {
+        let pods = wait_until(
+            "two ipkeep-scheduler-ext replicas Ready",
+            Duration::from_secs(180),
+            || {
+                let list = kubectl
+                    .get(&["pods", "-n", "ipkeep-system", "-l", selector])
+                    .unwrap();
+                let pods: Vec<Value> = list["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .collect();
+                (pods.len() == 2 && pods.iter().all(|p| condition(p, "Ready") == "True"))
+                    .then_some(pods)
+            },
+        );
+        let nodes: std::collections::BTreeSet<&str> = pods
+            .iter()
+            .filter_map(|p| p["spec"]["nodeName"].as_str())
+            .collect();
+        if nodes.len() == 2 {
+            return;
+        }
+        kubectl.run(&["delete", "pod", "-n", "ipkeep-system", name(&pods[1])]);
+    }
+    panic!("ipkeep-scheduler-ext's replicas stay on one node ({deployment:?})");
 }
