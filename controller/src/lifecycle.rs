@@ -25,7 +25,7 @@ use ipkeep_placement::ipkeep_lifecycle::{
     SINCE_ANNOTATION, STATE_LABEL, State, Wanted,
 };
 use ipkeep_placement::spec;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -47,31 +47,8 @@ pub fn watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Keeps what the decision reads: identity, labels, owner, the two lifecycle annotations,
-/// deletion, readiness gates, phase, and the gate's condition.
-pub fn trim(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.annotations = meta.annotations.take().map(|a| {
-        a.into_iter()
-            .filter(|(k, _)| k == SINCE_ANNOTATION || k == HELD_ANNOTATION)
-            .collect()
-    });
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        readiness_gates: s.readiness_gates,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        conditions: s.conditions.map(|cs| {
-            cs.into_iter()
-                .filter(|c| c.type_ == READINESS_GATE)
-                .collect()
-        }),
-        ..PodStatus::default()
-    });
-}
+/// Keeps what the decision reads (the same trimming as the webhook's pod cache).
+pub use ipkeep_placement::lifecycle::trim_pod as trim;
 
 /// What of a trimmed pod decides its reconcile.
 pub fn fingerprint(pod: &Pod) -> u64 {

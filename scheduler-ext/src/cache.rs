@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use ipkeep_placement::ipkeep_lifecycle::{SINCE_ANNOTATION, STATE_LABEL};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodSpec, PodStatus};
+use ipkeep_placement::ipkeep_lifecycle::{Lifecycle, STATE_LABEL};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -93,6 +93,14 @@ impl Caches {
             .min_by(|a, b| a.name_any().cmp(&b.name_any()))
     }
 
+    /// The lifecycle hooks of StatefulSet `statefulset`'s PersistentPodState ([`Self::pps_for`]);
+    /// `None` without one, or when its spec does not check (hooks then fail open).
+    pub fn lifecycle_for(&self, namespace: &str, statefulset: &str) -> Option<Lifecycle> {
+        self.pps_for(namespace, statefulset)
+            .and_then(|p| ipkeep_placement::spec::check(&p.spec).ok())
+            .map(|c| c.lifecycle)
+    }
+
     /// A node's labels, if the node is known.
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.nodes.get(&ObjectRef::new(name))
@@ -139,7 +147,7 @@ pub async fn watch(client: Client, writers: Writers) {
         watcher::Config::default().labels(STATE_LABEL),
     )
     .default_backoff()
-    .modify(trim_pod)
+    .modify(ipkeep_placement::lifecycle::trim_pod)
     .reflect(writers.pods);
     let pps = pps.for_each(|event| async move {
         if let Err(e) = event {
@@ -172,25 +180,4 @@ fn trim_node(node: &mut Node) {
     node.metadata.annotations = None;
     node.metadata.managed_fields = None;
     node.metadata.owner_references = None;
-}
-
-/// Keeps what a deletion's decision reads of a pod: identity, labels, owner, the lifecycle
-/// annotation, deletion, node, readiness gates and phase.
-pub fn trim_pod(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.annotations = meta.annotations.take().map(|a| {
-        a.into_iter()
-            .filter(|(k, _)| k == SINCE_ANNOTATION)
-            .collect()
-    });
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        readiness_gates: s.readiness_gates,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        ..PodStatus::default()
-    });
 }

@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ipkeep_placement::ipkeep_lifecycle::{
     self as lifecycle, Admission, DeleteRequest, Held, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
 };
-use ipkeep_placement::{pin, spec};
+use ipkeep_placement::pin;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
@@ -137,9 +137,7 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
         return Ok(out);
     };
     let Some(hooks) = caches
-        .pps_for(&namespace, &statefulset)
-        .and_then(|p| spec::check(&p.spec).ok())
-        .map(|c| c.lifecycle)
+        .lifecycle_for(&namespace, &statefulset)
         .filter(|l| l.pre_delete.is_some())
     else {
         return Ok(out);

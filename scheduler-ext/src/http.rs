@@ -236,97 +236,115 @@ async fn json_response(body: Vec<u8>, mut charge: Charge) -> Result<Response, Re
         .into_response())
 }
 
-async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    const ENDPOINT: &str = "mutate-pods";
+/// An AdmissionReview's way through: its body read within the limits, `work` run on it, its
+/// answer (`answer` of what `work` returned) sent, and `after` (logs, metrics, side effects)
+/// given what `work` returned; `after` returns the `outcome` label. Errors become the
+/// `metav1.Status` answer, and the API server applies the webhook's `failurePolicy`.
+async fn admission<R: Send + 'static>(
+    state: &AppState,
+    endpoint: &'static str,
+    (headers, body): (HeaderMap, Body),
+    work: fn(&[u8], &Caches) -> Result<R, RequestError>,
+    answer: fn(&R) -> &webhook::ReviewOut,
+    after: impl FnOnce(R) -> &'static str,
+) -> Response {
     let result = async {
-        let (bytes, charge) = read_body(&state, &headers, body, state.limits.webhook_body).await?;
+        let (bytes, charge) = read_body(state, &headers, body, state.limits.webhook_body).await?;
         let started = Instant::now();
-        let reviewed = run(&state, bytes, webhook::review).await?;
-        let answer = serde_json::to_vec(&reviewed.review).unwrap_or_default();
-        Ok::<_, RequestError>((reviewed, json_response(answer, charge).await?, started))
+        let reviewed = run(state, bytes, work).await?;
+        let json = serde_json::to_vec(answer(&reviewed)).unwrap_or_default();
+        Ok::<_, RequestError>((reviewed, json_response(json, charge).await?, started))
     }
     .await;
     match result {
         Ok((reviewed, response, started)) => {
-            let answer = &reviewed.review.response;
-            if reviewed.outcome != "passed" {
-                let (namespace, pod) = reviewed
-                    .pod
-                    .as_ref()
-                    .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()));
-                // Request fields with `?`: escaped, so a name cannot forge a log line.
-                tracing::info!(
-                    namespace = ?namespace,
-                    pod = ?pod,
-                    uid = ?answer.uid,
-                    outcome = reviewed.outcome,
-                    patched = answer.patch.is_some(),
-                    warnings = ?answer.warnings,
-                    "pod admitted"
-                );
-            }
-            if reviewed.outcome == "pinned" {
-                state.metrics.pin_applied(ENDPOINT);
-            }
-            if let Some(reason) = reviewed.skipped {
-                state.metrics.pin_skipped(ENDPOINT, reason);
-            }
-            state
-                .metrics
-                .request(ENDPOINT, reviewed.outcome, started.elapsed().as_secs_f64());
+            let outcome = after(reviewed);
+            let seconds = started.elapsed().as_secs_f64();
+            state.metrics.request(endpoint, outcome, seconds);
             response
         }
         Err(e) => {
-            tracing::warn!(error = %e, "admission request refused");
-            state.metrics.request(ENDPOINT, e.outcome(), 0.0);
+            tracing::warn!(endpoint, error = %e, "admission request refused");
+            state.metrics.request(endpoint, e.outcome(), 0.0);
             e.into_webhook_response()
         }
     }
 }
 
+/// A pod's namespace and name for a log line, `?` where not known.
+fn named(pod: &Option<(String, String)>) -> (&str, &str) {
+    pod.as_ref()
+        .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()))
+}
+
+async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    const ENDPOINT: &str = "mutate-pods";
+    let after = |reviewed: webhook::Reviewed| {
+        let answer = &reviewed.review.response;
+        if reviewed.outcome != "passed" {
+            let (namespace, pod) = named(&reviewed.pod);
+            // Request fields with `?`: escaped, so a name cannot forge a log line.
+            tracing::info!(
+                namespace = ?namespace,
+                pod = ?pod,
+                uid = ?answer.uid,
+                outcome = reviewed.outcome,
+                patched = answer.patch.is_some(),
+                warnings = ?answer.warnings,
+                "pod admitted"
+            );
+        }
+        if reviewed.outcome == "pinned" {
+            state.metrics.pin_applied(ENDPOINT);
+        }
+        if let Some(reason) = reviewed.skipped {
+            state.metrics.pin_skipped(ENDPOINT, reason);
+        }
+        reviewed.outcome
+    };
+    let request = (headers, body);
+    admission(
+        &state,
+        ENDPOINT,
+        request,
+        webhook::review,
+        |r| &r.review,
+        after,
+    )
+    .await
+}
+
 async fn validate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    const ENDPOINT: &str = "validate-pods";
-    let result = async {
-        let (bytes, charge) = read_body(&state, &headers, body, state.limits.webhook_body).await?;
-        let started = Instant::now();
-        let reviewed = run(&state, bytes, deletion::review).await?;
-        let answer = serde_json::to_vec(&reviewed.review).unwrap_or_default();
-        Ok::<_, RequestError>((reviewed, json_response(answer, charge).await?, started))
-    }
-    .await;
-    match result {
-        Ok((reviewed, response, started)) => {
-            if matches!(reviewed.outcome, "held" | "escaped") {
-                let (namespace, pod) = reviewed
-                    .pod
-                    .as_ref()
-                    .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()));
-                let answer = &reviewed.review.response;
-                // Request fields with `?`: escaped, so a name cannot forge a log line.
-                tracing::info!(
-                    namespace = ?namespace,
-                    pod = ?pod,
-                    uid = ?answer.uid,
-                    outcome = reviewed.outcome,
-                    message = ?answer.status.as_ref().map_or("", |s| s.message.as_str()),
-                    warnings = ?answer.warnings,
-                    "pod deletion reviewed"
-                );
-            }
-            if let (Some(mark), Some(marker)) = (reviewed.mark, &state.marker) {
-                marker.send(mark);
-            }
-            state
-                .metrics
-                .request(ENDPOINT, reviewed.outcome, started.elapsed().as_secs_f64());
-            response
+    let after = |reviewed: deletion::Reviewed| {
+        if matches!(reviewed.outcome, "held" | "escaped") {
+            let (namespace, pod) = named(&reviewed.pod);
+            let answer = &reviewed.review.response;
+            // Request fields with `?`: escaped, so a name cannot forge a log line.
+            tracing::info!(
+                namespace = ?namespace,
+                pod = ?pod,
+                uid = ?answer.uid,
+                outcome = reviewed.outcome,
+                message = ?answer.status.as_ref().map_or("", |s| s.message.as_str()),
+                warnings = ?answer.warnings,
+                "pod deletion reviewed"
+            );
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "admission request refused");
-            state.metrics.request(ENDPOINT, e.outcome(), 0.0);
-            e.into_webhook_response()
+        if let (Some(mark), Some(marker)) = (reviewed.mark, &state.marker) {
+            marker.send(mark);
         }
-    }
+        reviewed.outcome
+    };
+    let request = (headers, body);
+    admission(
+        &state,
+        "validate-pods",
+        request,
+        deletion::review,
+        |r| &r.review,
+        after,
+    )
+    .await
 }
 
 async fn extend(

@@ -18,7 +18,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
-use ipkeep_placement::{affinity, lifecycle, spec};
+use ipkeep_placement::{affinity, lifecycle};
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -229,10 +229,8 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     affinity::apply(&managed, &mut after);
     // The hooks of a spec that does not check are not applied (the pod fails open); the
     // controller reports the spec on the PersistentPodState.
-    let hooks = pps
-        .as_deref()
-        .and_then(|p| spec::check(&p.spec).ok())
-        .map(|c| c.lifecycle)
+    let hooks = caches
+        .lifecycle_for(&namespace, &statefulset)
         .unwrap_or_default();
     lifecycle::apply_at_create(&hooks, &mut after);
     let patch = json_patch::diff(&to_json(&pod), &to_json(&after));

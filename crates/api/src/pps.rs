@@ -78,17 +78,27 @@ const LABELS_HANDLER_RULE: &str = "self.all(k, k.size() <= 317 && k.matches('^([
 /// What a label value may be.
 const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
 
+/// The schema of both hooks' `labelsHandler`: 1 to 16 labels, keys checked by
+/// [`LABELS_HANDLER_RULE`], values by [`LABEL_VALUE_PATTERN`].
+fn labels_handler_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 16,
+        "additionalProperties": {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+        "x-kubernetes-validations": [{
+            "rule": LABELS_HANDLER_RULE,
+            "message": "every key must be a label key, such as registry.example.com/registered"
+        }]
+    })
+}
+
 /// `spec.lifecycle.preNormal`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PreNormalHook {
     /// Label keys and values: a new pod is `PreparingNormal` until it has them all.
-    #[schemars(extend(
-        "minProperties" = 1,
-        "maxProperties" = 16,
-        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/registered"}],
-        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
-    ))]
+    #[schemars(schema_with = "labels_handler_schema")]
     pub labels_handler: BTreeMap<String, String>,
     /// Keep the pod not Ready while `PreparingNormal` (default true: the point of the hook).
     #[serde(default = "yes")]
@@ -100,12 +110,7 @@ pub struct PreNormalHook {
 #[serde(rename_all = "camelCase")]
 pub struct PreDeleteHook {
     /// Label keys and values: while a pod has them all, its deletion and eviction are refused.
-    #[schemars(extend(
-        "minProperties" = 1,
-        "maxProperties" = 16,
-        "x-kubernetes-validations" = [{"rule": LABELS_HANDLER_RULE, "message": "every key must be a label key, such as registry.example.com/registered"}],
-        "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
-    ))]
+    #[schemars(schema_with = "labels_handler_schema")]
     pub labels_handler: BTreeMap<String, String>,
     /// Take the pod out of its Services (not Ready) as soon as its deletion is held, so traffic
     /// drains before your operator deregisters it (default false).

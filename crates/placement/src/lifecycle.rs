@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use ipkeep_api::LifecycleSpec;
-use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate};
-use ipkeep_lifecycle::{Hook, Lifecycle, READINESS_GATE, STATE_LABEL, at_create};
+use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodSpec, PodStatus};
+use ipkeep_lifecycle::{
+    HELD_ANNOTATION, Hook, Lifecycle, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, at_create,
+};
 
 use crate::keys::{check_label_key, check_label_value};
 use crate::spec::SpecError;
@@ -90,6 +92,33 @@ pub fn apply_at_create(lifecycle: &Lifecycle, pod: &mut Pod) {
             });
         }
     }
+}
+
+/// Keeps what the hooks' decisions read of a pod, for the caches of the webhook and the
+/// controller: identity, labels, owners, the two lifecycle annotations, deletion, node,
+/// readiness gates, phase and the gate's condition.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = meta.annotations.take().map(|a| {
+        a.into_iter()
+            .filter(|(k, _)| k == SINCE_ANNOTATION || k == HELD_ANNOTATION)
+            .collect()
+    });
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        readiness_gates: s.readiness_gates,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        conditions: s.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == READINESS_GATE)
+                .collect()
+        }),
+        ..PodStatus::default()
+    });
 }
 
 /// The fields `spec.lifecycle` has, by level (a misspelt field in an annotation is refused

@@ -95,7 +95,7 @@ pub async fn caches_with_pods(pps: &[Value], nodes: usize, pods: &[Value]) -> Ca
     writers.pods.apply_watcher_event(&Event::Init);
     for p in pods {
         let mut p: Pod = serde_json::from_value(p.clone()).unwrap();
-        ipkeep_scheduler_ext::cache::trim_pod(&mut p);
+        ipkeep_placement::lifecycle::trim_pod(&mut p);
         writers.pods.apply_watcher_event(&Event::InitApply(p));
     }
     writers.pods.apply_watcher_event(&Event::InitDone);
