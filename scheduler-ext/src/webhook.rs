@@ -229,10 +229,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     affinity::apply(&managed, &mut after);
     // The hooks of a spec that does not check are not applied (the pod fails open); the
     // controller reports the spec on the PersistentPodState.
-    let hooks = caches
-        .lifecycle_for(&namespace, &statefulset)
-        .unwrap_or_default();
-    lifecycle::apply_at_create(&hooks, &mut after);
+    lifecycle::apply_at_create(&managed.lifecycle, &mut after);
     let patch = json_patch::diff(&to_json(&pod), &to_json(&after));
     if !patch.0.is_empty() {
         let bytes = serde_json::to_vec(&patch).map_err(|e| RequestError::Body(e.to_string()))?;

@@ -240,6 +240,7 @@ mod retention_tests {
             pod: "db-0".into(),
             retention: Some("24h".into()),
             pin: PinOutcome::Unrecorded(UnrecordedReason::FirstCreation),
+            lifecycle: Default::default(),
         };
         apply(&managed, &mut pod);
         pod.metadata.annotations?.get(IP_RETENTION).cloned()

@@ -64,6 +64,8 @@ pub struct Managed {
     pub retention: Option<String>,
     /// Whether and how the pod is pinned.
     pub pin: PinOutcome,
+    /// The lifecycle hooks a new pod gets (none when the spec does not check: they fail open).
+    pub lifecycle: Box<ipkeep_lifecycle::Lifecycle>,
 }
 
 /// Whether a managed pod is pinned.
@@ -189,15 +191,21 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
     let retention = check_ip_retention(&pps.spec.ip_retention)
         .ok()
         .map(|_| pps.spec.ip_retention.trim().to_string());
+    let (lifecycle, invalid) = match spec::check(&pps.spec) {
+        Ok(config) => (config.lifecycle, None),
+        Err(e) => (Default::default(), Some(e)),
+    };
+    // Called once, on whichever path decides.
     let managed = |pin| {
         Decision::Manage(Managed {
             pps: pps.metadata.name.clone().unwrap_or_default(),
             pod: pod_name.clone(),
-            retention: retention.clone(),
+            retention,
             pin,
+            lifecycle: Box::new(lifecycle),
         })
     };
-    if let Err(e) = spec::check(&pps.spec) {
+    if let Some(e) = invalid {
         return managed(PinOutcome::Skipped(SkipReason::InvalidSpec(e.to_string())));
     }
     let status = pps.status.clone().unwrap_or_default();
