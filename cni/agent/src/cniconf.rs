@@ -5,10 +5,16 @@
 //! host-local support uses) becomes the Node's IPv4 pod CIDR, and `usePodCidrIPv6` its IPv6
 //! one; everything else is copied as it is. [`render`] is pure; [`write_if_changed`] writes
 //! atomically, so the container runtime reads the old file or the new one, never half of one.
+//!
+//! The Node's pod CIDRs are checked before they are written: a CIDR that is not its own network
+//! address, or wider than any node's share of a cluster's range, would make the node hand out
+//! other nodes' addresses, so nothing is written and the agent says why.
 
-use std::net::IpAddr;
+use std::io::Write as _;
 use std::path::Path;
 
+use ipkeep_ipam::range::parse_cidr;
+use ipnetwork::IpNetwork;
 use serde_json::Value;
 
 use crate::cluster::Readiness;
@@ -17,6 +23,14 @@ use crate::cluster::Readiness;
 pub const POD_CIDR: &str = "usePodCidr";
 /// The `subnet` placeholder for the Node's IPv6 pod CIDR.
 pub const POD_CIDR_V6: &str = "usePodCidrIPv6";
+
+/// The shortest IPv4 pod CIDR prefix accepted from a Node. A node's range is a slice of the
+/// cluster's (kube-controller-manager gives /24s by default); a /8 is already a whole private
+/// network, and anything wider would hand out addresses that belong elsewhere.
+pub const MIN_POD_CIDR_PREFIX_V4: u8 = 8;
+/// The shortest IPv6 pod CIDR prefix accepted from a Node (nodes get /64s by default; a /48 is
+/// a whole site's allocation).
+pub const MIN_POD_CIDR_PREFIX_V6: u8 = 48;
 
 /// Why a template cannot be rendered.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -36,26 +50,67 @@ pub enum RenderError {
         /// What the Node has.
         cidrs: String,
     },
+    /// A pod CIDR of the Node that must not become a node's range.
+    #[error("the Node's pod CIDR {cidr:?} is refused: {why}")]
+    PodCidr {
+        /// The CIDR as the Node has it.
+        cidr: String,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+/// Checks one of the Node's pod CIDRs: a CIDR, its own network address, no wider than
+/// [`MIN_POD_CIDR_PREFIX_V4`] / [`MIN_POD_CIDR_PREFIX_V6`], and with room for pods.
+pub fn check_pod_cidr(text: &str) -> Result<IpNetwork, RenderError> {
+    let refuse = |why: String| RenderError::PodCidr {
+        cidr: text.chars().take(80).collect(),
+        why,
+    };
+    let net = parse_cidr(text).map_err(|_| refuse("not an address/prefix CIDR".into()))?;
+    let (min, max) = if net.is_ipv4() {
+        (MIN_POD_CIDR_PREFIX_V4, 30)
+    } else {
+        (MIN_POD_CIDR_PREFIX_V6, 126)
+    };
+    if net.ip() != net.network() {
+        return Err(refuse(format!(
+            "the address has host bits set (its network address is {}/{})",
+            net.network(),
+            net.prefix()
+        )));
+    }
+    if net.prefix() < min {
+        return Err(refuse(format!(
+            "a /{} is wider than any node's share of a cluster range (at least /{min} is expected); check the cluster CIDR and --node-cidr-mask-size of kube-controller-manager, or how your provisioning sets spec.podCIDRs",
+            net.prefix()
+        )));
+    }
+    if net.prefix() > max {
+        return Err(refuse(format!(
+            "a /{} leaves no address for pods (at most /{max})",
+            net.prefix()
+        )));
+    }
+    Ok(net)
 }
 
 /// The configuration list for a Node with these pod CIDRs: every `usePodCidr` /
 /// `usePodCidrIPv6` subnet in any plugin's `ipam.ranges` replaced by the Node's CIDR of that
-/// family. Pretty-printed, with a trailing newline.
+/// family. Pretty-printed, with a trailing newline. Every pod CIDR of the Node must pass
+/// [`check_pod_cidr`], used or not: a Node with a wrong one needs a look before pods start.
 pub fn render(template: &str, pod_cidrs: &[String]) -> Result<String, RenderError> {
     let mut conf: Value =
         serde_json::from_str(template).map_err(|e| RenderError::Template(e.to_string()))?;
+    let checked = pod_cidrs
+        .iter()
+        .map(|c| check_pod_cidr(c))
+        .collect::<Result<Vec<_>, _>>()?;
     let plugins = conf
         .get_mut("plugins")
         .and_then(Value::as_array_mut)
         .ok_or_else(|| RenderError::Template("it has no \"plugins\" list".into()))?;
-    let family = |v6: bool| {
-        pod_cidrs.iter().find(|c| {
-            c.split('/')
-                .next()
-                .and_then(|ip| ip.parse::<IpAddr>().ok())
-                .is_some_and(|ip| ip.is_ipv6() == v6)
-        })
-    };
+    let family = |v6: bool| checked.iter().find(|c| c.is_ipv6() == v6);
     for plugin in plugins {
         let Some(sets) = plugin
             .get_mut("ipam")
@@ -78,7 +133,7 @@ pub fn render(template: &str, pod_cidrs: &[String]) -> Result<String, RenderErro
                 family: if v6 { "IPv6" } else { "IPv4" },
                 cidrs: pod_cidrs.join(", "),
             })?;
-            *subnet = Value::String(cidr.clone());
+            *subnet = Value::String(cidr.to_string());
         }
     }
     let mut text =
@@ -87,42 +142,35 @@ pub fn render(template: &str, pod_cidrs: &[String]) -> Result<String, RenderErro
     Ok(text)
 }
 
-/// Writes `text` to `path` unless the file already holds it: into a temporary file beside it,
-/// fsynced, then renamed over it. Returns whether it wrote.
+/// Writes `text` to `path` unless the file already holds it: into a new temporary file beside
+/// it (a random name, created exclusively, so nothing planted in the directory is followed or
+/// reused), fsynced, then renamed over it. Returns whether it wrote.
 pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
     if std::fs::read(path).is_ok_and(|old| old == text.as_bytes()) {
         return Ok(false);
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile_in(dir, path)?;
-    {
-        use std::io::Write as _;
-        tmp.1.write_all(text.as_bytes())?;
-        tmp.1.sync_all()?;
-    }
-    std::fs::rename(&tmp.0, path)?;
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(true)
-}
-
-/// A new file `.<name>.tmp` beside `path`, readable by all (the runtime reads it; it holds no
-/// secret).
-fn tempfile_in(dir: &Path, path: &Path) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
-    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)?;
-    // The agent's umask (077) would leave it root-only; the runtime may not run as root.
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-    Ok((tmp, file))
+    // A dot-name ending in .tmp: the runtime reads only *.conf, *.conflist and *.json.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
+    // Readable by all through this file's own descriptor (fchmod): the agent's umask (077)
+    // would leave it root-only, and the runtime may not run as root; it holds no secret.
+    tmp.as_file()
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(true)
 }
 
 /// Where the template is and where the configuration goes (`--cni-conf-template`,
@@ -284,6 +332,72 @@ mod tests {
             render(r#"{"type":"bridge"}"#, &[]),
             Err(RenderError::Template(_))
         ));
+    }
+
+    /// Found by review: a symlink planted at the temporary file's name made a rewrite overwrite
+    /// the lease store it pointed at (and make it 0644).
+    #[test]
+    fn a_symlink_planted_beside_the_configuration_is_never_followed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("leases.redb");
+        std::fs::write(&victim, "the lease store").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let path = dir.path().join("10-ipkeep.conflist");
+        // The names a writer could guess: the old fixed one, and the file itself.
+        std::os::unix::fs::symlink(&victim, dir.path().join(".10-ipkeep.conflist.tmp")).unwrap();
+        assert!(write_if_changed(&path, "{}\n").unwrap());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the lease store");
+        let mode = std::fs::metadata(&victim).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the victim's mode is unchanged");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");
+        // A symlink planted at the configuration itself is replaced, not written through.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        assert!(write_if_changed(&path, "[]\n").unwrap());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the lease store");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "[]\n");
+    }
+
+    /// Found by review: whatever the Node's podCIDR said was written into the configuration.
+    #[test]
+    fn pod_cidrs_that_must_not_be_a_nodes_range_are_refused() {
+        for bad in [
+            "10.1.2.3/8",
+            "0.0.0.0/0",
+            "10.244.1.0/24\",\"type\":\"evil",
+            "10.244.1.0/33",
+            "10.0.0.0/24/../../x",
+            "10.0.0.0/7",
+            "10.0.0.0/31",
+            "fd00::/32",
+            "fd00:10:244:1::1/64",
+            "",
+        ] {
+            let err = render(TEMPLATE, &[bad.into(), "fd00:10:244:1::/64".into()])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("refused"), "{bad:?}: {err}");
+        }
+        let err = render(TEMPLATE, &["0.0.0.0/0".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("wider than any node's share"), "{err}");
+        let err = render(TEMPLATE, &["10.1.2.3/8".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("network address is 10.0.0.0/8"), "{err}");
+        // The widest accepted, and the canonical spelling of what was given.
+        let out = render(
+            TEMPLATE,
+            &["10.0.0.0/8".into(), "fd00:10:0:0:0:0:0:0/48".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            ranges(&out),
+            serde_json::json!([[{"subnet":"10.0.0.0/8"}],[{"subnet":"fd00:10::/48"}]])
+        );
     }
 
     #[test]
