@@ -2,7 +2,7 @@
 //! operator's mistake) is refused loudly, by the plugin as by the agent: a command either fails
 //! with a CNI error that names the database, or it works on data that is exactly what was
 //! committed. Never a crash, never an answer built on wrong data; and an agent that refused a
-//! store says so on `/healthz`.
+//! store says so on `/readyz`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -151,8 +151,8 @@ fn a_damaged_store_is_refused_loudly_by_the_plugin_and_the_agent() {
             let out = Invocation::new("ADD", "newcomer")
                 .args(&pod(999))
                 .run(&ipkeep_bin(), &conf);
-            // A store the agent refused leaves it unhealthy, so the node's probes say so.
-            let health = agent.as_ref().map(|a| a.get("/healthz"));
+            // A store the agent refused leaves it not ready, so the node's probes say so.
+            let health = agent.as_ref().map(|a| a.get("/readyz"));
             drop(agent);
             match judge(&out, &clean, &data) {
                 Ok("refused") if health.as_ref().is_some_and(|h| !h.contains(" 503 ")) => {

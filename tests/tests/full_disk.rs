@@ -168,7 +168,7 @@ fn full_disk_root_direct() {
 
 /// Found by review: after a failed commit the agent kept the change in memory, so the
 /// runtime's retry "succeeded" without writing anything and, after a restart, the address went
-/// to another pod; the error stayed after space was freed; `/healthz` said ok throughout.
+/// to another pod; the error stayed after space was freed; the probes said ok throughout.
 #[test]
 fn full_disk_root_through_the_agent() {
     let Some(ns) = MountNs::new("full_disk_root_through_the_agent") else {
@@ -187,11 +187,14 @@ fn full_disk_root_through_the_agent() {
     let conf = with_agent_socket(&conf(data.path(), "1.1.0"), &socket);
     let mut acked = add_twenty(&ns, &conf);
     let failed = fill_until_an_add_fails(&ns, data.path(), &conf, &mut acked);
-    let health = agent.get("/healthz");
+    let ready = agent.get("/readyz");
     assert!(
-        health.starts_with("HTTP/1.1 503"),
-        "/healthz says it cannot commit: {health}"
+        ready.starts_with("HTTP/1.1 503"),
+        "/readyz says it cannot commit: {ready}"
     );
+    // A restart would not free space: liveness stays ok.
+    let health = agent.get("/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     let status = cni(&ns, "STATUS", "", "", &conf);
     assert_eq!(status.error_code(), Some(50), "{status:?}");
     // The runtime retries the same ADD: it must fail again, never "succeed" unwritten.
@@ -204,8 +207,8 @@ fn full_disk_root_through_the_agent() {
     let retried = cni(&ns, "ADD", &failed, &pod(99_999), &conf);
     assert!(retried.ok(), "the error is not sticky: {retried:?}");
     acked.insert(failed.clone(), retried.ips());
-    let health = agent.get("/healthz");
-    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let ready = agent.get("/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     // What the agent acknowledged is on disk: a restarted agent knows it, and the next pod
     // gets another address.
     agent.restart();

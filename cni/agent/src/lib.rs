@@ -170,25 +170,28 @@ pub async fn run(
     Ok(())
 }
 
-/// Healthy while every store commits; after a failed commit (a full disk) 503 with the
-/// reason, until a later commit succeeds.
-async fn healthz(State(state): State<ProbeState>) -> impl IntoResponse {
-    match state.stores.health() {
-        Ok(()) => (StatusCode::OK, "ok".to_string()),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("unhealthy: {why}\n"),
-        ),
-    }
+/// Alive while the process serves HTTP. A store that cannot commit (a full disk, a damaged
+/// file) is not something a restart fixes, so it shows on `/readyz` and in
+/// `ipkeep_agent_store_healthy`, never here.
+async fn healthz() -> &'static str {
+    "ok"
 }
 
-/// Ready once serving (it only runs after the socket is bound); the body says whether
-/// Kubernetes-aware release is on yet, and if not why. The store service never waits for the
-/// API server.
+/// Ready once serving (it only runs after the socket is bound) while every store it opened
+/// commits; 503 with the reason after a commit or an open failed, until one succeeds. The body
+/// also says whether Kubernetes-aware release is on yet, and if not why: the store service
+/// never waits for the API server.
 async fn readyz(State(state): State<ProbeState>) -> impl IntoResponse {
-    match &state.cluster {
-        None => "ok (kubernetes: off)".to_string(),
-        Some(c) => format!("ok (kubernetes: {})", c.readiness().as_str()),
+    let kubernetes = match &state.cluster {
+        None => "kubernetes: off".to_string(),
+        Some(c) => format!("kubernetes: {}", c.readiness().as_str()),
+    };
+    match state.stores.health() {
+        Ok(()) => (StatusCode::OK, format!("ok ({kubernetes})")),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why} ({kubernetes})\n"),
+        ),
     }
 }
 

@@ -7,7 +7,7 @@
 //! A store whose commit failed (a full disk) is closed at once: redb refuses further writes
 //! until it is opened again, and closing lets the `flock` go, so a plugin can serve itself if
 //! the agent cannot reopen it. Until a later commit succeeds, the network is unhealthy
-//! (`/healthz`, CNI STATUS).
+//! (`/readyz`, `ipkeep_agent_store_healthy`, CNI STATUS).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -253,29 +253,35 @@ impl AgentStores {
 
     /// Registers every network that already has a store under the data directory and opens it,
     /// so the sweep covers them from the start. Returns the networks found; a store that cannot
-    /// be opened now is logged and retried on first use.
+    /// be opened now is logged and retried on first use. Entries that are not network store
+    /// directories (a stray file, a backup, a directory without a `leases.redb`) are left alone
+    /// and named once in the log: taking one for a store would report it broken for ever.
     pub fn adopt(&self, timeout: Duration) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.data_dir) else {
             return Vec::new();
         };
         let mut found = Vec::new();
+        let mut ignored = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Ok(dir) = NetworkDir::new(&self.data_dir, &name) else {
+            let slot = NetworkDir::new(&self.data_dir, &name)
+                .ok()
+                .filter(|dir| entry.file_type().is_ok_and(|t| t.is_dir()) && dir.exists())
+                .and_then(|dir| self.slot(&dir).ok());
+            let Some(slot) = slot else {
+                ignored.push(name);
                 continue;
             };
-            let Ok(slot) = self.slot(&dir) else {
-                continue;
-            };
-            if !dir.exists() {
-                continue;
-            }
             let deadline = Instant::now() + timeout;
             let (_, opened) = slot.with(deadline, timeout, |_| Ok::<_, StoreError>(()));
             if let Err(e) = opened {
                 tracing::warn!(network = %name, error = %e, "could not open the store at start; will retry on first use");
             }
             found.push(name);
+        }
+        if !ignored.is_empty() {
+            ignored.sort();
+            tracing::info!(data_dir = %self.data_dir.display(), entries = ?ignored, "ignored entries of --data-dir that are not network stores (a directory with a leases.redb)");
         }
         found.sort();
         found
