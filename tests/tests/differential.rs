@@ -460,6 +460,22 @@ fn difference_kubernetes_args_are_known_keys() {
     assert_fails_hl_ok_ik(&pair, NET1, &inv);
 }
 
+/// What the runtime passes about the pod is stored, logged and put in Events: host-local never
+/// looks at it, ipkeep refuses values no runtime copies from the API server (code 4).
+#[test]
+fn difference_pod_uid_and_netns_are_checked() {
+    let Some(pair) = Pair::new() else { return };
+    let long_uid = format!("IgnoreUnknown=1;K8S_POD_UID={}", "f".repeat(10_000));
+    let bad_uid = Invocation::new("ADD", "u1").args(&long_uid);
+    let mut relative = Invocation::new("ADD", "n1");
+    relative.netns = "netns/relative";
+    for inv in [&bad_uid, &relative] {
+        let (hl, ik) = pair.both(NET1, inv);
+        assert!(hl.ok(), "host-local accepts it: {hl:?}");
+        assert_eq!(ik.error_code(), Some(4), "{ik:?}");
+    }
+}
+
 #[test]
 fn difference_cni_1_1_gc_and_status() {
     let Some(pair) = Pair::new() else { return };

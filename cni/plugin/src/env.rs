@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use ipkeep_ipam::range::parse_ip;
+use ipkeep_values::names;
 
 use crate::error::{CniError, code};
 
@@ -132,6 +133,11 @@ pub fn parse(env: &HashMap<String, String>) -> Result<Invocation, CniError> {
         validate_container_id(&container_id)?;
         validate_ifname(&ifname)?;
     }
+    // Recorded with the addresses and looked up later to tell a live sandbox from a gone one;
+    // DEL does neither, and must never fail on what it does not need.
+    if matches!(command, Command::Add | Command::Check) {
+        validate_netns(&netns)?;
+    }
     let args = parse_args(get("CNI_ARGS").unwrap_or_default())?;
     Ok(Invocation {
         command,
@@ -189,22 +195,55 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
     }
 }
 
-/// Kubernetes name rules for the pod keys (DNS-1123 subdomain for names, label for namespaces),
-/// so nothing odd ever reaches the store or a log line.
-fn validate_k8s_name(key: &str, value: &str, max: usize, allow_dots: bool) -> Result<(), CniError> {
-    let ok = !value.is_empty()
-        && value.len() <= max
-        && value.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (allow_dots && b == b'.')
-        })
-        && value.as_bytes()[0].is_ascii_alphanumeric()
-        && value.as_bytes()[value.len() - 1].is_ascii_alphanumeric();
+/// The longest `CNI_NETNS` accepted (the kernel's `PATH_MAX`).
+const MAX_NETNS_BYTES: usize = 4096;
+
+/// `CNI_NETNS` is the path of the sandbox's network namespace: absolute (a relative path would
+/// be looked up against whatever directory a later command runs in), within `PATH_MAX`, and
+/// free of control characters.
+fn validate_netns(netns: &str) -> Result<(), CniError> {
+    let why = if !netns.starts_with('/') {
+        "must be an absolute path"
+    } else if netns.len() > MAX_NETNS_BYTES {
+        "is longer than PATH_MAX (4096 bytes)"
+    } else if netns.chars().any(char::is_control) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    Err(CniError::new(
+        code::INVALID_ENV,
+        format!("CNI_NETNS {} {why}", shown(netns)),
+    ))
+}
+
+/// A value for an error message: quoted, escaped, and cut after 64 characters.
+pub(crate) fn shown(value: &str) -> String {
+    let head: String = value.chars().take(64).collect();
+    if head.len() < value.len() {
+        format!("{head:?}… ({} bytes)", value.len())
+    } else {
+        format!("{head:?}")
+    }
+}
+
+/// Kubernetes rules for the pod keys (DNS-1123 subdomain for names, label for namespaces, a
+/// UUID or hash for the UID), so nothing odd ever reaches the store, a log line or an Event.
+fn validate_pod_key(key: &str, value: &str) -> Result<(), CniError> {
+    let (ok, what) = match key {
+        "K8S_POD_NAMESPACE" => (names::is_label(value), "a valid Kubernetes name"),
+        "K8S_POD_UID" => (
+            names::is_pod_uid(value),
+            "a pod UID (a UUID or hash: letters, digits and '-', at most 64 characters)",
+        ),
+        _ => (names::is_subdomain(value), "a valid Kubernetes name"),
+    };
     if ok {
         Ok(())
     } else {
         Err(CniError::new(
             code::INVALID_ENV,
-            format!("CNI_ARGS {key}={value:?} is not a valid Kubernetes name"),
+            format!("CNI_ARGS {key}={} is not {what}", shown(value)),
         ))
     }
 }
@@ -249,14 +288,19 @@ pub fn parse_args(text: &str) -> Result<CniArgs, CniError> {
                 })?);
             }
             "K8S_POD_NAMESPACE" => {
-                validate_k8s_name(key, value, 63, false)?;
+                validate_pod_key(key, value)?;
                 args.pod_namespace = Some(value.to_string());
             }
             "K8S_POD_NAME" => {
-                validate_k8s_name(key, value, 253, true)?;
+                validate_pod_key(key, value)?;
                 args.pod_name = Some(value.to_string());
             }
-            "K8S_POD_UID" => args.pod_uid = Some(value.to_string()),
+            // An empty UID says nothing; it is not an odd one.
+            "K8S_POD_UID" if value.is_empty() => args.pod_uid = None,
+            "K8S_POD_UID" => {
+                validate_pod_key(key, value)?;
+                args.pod_uid = Some(value.to_string());
+            }
             "K8S_POD_INFRA_CONTAINER_ID" => {}
             _ => unknown.push(pair),
         }
@@ -369,6 +413,43 @@ mod tests {
             let e = parse_args(bad).expect_err(bad);
             assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
         }
+    }
+
+    /// Found by review: a pod UID with a newline or of 10 KB, and a relative `CNI_NETNS`, were
+    /// accepted and stored as given.
+    #[test]
+    fn pod_uids_and_network_namespaces_are_checked_where_decoded() {
+        let long = "f".repeat(10_000);
+        for bad in ["u\n1", long.as_str(), "a b", "a/b", "a,b"] {
+            let e = parse_args(&format!("K8S_POD_UID={bad}")).expect_err(bad);
+            assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
+            assert!(e.msg.len() < 200, "the message stays short: {}", e.msg);
+        }
+        let uuid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        let args = parse_args(&format!("K8S_POD_UID={uuid}")).expect("a UUID");
+        assert_eq!(args.pod_uid.as_deref(), Some(uuid));
+        assert_eq!(parse_args("K8S_POD_UID=").expect("empty").pod_uid, None);
+        let long_path = format!("/{}", "x".repeat(5_000));
+        for bad in [
+            "relative/netns",
+            "netns",
+            long_path.as_str(),
+            "/run/netns/a\nb",
+        ] {
+            let e = parse_with("CNI_NETNS", bad).expect_err(bad);
+            assert_eq!(e.code, code::INVALID_ENV, "{bad:?}");
+            assert!(e.msg.starts_with("CNI_NETNS "), "{}", e.msg);
+        }
+        assert!(parse_with("CNI_NETNS", "/proc/4242/ns/net").is_ok());
+        // DEL does not use it, and never fails on it.
+        let del = parse(&env(&[
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "relative"),
+            ("CNI_PATH", "/p"),
+        ]));
+        assert!(del.is_ok(), "{del:?}");
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use ipkeep_ipam::range::{RangeError, RangeSet, RangeSpec, parse_ip};
 use ipkeep_ipam::{Attachment, Retention, RetentionPolicy};
+use ipkeep_values::keys::PERSISTENT_POD_STATE;
+use ipkeep_values::names;
 use serde::Deserialize;
 
 use crate::error::{CniError, code};
@@ -172,6 +174,9 @@ pub struct Decoded {
     pub ipam: IpamConf,
     /// The validated settings of the `ipam` section.
     pub settings: Settings,
+    /// Pod annotations that could not be read and were dropped from `conf`, each with why:
+    /// ADD logs them as warnings (an annotation never fails a command).
+    pub ignored_annotations: Vec<String>,
 }
 
 /// The `ipam` settings every command reads.
@@ -291,13 +296,39 @@ pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
         .take()
         .ok_or_else(|| invalid("IPAM config missing 'ipam' key"))?;
     let settings = Settings::read(&ipam)?;
+    let ignored_annotations = conf
+        .runtime_config
+        .pod_annotations
+        .as_mut()
+        .map(drop_unreadable_link)
+        .into_iter()
+        .flatten()
+        .collect();
     Ok(Decoded {
         version,
         conf,
         name,
         ipam,
         settings,
+        ignored_annotations,
     })
+}
+
+/// Drops a `ipkeep.dev/persistent-pod-state` that cannot name a PersistentPodState (the webhook
+/// only ever writes object names): the pod then counts as managed by none, and the value is
+/// neither trusted nor stored with its addresses. Returns why, for the log.
+fn drop_unreadable_link(annotations: &mut BTreeMap<String, String>) -> Option<String> {
+    let link = annotations.get(PERSISTENT_POD_STATE)?.trim();
+    if link.is_empty() || names::is_subdomain(link) {
+        return None;
+    }
+    let why = format!(
+        "invalid annotation {PERSISTENT_POD_STATE} value {}: not a PersistentPodState name (a DNS-1123 subdomain of at most {} characters); ignored, so no PersistentPodState manages this pod",
+        crate::env::shown(link),
+        names::MAX_SUBDOMAIN
+    );
+    annotations.remove(PERSISTENT_POD_STATE);
+    Some(why)
 }
 
 /// What an ADD-like command needs from the `ipam` section, validated.

@@ -282,6 +282,9 @@ fn cmd_add<S: Stores>(
         None => Dns::default(),
         Some(path) => Dns::parse_resolv_conf(&read_resolv_conf(path)?),
     };
+    for why in &decoded.ignored_annotations {
+        warn!("{why}");
+    }
     let pod = pod_ref(&inv.args, decoded);
     let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
     let (retention, source) = if pod.is_some() {

@@ -7,11 +7,13 @@
 //! * [`ordinal`]: which ordinal a StatefulSet pod has (`db-2`, or its `apps.kubernetes.io/pod-index`
 //!   label);
 //! * [`time`]: unix timestamps printed for people, for any value;
+//! * [`names`]: Kubernetes names and pod UIDs as the runtime passes them to the node;
 //! * [`keys`]: the annotation and label keys that carry them.
 //!
 //! Pure values: no I/O, no clock, no Kubernetes client.
 
 pub mod keys;
+pub mod names;
 pub mod ordinal;
 pub mod retention;
 pub mod time;

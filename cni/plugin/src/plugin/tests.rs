@@ -257,3 +257,35 @@ fn status_reports_a_store_that_cannot_serve() {
     assert_eq!((code, err["code"].as_u64()), (1, Some(50)), "{out}");
     assert!(err["msg"].as_str().unwrap().contains("disk is full"));
 }
+
+/// Found by review: a multi-line or 200 KB `ipkeep.dev/persistent-pod-state` was stored with
+/// the pod's addresses as given (and made the pod count as managed). It cannot name a
+/// PersistentPodState, so it is ignored with a warning, like any unreadable annotation; the
+/// pod still starts.
+#[test]
+fn a_link_that_is_no_object_name_is_ignored_and_never_blocks_the_pod() {
+    let huge = "w".repeat(200_000);
+    for link in ["web\\nevil", huge.as_str(), "Web", "web/../x"] {
+        let stores = MemoryStores::default();
+        let conf = CONF.replace(
+            r#""ipkeep.dev/persistent-pod-state":"web""#,
+            &format!(r#""ipkeep.dev/persistent-pod-state":"{link}""#),
+        );
+        let mut result = (0, String::new());
+        let warned = logged("warn", || {
+            result = invoke_with(&stores, &conf, "ADD", "a", "web-0", &at(1_000, 10));
+        });
+        assert_eq!(result.0, 0, "{}", result.1);
+        assert!(
+            warned.contains("invalid annotation ipkeep.dev/persistent-pod-state"),
+            "{warned}"
+        );
+        assert!(warned.len() < 2_000, "the warning stays short");
+        let leases = stores.get(&dir()).unwrap().all().unwrap();
+        let pod = leases[0].pod.as_ref().unwrap();
+        assert_eq!(pod.persistent_pod_state, None, "nothing stored");
+        // No PersistentPodState manages it, so its 1h annotation is not honoured.
+        invoke_with(&stores, &conf, "DEL", "a", "web-0", &at(1_010, 20));
+        assert!(stores.get(&dir()).unwrap().held().unwrap().is_empty());
+    }
+}
