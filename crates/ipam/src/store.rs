@@ -128,7 +128,16 @@ pub struct Commit {
     /// again (`None`: forget when they were freed). Read back by [`StoreRead::freed_at`] for the
     /// reuse cooldown.
     pub freed: Vec<(IpAddr, Option<u64>)>,
+    /// Forget when addresses were freed at or before this time (store clock): past the reuse
+    /// cooldown a freed address is as free as any other, and remembering it would only grow
+    /// the store (on an IPv6 range, round robin may never come back to it).
+    pub forget_freed_until: Option<u64>,
 }
+
+/// The most freed addresses a store remembers for the reuse cooldown; past it, the ones freed
+/// longest ago are forgotten first (they are the first a cooldown would let go anyway). A node
+/// frees far fewer addresses than this within any sensible cooldown.
+pub const MAX_FREED_REMEMBERED: usize = 4096;
 
 impl Commit {
     /// Whether there is nothing to write (a clock mark alone is not worth a write).
@@ -284,6 +293,15 @@ impl Store for MemoryStore {
                 Some(at) => self.freed.insert(ip, at),
                 None => self.freed.remove(&ip),
             };
+        }
+        if let Some(until) = commit.forget_freed_until {
+            self.freed.retain(|_, at| *at > until);
+        }
+        while self.freed.len() > MAX_FREED_REMEMBERED {
+            let oldest = self.freed.iter().map(|(ip, at)| (*at, *ip)).min();
+            if let Some((_, ip)) = oldest {
+                self.freed.remove(&ip);
+            }
         }
         Ok(())
     }

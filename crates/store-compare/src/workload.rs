@@ -332,6 +332,7 @@ pub fn fill(backend: Backend, data_dir: &Path, count: u32) -> anyhow::Result<f64
             range_sets: Some(serde_json::to_string(&sets)?),
             clock: None,
             freed: Vec::new(),
+            forget_freed_until: None,
         })?;
         i = end;
     }

@@ -278,6 +278,8 @@ fn plan_add<S: Store + ?Sized>(
         pending.replace(lease, None);
     }
     let mut commit = pending.into_commit();
+    // Past the cooldown, when an address was freed no longer matters.
+    commit.forget_freed_until = Some(now.saturating_sub(req.reuse_cooldown));
     // Remember the configured ranges so `ipkeep list` can count free addresses without the
     // network configuration at hand.
     let ranges = serde_json::to_string(req.range_sets).unwrap_or_default();

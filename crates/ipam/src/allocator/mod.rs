@@ -151,6 +151,7 @@ impl<'s, S: Store + ?Sized> Pending<'s, S> {
             range_sets: None,
             clock: self.new_clock.then_some(self.clock),
             freed,
+            forget_freed_until: None,
         }
     }
 }

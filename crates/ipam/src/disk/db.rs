@@ -13,7 +13,10 @@
 //! meta       "version"                          → "2"
 //!            "ranges"                           → JSON of the range sets last configured
 //!            "clock"                            → the store's clock (crate::clock)
+//! freed      ip                                 → store time         free addresses, when freed
+//! freed_order (store time, ip)                  → ()                 index of `freed`, oldest first
 //! ```
+//! `freed` serves the reuse cooldown and is kept small by [`super::freed`].
 //! Index entries exist exactly for the current `leases` records: a commit removes the entries of
 //! each lease's previous value and inserts those of its new value in the same transaction, which
 //! redb makes atomic and durable (fsync before `commit` returns). Tuple keys are length-prefixed
@@ -27,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, DatabaseError, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
 
+use super::freed::{self, FREED, FREED_ORDER};
 use super::{NetworkLock, io_err};
 use crate::clock::ClockMark;
 use crate::lease::{Attachment, Lease, LeaseState, PodIdentity};
@@ -44,10 +48,6 @@ const BY_POD: TableDefinition<(&str, &str, &str, &[u8]), ()> = TableDefinition::
 const BY_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("by_expiry");
 const CURSORS: TableDefinition<&str, &str> = TableDefinition::new("cursors");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-/// Free addresses → when they were freed (store clock), for the reuse cooldown. Added after
-/// layout 2 without a version change: a store without it has simply freed nothing yet, and an
-/// older ipkeep ignores it (its entries only ever make an address wait longer).
-const FREED: TableDefinition<&[u8], u64> = TableDefinition::new("freed");
 
 const MIN_IP: &[u8] = &[];
 const MAX_IP: &[u8] = &[0xff; 17];
@@ -73,7 +73,7 @@ impl Default for OpenOptions {
     }
 }
 
-fn ip_key(ip: IpAddr) -> IpKey {
+pub(super) fn ip_key(ip: IpAddr) -> IpKey {
     let mut key = [0u8; 17];
     key[0] = if ip.is_ipv4() { 4 } else { 6 };
     key[1..].copy_from_slice(&ip_to_u128(ip).to_be_bytes());
@@ -474,16 +474,10 @@ impl DiskStore {
                 let json = serde_json::to_vec(clock).unwrap_or_default();
                 meta.insert("clock", json.as_slice()).map_err(w)?;
             }
-            if !commit.freed.is_empty() {
+            if !commit.freed.is_empty() || commit.forget_freed_until.is_some() {
                 let mut freed = txn.open_table(FREED).map_err(t)?;
-                for (ip, at) in &commit.freed {
-                    let key = ip_key(*ip);
-                    match at {
-                        Some(at) => freed.insert(&key[..], *at).map(drop),
-                        None => freed.remove(&key[..]).map(drop),
-                    }
-                    .map_err(w)?;
-                }
+                let mut order = txn.open_table(FREED_ORDER).map_err(t)?;
+                freed::remember(&mut freed, &mut order, commit).map_err(w)?;
             }
         }
         txn.commit().map_err(|e| db_error("commit to", path, e))
@@ -605,6 +599,7 @@ fn create(dir: &Path, path: &Path) -> Result<(), StoreError> {
             txn.open_table(BY_EXPIRY).map_err(t)?;
             txn.open_table(CURSORS).map_err(t)?;
             txn.open_table(FREED).map_err(t)?;
+            txn.open_table(FREED_ORDER).map_err(t)?;
             let mut meta = txn.open_table(META).map_err(t)?;
             meta.insert("version", LAYOUT_VERSION.to_string().as_bytes())
                 .map_err(|e| init(e.into()))?;

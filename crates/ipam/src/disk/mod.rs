@@ -19,6 +19,7 @@
 //!   path component taken from input is the network name, validated by [`validate_network_name`].
 
 pub mod db;
+mod freed;
 
 pub use db::{DiskSnapshot, DiskStore, LAYOUT_VERSION, OpenOptions as StoreOptions};
 
