@@ -83,6 +83,7 @@ pub struct Metrics {
     free: Family<RangeLabels, Gauge>,
     fallbacks: Family<NetworkLabel, Gauge>,
     store_healthy: Family<NetworkLabel, Gauge>,
+    wall_clock_doubted: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
 }
 
@@ -107,6 +108,7 @@ impl Default for Metrics {
             free: Family::default(),
             fallbacks: Family::default(),
             store_healthy: Family::default(),
+            wall_clock_doubted: Family::default(),
             kubernetes_synced: Gauge::default(),
         };
         registry.register(
@@ -160,6 +162,11 @@ impl Default for Metrics {
             m.store_healthy.clone(),
         );
         registry.register(
+            "wall_clock_doubted",
+            "1 while, after a reboot, the network's store doubts a wall clock far past its last time that the kernel does not report synchronised (holdings end only by the time it can prove)",
+            m.wall_clock_doubted.clone(),
+        );
+        registry.register(
             "kubernetes_synced",
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
@@ -183,6 +190,8 @@ pub struct NetworkGauges {
     pub fallbacks: i64,
     /// Whether its store commits.
     pub healthy: bool,
+    /// Whether its store doubts the wall clock after a reboot.
+    pub clock_doubted: bool,
 }
 
 impl Metrics {
@@ -246,6 +255,7 @@ impl Metrics {
         self.free.clear();
         self.fallbacks.clear();
         self.store_healthy.clear();
+        self.wall_clock_doubted.clear();
         for n in networks {
             let network = NetworkLabel {
                 network: n.network.clone(),
@@ -255,6 +265,9 @@ impl Metrics {
             self.store_healthy
                 .get_or_create(&network)
                 .set(i64::from(n.healthy));
+            self.wall_clock_doubted
+                .get_or_create(&network)
+                .set(i64::from(n.clock_doubted));
             for ((namespace, statefulset), count) in &n.held {
                 self.held
                     .get_or_create(&HoldingLabels {

@@ -35,6 +35,8 @@ pub struct Slot {
     failure: Mutex<Option<String>>,
     /// Whether a forward jump of the wall clock has been reported.
     clock_jumped: std::sync::atomic::AtomicBool,
+    /// Whether the store doubts the wall clock after a reboot (see `ipkeep_ipam::clock`).
+    clock_doubted: std::sync::atomic::AtomicBool,
     /// Counts commands that succeeded (and so may have changed the store).
     generation: std::sync::atomic::AtomicU64,
 }
@@ -63,9 +65,30 @@ impl Slot {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Reports, once until it ends, that the wall clock is `ahead` of the store's clock.
-    pub fn note_clock(&self, ahead: Option<u64>) {
+    /// Whether the store doubts the wall clock after a reboot, as the last sweep saw.
+    pub fn clock_doubted(&self) -> bool {
+        self.clock_doubted
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Reports, once until it ends, that the wall clock is `ahead` of the store's clock, or,
+    /// after a reboot, so far ahead of it that the store `doubted` it.
+    pub fn note_clock(&self, ahead: Option<u64>, doubted: Option<u64>) {
         use std::sync::atomic::Ordering;
+        let was_doubted = self.clock_doubted.swap(doubted.is_some(), Ordering::AcqRel);
+        match (doubted, was_doubted) {
+            (Some(ahead), false) => tracing::warn!(
+                network = %self.network,
+                ahead = %ipkeep_values::time::duration(ahead),
+                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+            ),
+            (None, true) => tracing::info!(
+                network = %self.network,
+                "the wall clock is taken again: synchronised, or the node has been up an hour"
+            ),
+            _ => {}
+        }
+        let ahead = ahead.filter(|_| doubted.is_none());
         let was = self.clock_jumped.swap(ahead.is_some(), Ordering::AcqRel);
         if let (Some(ahead), false) = (ahead, was) {
             tracing::warn!(
@@ -245,6 +268,7 @@ impl AgentStores {
                     store: parking_lot::Mutex::default(),
                     failure: Mutex::default(),
                     clock_jumped: Default::default(),
+                    clock_doubted: Default::default(),
                     generation: Default::default(),
                 })
             })

@@ -173,8 +173,12 @@ impl Sweeper {
         }
         let store_generation = slot.generation();
         let snapshot = slot.snapshot(self.deadline(), self.lock_timeout)?;
-        let now = clock::advance(snapshot.clock()?.as_ref(), reading).now;
-        slot.note_clock(clock::wall_ahead(now, reading));
+        let mark = snapshot.clock()?;
+        let now = clock::advance(mark.as_ref(), reading).now;
+        slot.note_clock(
+            clock::wall_ahead(now, reading),
+            clock::doubted_wall(mark.as_ref(), reading),
+        );
         let readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
         let last = readings.get(network);
         let at = Instant::now();
@@ -343,16 +347,19 @@ impl<'v> GaugeCounter<'v> {
                 .collect(),
             fallbacks: 0,
             healthy: true,
+            clock_doubted: false,
         })
     }
 }
 
 impl Slot {
-    /// `gauges` with what is read cheaply every pass: the fallback count and the store's health.
+    /// `gauges` with what is read cheaply every pass: the fallback count, the store's health and
+    /// whether it doubts the wall clock.
     fn refresh(&self, gauges: NetworkGauges) -> NetworkGauges {
         NetworkGauges {
             fallbacks: i64::try_from(fallback_count(self.dir())).unwrap_or(i64::MAX),
             healthy: self.health().is_ok(),
+            clock_doubted: self.clock_doubted(),
             ..gauges
         }
     }

@@ -311,8 +311,14 @@ fn cmd_add<S: Stores>(
     let reading = &cx.call.reading;
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
-        let now = clock::advance(store.clock()?.as_ref(), reading).now;
-        if let Some(ahead) = clock::wall_ahead(now, reading) {
+        let mark = store.clock()?;
+        let now = clock::advance(mark.as_ref(), reading).now;
+        if let Some(ahead) = clock::doubted_wall(mark.as_ref(), reading) {
+            warn!(
+                ahead = %ipkeep_values::time::duration(ahead),
+                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+            );
+        } else if let Some(ahead) = clock::wall_ahead(now, reading) {
             warn!(
                 ahead = %ipkeep_values::time::duration(ahead),
                 "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"

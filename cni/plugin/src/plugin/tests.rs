@@ -35,6 +35,7 @@ fn at(wall: u64, since_boot: u64) -> Call {
         reading: Reading {
             wall,
             boot: Some(("boot-1".into(), since_boot)),
+            ..Reading::wall(0)
         },
         deadline: None,
     }
@@ -118,6 +119,71 @@ fn a_forward_clock_jump_frees_no_holding() {
     invoke(&stores, "DEL", "c", "web-0", &at(1_050 + year, 60));
     invoke(&stores, "ADD", "d", "web-2", &at(1_050 + year, 60 + 3_601));
     assert!(stores.get(&dir()).unwrap().held().unwrap().is_empty());
+}
+
+/// Found by review: after a reboot with the hardware clock ten days ahead (before NTP
+/// corrected it) the first command freed every holding of less than ten days, and a rebuilt pod
+/// got a new address. The kernel had not said the clock was synchronised.
+#[test]
+fn a_reboot_with_the_clock_ahead_frees_no_holding() {
+    let stores = MemoryStores::default();
+    let conf = CONF.replace(r#""1h""#, r#""7d""#);
+    let t0 = 1_000_000;
+    let mut first = Vec::new();
+    for (i, pod) in ["web-0", "web-1", "web-2"].iter().enumerate() {
+        let (code, out) = invoke_with(&stores, &conf, "ADD", &format!("a{i}"), pod, &at(t0, 10));
+        assert_eq!(code, 0, "{out}");
+        first.push(ip_of(&out));
+        invoke_with(
+            &stores,
+            &conf,
+            "DEL",
+            &format!("a{i}"),
+            pod,
+            &at(t0 + 1, 11),
+        );
+    }
+    // Rebooted (another boot id, 30 s up); the wall clock reads ten days later and nothing
+    // says it is right.
+    let rebooted = |wall: u64, up: u64| Call {
+        reading: Reading {
+            wall,
+            boot: Some(("boot-2".into(), up)),
+            ..Reading::wall(0)
+        },
+        deadline: None,
+    };
+    let ten_days = 10 * 86_400;
+    let mut result = (0, String::new());
+    let warned = logged("warn", || {
+        result = invoke_with(
+            &stores,
+            &conf,
+            "ADD",
+            "x",
+            "other-0",
+            &rebooted(t0 + ten_days, 30),
+        );
+    });
+    assert_eq!(result.0, 0, "{}", result.1);
+    assert_eq!(
+        stores.get(&dir()).unwrap().held().unwrap().len(),
+        3,
+        "every holding is still there"
+    );
+    assert!(
+        warned.contains("does not say it is synchronised"),
+        "{warned}"
+    );
+    let (_, again) = invoke_with(
+        &stores,
+        &conf,
+        "ADD",
+        "b1",
+        "web-1",
+        &rebooted(t0 + ten_days + 5, 35),
+    );
+    assert_eq!(ip_of(&again), first[1], "web-1 got its address back");
 }
 
 /// A global subscriber that records nothing but never lets tracing cache "nobody listens" for

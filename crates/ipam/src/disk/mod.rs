@@ -138,7 +138,24 @@ pub fn system_reading() -> Reading {
     Reading {
         wall,
         boot: boot_id.zip(since_boot),
+        synced: wall_clock_synced(),
     }
+}
+
+/// Whether the kernel says the wall clock is synchronised: an NTP daemon (chrony, ntpd,
+/// systemd-timesyncd) cleared `STA_UNSYNC`. `None` when the kernel cannot be asked (a seccomp
+/// profile that refuses `adjtimex`).
+#[allow(unsafe_code)]
+fn wall_clock_synced() -> Option<bool> {
+    // SAFETY: `timex` is a plain C struct of integers, for which all zeros is a valid value;
+    // `adjtimex` with `modes` 0 only reads the kernel's clock state into it, and it lives for
+    // the whole call. nix does not wrap this call.
+    let (state, status) = unsafe {
+        let mut tx: nix::libc::timex = std::mem::zeroed();
+        let state = nix::libc::adjtimex(&mut tx);
+        (state, tx.status)
+    };
+    (state >= 0).then_some(status & nix::libc::STA_UNSYNC == 0)
 }
 
 impl NetworkDir {
