@@ -127,8 +127,18 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     }
     wait_pps(&c.client, "kv", "3 records", |p| records(p).len() == 3).await;
 
-    // A pod bound to another node is not "on this node": its address here lost its DEL.
-    let web = cni("ADD", "w0", "web-0", &conf).remove(0);
+    // A pod bound to another node is not "on this node": its address here lost its DEL, once
+    // its sandbox's network namespace, which the agent saw at ADD, is gone.
+    let runtime = tempfile::tempdir().unwrap();
+    let sandbox = runtime.path().join("cni-w0");
+    std::fs::write(&sandbox, "").unwrap();
+    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME=web-0");
+    let mut add = Invocation::new("ADD", "w0").args(&args);
+    add.netns = sandbox.to_str().unwrap();
+    let added = add.run(&ipkeep_bin(), &conf);
+    assert!(added.ok(), "{added:?}");
+    let web = added.ips().remove(0);
+    std::fs::remove_file(&sandbox).unwrap();
     let other = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
     run_pod(&c.client, &other, 0, "n2", "10.91.0.9").await;
     wait_leases(

@@ -1,5 +1,6 @@
 //! A private mount namespace for full-disk tests: a small tmpfs mounted there is seen only by
-//! the processes started inside it, never by the host, and goes away with the namespace.
+//! the processes started inside it, never by the host, and goes away with the namespace. Also a
+//! real network namespace kept on a file, as container runtimes keep a sandbox's.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -87,5 +88,35 @@ impl Drop for MountNs {
     fn drop(&mut self) {
         let _ = self.holder.kill();
         let _ = self.holder.wait();
+    }
+}
+
+/// A real network namespace kept alive by a bind mount on a file, as runtimes keep a sandbox's
+/// (`CNI_NETNS`); unmounted and deleted when dropped, as when the sandbox is torn down.
+#[derive(Debug)]
+pub struct SandboxNetns {
+    path: std::path::PathBuf,
+}
+
+impl SandboxNetns {
+    /// A new network namespace on `path` (created), in the caller's mount namespace.
+    pub fn new(path: &Path) -> SandboxNetns {
+        std::fs::write(path, "").expect("the mount point");
+        crate::sh("unshare", &[&format!("--net={}", path.display()), "true"]);
+        SandboxNetns {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// The path, as `CNI_NETNS`.
+    pub fn path(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 path")
+    }
+}
+
+impl Drop for SandboxNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).output();
+        let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod cniconf;
 pub mod events;
 pub mod metrics;
+pub mod netns;
 pub mod release;
 pub mod server;
 pub mod stores;
@@ -81,9 +82,15 @@ pub async fn run(
             )
         })?,
     );
+    let netns = Arc::new(netns::NetnsView::default());
     let adopted = {
-        let (stores, timeout) = (stores.clone(), settings.lock_timeout);
-        tokio::task::spawn_blocking(move || stores.adopt(timeout)).await?
+        let (stores, timeout, netns) = (stores.clone(), settings.lock_timeout, netns.clone());
+        tokio::task::spawn_blocking(move || {
+            let adopted = stores.adopt(timeout);
+            netns::survey(&netns, &stores, timeout);
+            adopted
+        })
+        .await?
     };
     tracing::info!(data_dir = %stores.data_dir().display(), networks = ?adopted, "opened the existing stores");
     let listener = server::bind(&settings.socket).with_context(|| {
@@ -149,6 +156,7 @@ pub async fn run(
         lock_timeout: settings.lock_timeout,
         max_releases: settings.max_releases,
         readings: Default::default(),
+        netns: netns.clone(),
     };
     let sweeping = tokio::spawn(sweeper.run(settings.sweep_interval, shutdown.clone()));
     tracing::info!(
@@ -162,6 +170,7 @@ pub async fn run(
         stores: stores.clone(),
         metrics,
         notices,
+        netns,
     });
     server::serve(listener, served, shutdown).await;
     let _ = sweeping.await;

@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
+use crate::netns::NetnsView;
 use crate::release::Reason;
 use crate::stores::AgentStores;
 
@@ -94,6 +95,8 @@ pub struct Served {
     pub metrics: Arc<Metrics>,
     /// Where notices for pods go, to become Events (`None` without Kubernetes).
     pub notices: Option<crate::events::Notices>,
+    /// Which sandboxes' network namespaces the agent can vouch for.
+    pub netns: Arc<NetnsView>,
 }
 
 /// Binds the socket: creates its directory (0755), replaces a stale socket file (a previous
@@ -177,11 +180,15 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
                 debug!(%reason, "refused a request");
                 ipkeep_cni::proto::write_frame(&mut out, tag::REFUSED, reason.as_bytes())
             }
+            Answer::AskNetns(netns) => {
+                let list = serde_json::to_vec(netns).unwrap_or_default();
+                ipkeep_cni::proto::write_frame(&mut out, tag::ASK_NETNS, &list)
+            }
         };
         if let Err(e) = written.and_then(|()| out.flush()) {
             debug!(error = %e, "client went away before the answer");
         }
-        if !matches!(answer, Answer::Refused(_)) {
+        if matches!(answer, Answer::Exit(_)) {
             served
                 .metrics
                 .request(command, ok, started.elapsed().as_secs_f64());
@@ -233,6 +240,9 @@ pub enum Answer {
     Exit(i32),
     /// Not run: the client must run it itself.
     Refused(String),
+    /// Nothing committed: the command needs to know whether these network namespaces exist,
+    /// which the agent cannot see; the client, on the host, says and asks again.
+    AskNetns(Vec<String>),
 }
 
 /// Counts bytes written through it.
@@ -267,10 +277,17 @@ pub fn execute(
             env,
             config,
             budget_ms,
+            netns_seen,
         } => {
             let budget = budget_ms.map_or(DEFAULT_LOCK_TIMEOUT, Duration::from_millis);
             let deadline = received.checked_add(budget).unwrap_or(received);
-            run_cni(served, env.into_iter().collect(), &config, deadline, out)
+            let call = CniCall {
+                vars: env.into_iter().collect(),
+                config: &config,
+                deadline,
+                netns_seen,
+            };
+            run_cni(served, call, out)
         }
         Request::Admin(mut command) => {
             let target = command.target_mut();
@@ -309,13 +326,22 @@ pub fn execute(
     }
 }
 
-fn run_cni(
-    served: &Served,
+/// One CNI request as received.
+struct CniCall<'r> {
     vars: HashMap<String, String>,
-    config: &str,
+    config: &'r str,
     deadline: Instant,
-    out: &mut dyn Write,
-) -> (Answer, &'static str) {
+    /// What the plugin sees on the host of namespaces the agent asked about.
+    netns_seen: std::collections::BTreeMap<String, bool>,
+}
+
+fn run_cni(served: &Served, request: CniCall<'_>, out: &mut dyn Write) -> (Answer, &'static str) {
+    let CniCall {
+        vars,
+        config,
+        deadline,
+        netns_seen,
+    } = request;
     let mut decoded = netconf::decode(config.as_bytes());
     if let Ok(d) = &mut decoded {
         // Only the agent's own stores, by their canonical path (a plugin may name the data
@@ -331,7 +357,15 @@ fn run_cni(
     // The command logs exactly as the plugin process would (its level, its format); the lines
     // go back to the plugin, which writes them to its ipam.logFile or stderr.
     let logger = command_logger(logs::level(&settings, None));
-    let stores = served.stores.for_request(deadline);
+    if vars.get("CNI_COMMAND").map(String::as_str) == Some("ADD")
+        && let Some(netns) = vars.get("CNI_NETNS")
+    {
+        served.netns.note(netns, true);
+    }
+    let stores = served
+        .stores
+        .for_request(deadline)
+        .seeing(&served.netns, netns_seen);
     let call = Call {
         reading: system_reading(),
         deadline: Some(deadline),
@@ -346,6 +380,13 @@ fn run_cni(
     if let Some(why) = stores.unavailable() {
         warn!(command, %why, "refused: the plugin serves this itself");
         return (Answer::Refused(why), command);
+    }
+    let mut asked = stores.asked();
+    if !asked.is_empty() {
+        // The rest, if any, in the next round.
+        asked.truncate(ipkeep_cni::proto::MAX_NETNS_ASKED);
+        debug!(command, netns = ?asked, "cannot see these sandboxes' network namespaces; asking the plugin, which runs on the host");
+        return (Answer::AskNetns(asked), command);
     }
     if done.exit_code != 0 {
         warn!(command, log = %String::from_utf8_lossy(&stderr).trim_end(), "plugin command failed");
@@ -383,6 +424,7 @@ mod tests {
             stores: Arc::new(AgentStores::new(data, metrics.clone()).unwrap()),
             metrics,
             notices: None,
+            netns: Arc::default(),
         }
     }
 
@@ -404,6 +446,7 @@ mod tests {
                 data.display()
             ),
             budget_ms,
+            netns_seen: BTreeMap::new(),
         }
     }
 

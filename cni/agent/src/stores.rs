@@ -21,6 +21,7 @@ use ipkeep_ipam::disk::{DiskSnapshot, StoreOptions};
 use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, StoreRead, validate_network_name};
 
 use crate::metrics::Metrics;
+use crate::netns::{NetnsView, Sighting};
 
 /// The agent's page cache per store: enough for the hot part of a 60,000-lease store.
 const CACHE_BYTES: usize = 8 << 20;
@@ -344,6 +345,9 @@ impl AgentStores {
             stores: self,
             deadline,
             unavailable: RefCell::default(),
+            netns: None,
+            host_view: BTreeMap::new(),
+            asked: RefCell::default(),
         }
     }
 }
@@ -357,12 +361,35 @@ pub struct RequestStores<'a> {
     stores: &'a AgentStores,
     deadline: Instant,
     unavailable: RefCell<Option<String>>,
+    /// How the request's command judges older sandboxes' namespaces (`None`: as the plugin
+    /// process would, for commands that never ask).
+    netns: Option<&'a NetnsView>,
+    /// What the plugin said it sees on the host of namespaces the agent asked about.
+    host_view: BTreeMap<String, bool>,
+    /// Namespaces the agent cannot see and the plugin has not answered for yet.
+    asked: RefCell<Vec<String>>,
 }
 
-impl RequestStores<'_> {
+impl<'a> RequestStores<'a> {
     /// Why a store could not be had, if that happened.
     pub fn unavailable(&self) -> Option<String> {
         self.unavailable.borrow().clone()
+    }
+
+    /// The same, judging older sandboxes' network namespaces through `view`, and, where it
+    /// cannot tell, by what the plugin said it sees on the host (`host_view`).
+    pub fn seeing(self, view: &'a NetnsView, host_view: BTreeMap<String, bool>) -> Self {
+        RequestStores {
+            netns: Some(view),
+            host_view,
+            ..self
+        }
+    }
+
+    /// Network namespaces the command needed to judge but the agent cannot see, and the plugin
+    /// has not said anything about: the command must be asked again with the plugin's view.
+    pub fn asked(&self) -> Vec<String> {
+        self.asked.borrow().clone()
     }
 
     fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, StoreError> {
@@ -410,5 +437,27 @@ impl Stores for RequestStores<'_> {
             slot.health()?;
         }
         free_space_status(dir)
+    }
+
+    fn netns_exists(&self, path: &str) -> bool {
+        let Some(view) = self.netns else {
+            return ipkeep_cni::files::netns_exists(path);
+        };
+        match view.look(path) {
+            Sighting::Exists => true,
+            Sighting::Gone => false,
+            Sighting::Unknown => match self.host_view.get(path) {
+                Some(exists) => *exists,
+                None => {
+                    // "Still there" keeps the address where it is (the command fails and
+                    // commits nothing); the plugin is then asked what the host sees.
+                    let mut asked = self.asked.borrow_mut();
+                    if !asked.iter().any(|p| p == path) {
+                        asked.push(path.to_string());
+                    }
+                    true
+                }
+            },
+        }
     }
 }

@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::admin::Usage;
-use ipkeep_cni::files::netns_exists;
 use ipkeep_cni::stores::fallback_count;
 use ipkeep_ipam::clock;
 use ipkeep_ipam::disk::system_reading;
@@ -27,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::cluster::Cluster;
 use crate::metrics::{Metrics, NetworkGauges};
+use crate::netns::NetnsView;
 use crate::release::{self, ClusterView, Grace, Planner, Reason};
 use crate::stores::{AgentStores, Slot};
 
@@ -47,6 +47,9 @@ pub struct Sweeper {
     pub max_releases: usize,
     /// What the last full reading of each network found, by network name.
     pub readings: Arc<Mutex<BTreeMap<String, LastReading>>>,
+    /// Which sandboxes' network namespaces the agent can vouch for: a missed DEL is applied
+    /// only to a sandbox it saw go.
+    pub netns: Arc<NetnsView>,
 }
 
 /// A full reading pauses [`PACE_PAUSE`] after every this many leases.
@@ -190,7 +193,8 @@ impl Sweeper {
         }
         drop(readings);
         let empty = ClusterView::default();
-        let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &netns_exists);
+        let may_exist = |path: &str| self.netns.may_exist(path);
+        let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &may_exist);
         let mut gauges = GaugeCounter::new(&snapshot, view.unwrap_or(&empty))?;
         let mut read = 0usize;
         snapshot.scan(&mut |lease| {
@@ -229,7 +233,7 @@ impl Sweeper {
                 let live = store
                     .leases_of_attachment(owner)?
                     .into_iter()
-                    .any(|l| l.is_active() && l.netns.as_deref().is_some_and(netns_exists));
+                    .any(|l| l.is_active() && l.netns.as_deref().is_some_and(may_exist));
                 if live {
                     return Ok(allocator::ReleaseOutcome::default());
                 }

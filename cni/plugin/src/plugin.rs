@@ -298,6 +298,8 @@ fn cmd_add<S: Stores>(
     };
     let requested = decoded.requested_ips(inv.args.ip)?;
     debug!(%retention, ?source, ?requested, ranges = plan.range_sets.len(), "allocating");
+    let stores = cx.stores;
+    let netns_exists = |path: &str| stores.netns_exists(path);
     let req = AddRequest {
         range_sets: &plan.range_sets,
         owner: attachment(inv),
@@ -305,7 +307,7 @@ fn cmd_add<S: Stores>(
         retention,
         requested: &requested,
         netns: Some(inv.netns.clone()).filter(|n| !n.is_empty()),
-        netns_exists: &files::netns_exists,
+        netns_exists: &netns_exists,
         reuse_cooldown: plan.reuse_cooldown,
     };
     let reading = &cx.call.reading;

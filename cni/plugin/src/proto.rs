@@ -6,7 +6,10 @@
 //!    shuts down its write half;
 //! 2. the agent answers with frames, `tag (1 byte) · length (4 bytes, big-endian) · payload`:
 //!    `o` a chunk of stdout, `e` a chunk of stderr, then exactly one of `x` (the exit code,
-//!    4 bytes big-endian, last frame) or `r` (refused: the reason; the command was not run).
+//!    4 bytes big-endian, last frame), `r` (refused: the reason; the command was not run) or
+//!    `n` (a JSON list of network namespace paths the agent cannot see; nothing was
+//!    committed: the plugin, which runs on the host as the container runtime does, sends the
+//!    request again with `netnsSeen` saying whether each exists).
 //!
 //! ```text
 //! → {"version":2,"cni":{"env":{"CNI_COMMAND":"ADD","CNI_CONTAINERID":"…",…},
@@ -15,6 +18,8 @@
 //! → {"version":2,"admin":{"list":{"target":{…},"json":true}}}
 //! ← o<report, in chunks as it is produced> x<0>
 //! ← r<shutting down>                                   (not run: serve it yourself)
+//! ← n["/proc/4242/ns/net"]                             (say what the host sees, ask again)
+//! → {"version":2,"cni":{…,"netnsSeen":{"/proc/4242/ns/net":false}}}
 //! ```
 //! A CNI request's `budgetMs` is how long the plugin waits for the answer (its lock timeout);
 //! the agent commits nothing after that, so a command the plugin reported as failed never takes
@@ -57,7 +62,14 @@ pub mod tag {
     pub const EXIT: u8 = b'x';
     /// Refused: not run; the last frame.
     pub const REFUSED: u8 = b'r';
+    /// The agent cannot tell whether these network namespaces (a JSON list of paths) exist:
+    /// nothing was committed; ask again with `netnsSeen`. The last frame.
+    pub const ASK_NETNS: u8 = b'n';
 }
+
+/// The most network namespace paths one answer asks about (one per range set is the most a
+/// pod's older sandbox has).
+pub const MAX_NETNS_ASKED: usize = 16;
 
 /// One request with its protocol version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +95,10 @@ pub enum Request {
         /// after that.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         budget_ms: Option<u64>,
+        /// Whether network namespace paths the agent asked about ([`tag::ASK_NETNS`]) exist,
+        /// as the plugin sees them on the host.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        netns_seen: BTreeMap<String, bool>,
     },
     /// An admin subcommand, parsed and resolved by the `ipkeep` that sends it.
     Admin(AdminCommand),
@@ -127,6 +143,14 @@ pub enum ClientError {
         path: String,
         /// Why it could not be read.
         reason: String,
+    },
+    /// The agent cannot see these network namespaces and asks what the host sees.
+    #[error("the agent at {path} asks whether these network namespaces exist: {netns:?}")]
+    AsksNetns {
+        /// The socket.
+        path: String,
+        /// The paths.
+        netns: Vec<String>,
     },
     /// The agent refused to run the command.
     #[error("the agent at {path} refused the command: {reason}")]
@@ -271,6 +295,13 @@ pub fn call(socket: &Path, request: Request, timeout: Duration) -> Result<Respon
                     reason: String::from_utf8_lossy(&reason).into_owned(),
                 });
             }
+            Some((tag::ASK_NETNS, list)) => {
+                let netns: Vec<String> = serde_json::from_slice(&list)
+                    .ok()
+                    .filter(|l: &Vec<String>| !l.is_empty() && l.len() <= MAX_NETNS_ASKED)
+                    .ok_or_else(|| garbled("unreadable list of network namespaces".into()))?;
+                return Err(ClientError::AsksNetns { path, netns });
+            }
             Some((other, _)) => return Err(garbled(format!("unknown frame tag {other}"))),
         }
         if stdout.len() + stderr.len() > MAX_BUFFERED_BYTES {
@@ -361,6 +392,7 @@ mod tests {
                 env,
                 config: "{}".into(),
                 budget_ms: Some(10_000),
+                netns_seen: BTreeMap::new(),
             },
         })
         .unwrap();
@@ -406,6 +438,7 @@ mod tests {
             env: BTreeMap::new(),
             config: String::new(),
             budget_ms: None,
+            netns_seen: BTreeMap::new(),
         }
     }
 

@@ -5,7 +5,7 @@
 //! restarting, killed mid-request, refusing) the command runs here exactly as before, and the
 //! fallback is counted in the network directory for the agent's metrics.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,7 @@ pub fn cni(
     // lock timeout for it would only fail.
     let deadline = Instant::now() + settings.lock_timeout;
     let mut count_fallback = false;
+    let mut netns_seen = BTreeMap::new();
     loop {
         let mut timings = Timings::begin();
         let started = Instant::now();
@@ -67,6 +68,7 @@ pub fn cni(
             env: proto::cni_env(vars),
             config: text.to_string(),
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
+            netns_seen: netns_seen.clone(),
         };
         match proto::call(&socket, request, budget + ANSWER_MARGIN) {
             Ok(answer) => {
@@ -87,6 +89,22 @@ pub fn cni(
             Err(e) if e.is_absent() => {
                 debug!(error = %e, "no agent; running the command here");
                 return here(&OpenPerCall::default(), stdout);
+            }
+            // The agent cannot see where the runtime keeps these sandboxes' network
+            // namespaces; this process runs on the host, as the runtime does. Asked once: an
+            // agent that asks again about what it was told is broken, and is fallen back from.
+            Err(proto::ClientError::AsksNetns { netns, .. })
+                if netns.iter().any(|n| !netns_seen.contains_key(n)) =>
+            {
+                debug!(
+                    ?netns,
+                    "the agent asks whether these network namespaces exist"
+                );
+                for path in netns {
+                    let exists = files::netns_exists(&path);
+                    netns_seen.insert(path, exists);
+                }
+                continue;
             }
             Err(e) => {
                 // Counted only when an agent was there to answer: a socket file nobody

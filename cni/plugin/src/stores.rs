@@ -60,6 +60,14 @@ pub trait Stores {
 
     /// Whether ADD can be served on this network now (CNI STATUS); `Err` says why not.
     fn status(&self, dir: &NetworkDir) -> Result<(), String>;
+
+    /// Whether an older sandbox's network namespace (the `CNI_NETNS` path of its ADD) may still
+    /// exist, as whoever serves the command can tell. A plugin process runs on the host and
+    /// sees the runtime's paths; the node agent looks in its own container, and answers "yes"
+    /// (and refuses the command) where it cannot tell.
+    fn netns_exists(&self, path: &str) -> bool {
+        crate::files::netns_exists(path)
+    }
 }
 
 /// The plugin process's way: `flock` the network, open the database, run, close, unlock.
