@@ -157,19 +157,27 @@ pub fn write_if_changed(path: &Path, text: &str) -> std::io::Result<bool> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // A dot-name ending in .tmp: the runtime reads only *.conf, *.conflist and *.json.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)?;
-    tmp.write_all(text.as_bytes())?;
-    // Readable by all through this file's own descriptor (fchmod): the agent's umask (077)
-    // would leave it root-only, and the runtime may not run as root; it holds no secret.
-    tmp.as_file()
-        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()?;
+    let write = || -> std::io::Result<()> {
+        // A dot-name ending in .tmp: the runtime reads only *.conf, *.conflist and *.json.
+        let mut tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            .tempfile_in(dir)?;
+        tmp.write_all(text.as_bytes())?;
+        // Readable by all through this file's own descriptor (fchmod): the agent's umask (077)
+        // would leave it root-only, and the runtime may not run as root; it holds no secret.
+        tmp.as_file()
+            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    // Without the temporary file's random name, so a failure that repeats (a full disk) reads
+    // the same every time and is logged once.
+    write().map_err(|e| match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::new(e.kind(), e.kind().to_string()),
+    })?;
     Ok(true)
 }
 
@@ -358,6 +366,18 @@ mod tests {
         assert!(write_if_changed(&path, "[]\n").unwrap());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the lease store");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "[]\n");
+    }
+
+    /// Found running the review's conflist2.sh: with the temporary file's random name in it, the
+    /// error of a full disk read differently every 2 s, and was logged every 2 s.
+    #[test]
+    fn a_failure_that_repeats_reads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gone/10-ipkeep.conflist");
+        let first = write_if_changed(&path, "a\n").unwrap_err().to_string();
+        let second = write_if_changed(&path, "a\n").unwrap_err().to_string();
+        assert_eq!(first, second);
+        assert!(!first.contains(".tmp"), "{first}");
     }
 
     /// Found by review: whatever the Node's podCIDR said was written into the configuration.
