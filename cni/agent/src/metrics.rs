@@ -84,6 +84,8 @@ pub struct Metrics {
     fallbacks: Family<NetworkLabel, Gauge>,
     store_healthy: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
+    /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
+    pub listeners: ipkeep_listener::ListenerMetrics,
 }
 
 fn latency_buckets() -> Histogram {
@@ -108,6 +110,7 @@ impl Default for Metrics {
             fallbacks: Family::default(),
             store_healthy: Family::default(),
             kubernetes_synced: Gauge::default(),
+            listeners: Default::default(),
         };
         registry.register(
             "requests",
@@ -164,6 +167,7 @@ impl Default for Metrics {
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
         );
+        m.listeners.register(&mut registry);
         Self { registry, ..m }
     }
 }
