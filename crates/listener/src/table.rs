@@ -5,14 +5,16 @@
 //! [`Shares::http2_per_source`] from one source. What happens at a limit:
 //!
 //! - **A source at its share** (one pod holding idle or silent sockets): a new connection
-//!   from it takes the place of its own oldest idle connection (handshake done, no request in
-//!   progress), or is refused. Other sources are never touched.
+//!   from it is refused at once, which costs the server an `accept` and a `close`. Other
+//!   sources are never touched. (A client that keeps its share of connections idle and opens
+//!   more has no need of them.)
 //! - **A full listener** (many sources): the new connection takes the place of a connection
 //!   with no request in progress (an unfinished handshake counts) of the source holding the
 //!   most connections, the oldest of its; a source's only connection gives way last. When
 //!   every connection has a request in progress, the new one is refused.
 //! - **HTTP/2** is the same, among the HTTP/2 connections, with one difference: a connection
-//!   that gets no HTTP/2 share is not refused but offered HTTP/1.1 only, which costs less.
+//!   that gets no HTTP/2 share is not refused but offered HTTP/1.1 only, which costs less (a
+//!   client that offers nothing but HTTP/2 then fails its handshake).
 //!
 //! So what one source can hold is its share, and what many sources can hold only lasts while
 //! they keep requests in progress, which the request timeouts bound. Pure bookkeeping: no I/O,
@@ -143,10 +145,7 @@ impl ConnectionTable {
     pub fn admit(&mut self, activity: Arc<Activity>) -> Admission {
         let source = activity.source();
         let evicted = if self.from_source(source) >= self.shares.per_source {
-            match self.oldest_of(source, |e| e.activity.is_idle()) {
-                Some(victim) => self.remove(victim).map(|a| (a, Limit::SourceLimit)),
-                None => return Admission::Refused(Limit::SourceLimit),
-            }
+            return Admission::Refused(Limit::SourceLimit);
         } else if self.entries.len() >= self.shares.total {
             match self.victim(|e| e.activity.is_unoccupied(), |h| h.connections) {
                 Some(victim) => self.remove(victim).map(|a| (a, Limit::Capacity)),
@@ -176,10 +175,7 @@ impl ConnectionTable {
         };
         let held = self.sources.get(&source).map_or(0, |h| h.http2);
         let evicted = if held >= self.shares.http2_per_source {
-            match self.oldest_of(source, |e| e.http2 && e.activity.is_idle()) {
-                Some(victim) => self.remove(victim).map(|a| (a, Limit::SourceLimit)),
-                None => return Http2::Declined(Limit::SourceLimit),
-            }
+            return Http2::Declined(Limit::SourceLimit);
         } else if self.http2 >= self.shares.http2_total {
             match self.victim(|e| e.http2 && e.activity.is_idle(), |h| h.http2) {
                 Some(victim) => self.remove(victim).map(|a| (a, Limit::Capacity)),
@@ -218,14 +214,6 @@ impl ConnectionTable {
             self.http2 = self.http2.saturating_sub(1);
         }
         Some(entry.activity)
-    }
-
-    /// The oldest connection of `source` that is `eligible`.
-    fn oldest_of(&self, source: IpAddr, eligible: impl Fn(&Entry) -> bool) -> Option<ConnectionId> {
-        self.entries
-            .iter()
-            .find(|(_, e)| e.activity.source() == source && eligible(e))
-            .map(|(id, _)| *id)
     }
 
     /// The `eligible` connection of the source holding the most (`count` of its [`Held`]),
@@ -287,25 +275,23 @@ mod tests {
     }
 
     #[test]
-    fn a_source_at_its_share_replaces_its_own_idle_connection_or_is_refused() {
+    fn a_source_at_its_share_is_refused_and_others_are_not_touched() {
         let mut t = ConnectionTable::new(SHARES);
         let conns: Vec<_> = (0..3).map(|_| admit(&mut t, 1)).collect();
-        // All three in their handshake (silent sockets): the fourth is refused.
         let (fourth, _) = admit(&mut t, 1);
         assert!(matches!(fourth, Admission::Refused(Limit::SourceLimit)));
+        // Idle or not, its connections stay; the new one is refused.
+        conns[1].1.ready();
+        let (fifth, _) = admit(&mut t, 1);
+        assert!(matches!(fifth, Admission::Refused(Limit::SourceLimit)));
         // Another source is not affected.
         let (other, _) = admit(&mut t, 2);
         assert_eq!(evicted(&other), None);
-        // Once one is idle, a new connection of the same source takes its place.
-        conns[1].1.ready();
-        let (fifth, _) = admit(&mut t, 1);
-        assert_eq!(evicted(&fifth), Some((ip(1), Limit::SourceLimit)));
-        assert_eq!(t.from_source(ip(1)), 3);
-        // A request in progress keeps a connection.
-        conns[2].1.ready();
-        let _busy = conns[2].1.begin();
+        assert_eq!((t.from_source(ip(1)), t.from_source(ip(2))), (3, 1));
+        // Once one closes, the source may open another.
+        t.closed(id(&conns[0].0));
         let (sixth, _) = admit(&mut t, 1);
-        assert!(matches!(sixth, Admission::Refused(Limit::SourceLimit)));
+        assert_eq!(evicted(&sixth), None);
     }
 
     #[test]
@@ -349,49 +335,43 @@ mod tests {
         let mut t = ConnectionTable::new(SHARES);
         let (a, aa) = admit(&mut t, 1);
         let (b, bb) = admit(&mut t, 1);
-        let (c, _) = admit(&mut t, 1);
+        let (c, cc) = admit(&mut t, 1);
         for x in [&aa, &bb] {
             x.ready();
         }
         let _busy = aa.begin();
+        let granted = |h: Http2| matches!(h, Http2::Granted { evicted: None });
+        assert!(granted(t.want_http2(id(&a))));
+        assert!(granted(t.want_http2(id(&b))));
+        // Source 1 has its two: HTTP/1.1 for the third, even though b is idle.
         assert!(matches!(
-            t.want_http2(id(&a)),
-            Http2::Granted { evicted: None }
+            t.want_http2(id(&c)),
+            Http2::Declined(Limit::SourceLimit)
         ));
-        assert!(matches!(
-            t.want_http2(id(&b)),
-            Http2::Granted { evicted: None }
-        ));
-        // Source 1 has its two: the idle one (b) gives way.
-        match t.want_http2(id(&c)) {
-            Http2::Granted {
-                evicted: Some((v, Limit::SourceLimit)),
-            } => {
-                assert!(Arc::ptr_eq(&v, &bb))
-            }
-            other => panic!("{other:?}"),
-        }
+        t.closed(id(&b));
+        assert!(granted(t.want_http2(id(&c))));
         assert_eq!(t.http2_len(), 2);
         // Source 2 takes the last HTTP/2 place; source 3 finds none idle: HTTP/1.1.
         let (d, dd) = admit(&mut t, 2);
         dd.ready();
         let _busy_d = dd.begin();
-        assert!(matches!(
-            t.want_http2(id(&d)),
-            Http2::Granted { evicted: None }
-        ));
+        assert!(granted(t.want_http2(id(&d))));
         let (e, _) = admit(&mut t, 3);
-        // c (source 1) is still in its handshake, not idle; a and d are busy.
+        // c is still in its handshake, not idle; a and d are busy.
         assert!(matches!(
             t.want_http2(id(&e)),
             Http2::Declined(Limit::Capacity)
         ));
-        t.closed(id(&a));
-        assert!(matches!(
-            t.want_http2(id(&e)),
-            Http2::Granted { evicted: None }
-        ));
+        // Once c is idle, it gives way.
+        cc.ready();
+        match t.want_http2(id(&e)) {
+            Http2::Granted {
+                evicted: Some((victim, Limit::Capacity)),
+            } => assert!(Arc::ptr_eq(&victim, &cc)),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(t.http2_len(), 3);
+        drop(bb);
     }
 
     #[test]
