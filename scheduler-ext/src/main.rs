@@ -13,6 +13,9 @@ use ipkeep_scheduler_ext::http::Limits;
 use ipkeep_scheduler_ext::tls::CertFiles;
 use ipkeep_scheduler_ext::{Settings, run};
 
+/// The webhook listener's default bounds.
+const WEBHOOK: ListenerLimits = ListenerLimits::webhook();
+
 /// Pins a rebuilt StatefulSet pod to the node (or zone) its PersistentPodState recorded, so it
 /// finds its local disk and, through the ipkeep CNI plugin, its old IP.
 ///
@@ -24,9 +27,6 @@ use ipkeep_scheduler_ext::{Settings, run};
 ///
 /// Finds the cluster like kubectl: $KUBECONFIG (or ~/.kube/config), else the in-cluster
 /// service account. Every flag can also be set by the environment variable shown.
-/// The webhook listener's default bounds.
-const WEBHOOK: ListenerLimits = ListenerLimits::webhook();
-
 #[derive(Debug, Parser)]
 #[command(name = "ipkeep-scheduler-ext", version)]
 #[command(group(ArgGroup::new("transport").required(true).args(["tls_cert", "insecure_http"])))]

@@ -248,7 +248,8 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration")
         | ("kustomize.config.k8s.io/v1beta1", "Kustomization")
         | ("kustomize.config.k8s.io/v1alpha1", "Component")
-        | ("cert-manager.io/v1", "Issuer" | "Certificate") => Ok(()),
+        | ("cert-manager.io/v1", "Issuer" | "Certificate")
+        | ("monitoring.coreos.com/v1", "PrometheusRule") => Ok(()),
         (v, k) => Err(format!(
             "no typed check for {v} {k}: add one to check_typed"
         )),
