@@ -16,6 +16,8 @@
 
 #[path = "deploy/alerts.rs"]
 mod alerts;
+#[path = "deploy/certificates.rs"]
+mod certificates;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]
