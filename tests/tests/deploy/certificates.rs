@@ -14,12 +14,12 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::manifests::{find, repo_root};
+use super::manifests::{deploy_dir, find};
 
 const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
 
 fn make_certificate(out: &Path, cluster_ip: &str) -> std::process::Output {
-    Command::new(repo_root().join("deploy/scheduler-ext/make-certificate.sh"))
+    Command::new(deploy_dir().join("scheduler-ext/make-certificate.sh"))
         .args(["--files-only", "--out"])
         .arg(out)
         .args(["--cluster-ip", cluster_ip])
