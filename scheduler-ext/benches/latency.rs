@@ -122,6 +122,7 @@ fn main() {
         let limits = Limits {
             extender_body: 32 << 20,
             in_flight: 64 << 20,
+            in_flight_per_source: 64 << 20,
             ..Limits::default()
         };
         let state = AppState::new(caches, Arc::new(Metrics::default()), limits);

@@ -66,7 +66,8 @@ struct Args {
     max_webhook_body: usize,
     /// Largest extender request body accepted, in bytes: a pod and up to 10,000 node names
     /// (nodeCacheCapable: true). Full Node objects take about 3 to 20 KiB each: raise it, and
-    /// --max-in-flight-bytes and the memory limit with it, to use them.
+    /// --max-in-flight-bytes, --max-in-flight-bytes-per-source and the memory limit with it,
+    /// to use them.
     #[arg(long, env = "IPKEEP_MAX_EXTENDER_BODY", default_value_t = Limits::default().extender_body)]
     max_extender_body: usize,
     /// Most request and response body bytes held at once, across all requests (at least the
