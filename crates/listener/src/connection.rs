@@ -164,7 +164,7 @@ impl Conn {
             .initial_connection_window_size(window)
             .max_send_buf_size(l.http2_send_buffer)
             .keep_alive_interval(l.http2_keep_alive)
-            .keep_alive_timeout(l.handshake_timeout)
+            .keep_alive_timeout(l.http2_ping_timeout)
             .serve_connection(TokioIo::new(io), service);
         self.drive(conn, Some(l.http2_idle_timeout)).await;
     }

@@ -82,9 +82,11 @@ pub struct Limits {
     pub http2_header_list: u32,
     /// The most of its answer an HTTP/2 stream buffers.
     pub http2_send_buffer: usize,
-    /// How often an idle HTTP/2 connection is pinged (one that does not answer within
-    /// [`Self::handshake_timeout`] is closed).
+    /// How often an idle HTTP/2 connection is pinged.
     pub http2_keep_alive: Duration,
+    /// How long a ping may go unanswered before the connection is closed (a peer that is
+    /// gone without a word).
+    pub http2_ping_timeout: Duration,
 }
 
 impl Limits {
@@ -112,6 +114,7 @@ impl Limits {
             http2_header_list: 16 * 1024,
             http2_send_buffer: 8 * 1024,
             http2_keep_alive: Duration::from_secs(30),
+            http2_ping_timeout: Duration::from_secs(10),
         }
     }
 
