@@ -4,6 +4,7 @@
 #   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
 #                         [--without-ipkeep] [--without-extender] [--release]
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
+#                         [--webhook-client-auth]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -58,6 +59,11 @@
 # default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node grace 50
 # s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat neither
 # marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks.
+# --webhook-client-auth (with --nodes 0) makes ipkeep-scheduler-ext require client
+# certificates (--client-ca, the cluster's CA): kube-apiserver presents one to the webhooks
+# through an AdmissionConfiguration (--admission-control-config-file: a WebhookAdmission
+# kubeconfig whose user for the webhook's host has a client certificate), and kube-scheduler
+# to the extender through its tlsConfig (certFile, keyFile), as docs/install.md describes.
 # --pin-cpus A:B runs the control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok) on CPUs A and ipkeep's local processes on CPUs B (taskset lists, e.g.
 # 0:1), as on a cluster whose control plane has machines of its own: benchmarks. up refuses
@@ -81,6 +87,7 @@ extender=1
 profile=debug
 keep_logs=0
 pin_cpus=
+client_auth=0
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -108,6 +115,7 @@ while [ $# -gt 0 ]; do
     --keep-logs) keep_logs=1; shift ;;
     --pin-cpus) pin_cpus=${2:?--pin-cpus needs CONTROL-PLANE-CPUS:IPKEEP-CPUS}; shift 2 ;;
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
+    --webhook-client-auth) client_auth=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -115,6 +123,9 @@ done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
+if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
+  die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
+fi
 if [ -n "$pin_cpus" ]; then
   [[ $pin_cpus =~ ^[0-9,-]+:[0-9,-]+$ ]] || die "--pin-cpus takes CONTROL-PLANE-CPUS:IPKEEP-CPUS, e.g. 0:1"
   command -v taskset >/dev/null || die "--pin-cpus needs taskset (apt-get install util-linux)"
@@ -238,6 +249,9 @@ pki() {
   cert kcm "/CN=system:kube-controller-manager"
   cert scheduler "/CN=system:kube-scheduler"
   cert scheduler-ext "/CN=ipkeep-scheduler-ext" "IP:127.0.0.1,DNS:ipkeep-scheduler-ext.ipkeep-system.svc"
+  # With --webhook-client-auth: what kube-apiserver and kube-scheduler present to it.
+  cert apiserver-webhook-client "/CN=kube-apiserver-webhook-client"
+  cert scheduler-extender-client "/CN=kube-scheduler-extender-client"
   ssl genrsa -out "$d/sa.key" 2048
   ssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub"
 }
@@ -313,6 +327,11 @@ up() {
   # is the advertised address; without, nothing outside this machine's loopback needs it.
   local endpoints=(--endpoint-reconciler-type=none)
   [ "$nodes" -gt 0 ] && endpoints=(--advertise-address="$api_host")
+  local admission=()
+  if [ "$client_auth" = 1 ]; then
+    webhook_client_auth_config
+    admission=(--admission-control-config-file="$state/admission.yaml")
+  fi
   say "starting kube-apiserver on https://$api_host:$p_api"
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
     --bind-address="$api_host" --secure-port="$p_api" "${endpoints[@]}" \
@@ -326,7 +345,7 @@ up() {
     --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds" \
-    --feature-gates="$feature_gates"
+    "${admission[@]}" --feature-gates="$feature_gates"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
   [ "$nodes" -gt 0 ] && host_proxy_start
 
@@ -368,6 +387,26 @@ up() {
   echo "export KUBECONFIG=$state/admin.kubeconfig"
 }
 
+# webhook_client_auth_config: kube-apiserver's AdmissionConfiguration, whose WebhookAdmission
+# kubeconfig gives the webhooks' host (127.0.0.1:P+3, where scheduler-ext listens) a client
+# certificate: what docs/install.md ("Client certificates") has an admin write.
+webhook_client_auth_config() {
+  local plugin
+  {
+    printf 'apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n'
+    for plugin in MutatingAdmissionWebhook ValidatingAdmissionWebhook; do
+      printf -- '- name: %s\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: %s\n' \
+        "$plugin" "$state/webhook-client.kubeconfig"
+    done
+  } >"$state/admission.yaml"
+  {
+    printf 'apiVersion: v1\nkind: Config\nusers:\n'
+    printf -- '- name: "127.0.0.1:%s"\n  user:\n' "$p_ext"
+    printf '    client-certificate: %s\n    client-key: %s\n' \
+      "$state/pki/apiserver-webhook-client.crt" "$state/pki/apiserver-webhook-client.key"
+  } >"$state/webhook-client.kubeconfig"
+}
+
 # scheduler_start EXTENDER-URL CA-BASE64: kube-scheduler with the extender at the URL (none if
 # empty).
 scheduler_start() {
@@ -388,10 +427,13 @@ scheduler_config() {
     die "$file no longer has the urlPrefix, caFile and kubeconfig lines this script rewrites"
   # The client rate limits are raised (as for kube-scheduler's own density tests) so that
   # what a benchmark measures is scheduling, not client-side throttling.
+  local client=""
+  [ "$client_auth" = 1 ] &&
+    client="\n      certFile: $state/pki/scheduler-extender-client.crt\n      keyFile: $state/pki/scheduler-extender-client.key"
   if [ -n "$url" ]; then
     sed -e "s#kubeconfig: .*#kubeconfig: $state/scheduler.kubeconfig\n  qps: 500\n  burst: 1000#" \
         -e "s#urlPrefix: .*#urlPrefix: $url#" \
-        -e "s#caFile: .*#caData: $ca#" "$file"
+        -e "s#^\( *\)caFile: .*#\1caData: $ca$client#" "$file"
   else
     printf 'apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n'
     printf 'clientConnection:\n  kubeconfig: %s\n  qps: 500\n  burst: 1000\n' "$state/scheduler.kubeconfig"

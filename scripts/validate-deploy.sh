@@ -18,6 +18,9 @@
 #     scripts/test.sh passes; without it they are skipped, never run with another kubectl);
 #     - cert-manager Issuer/Certificate: skipped with a reason (cert-manager's CRDs cannot be
 #       fetched offline), after a check of the fields deploy/ relies on;
+#     - PrometheusRule (monitoring.coreos.com): its fields checked by hand (groups, rules with
+#       alert, expr, for, labels, annotations, nothing else) and every expr parsed as PromQL
+#       (promql-parser, the Rust parser of GreptimeDB's, pinned below);
 #     - any other kind without a schema is an error.
 #
 # Exits non-zero, saying which file, document and field, when anything is invalid. Needs
@@ -36,7 +39,7 @@ dir="${1:-deploy}"
 # release docs/install.md supports (a field added later fails there), 1.33 the API our code is
 # built against (k8s-openapi feature v1_33), 1.37 the newest bundled (a field removed since fails).
 K8S_VERSIONS="${K8S_VERSIONS:-1.25 1.33 1.37}"
-REQUIREMENTS="kubernetes-validate==1.37.0 jsonschema==4.26.0 referencing==0.37.0 PyYAML==6.0.3"
+REQUIREMENTS="kubernetes-validate==1.37.0 jsonschema==4.26.0 referencing==0.37.0 PyYAML==6.0.3 promql-parser==0.11.0"
 
 venv="${IPKEEP_VALIDATE_VENV:-$PWD/target/validate-deploy-venv}"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" != "$REQUIREMENTS" ]; then
@@ -74,6 +77,7 @@ import tempfile
 import time
 
 import jsonschema
+import promql_parser
 import yaml
 from kubernetes_validate import utils as kv
 
@@ -348,6 +352,9 @@ def check_component(where, path, doc):
         name = f"{where} -> {d.get('kind')}/{(d.get('metadata') or {}).get('name', '')}"
         if (d["apiVersion"], d["kind"]) in crd_schemas or d["kind"] == "CustomResourceDefinition":
             continue
+        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            bad += not check_prometheus_rule(name, d, quiet=True)
+            continue
         bad += not check_object(name, d, quiet=True)
     if not bad:
         ok(where, f"deploy/ with this component renders {len(rendered)} objects, each valid "
@@ -393,6 +400,49 @@ def check_cert_manager(where, doc):
                     "secretName/issuerRef (Certificate) or one issuer type (Issuer)")
 
 
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+
+
+def check_prometheus_rule(where, doc, quiet=False):
+    """A PrometheusRule: the fields the Prometheus Operator's CRD has for groups and rules,
+    nothing else, and every expr valid PromQL. Whether it passed."""
+    errors = []
+    if doc["apiVersion"] != "monitoring.coreos.com/v1" or doc["kind"] != "PrometheusRule":
+        errors.append(f"only monitoring.coreos.com/v1 PrometheusRule is known, not {doc['apiVersion']} {doc['kind']}")
+    spec = doc.get("spec") or {}
+    errors += [f"spec: unknown field {k}" for k in sorted(set(spec) - {"groups"})]
+    names = set()
+    for g, group in enumerate(spec.get("groups") or []):
+        at = f"spec.groups[{g}]"
+        errors += [f"{at}: unknown field {k}" for k in sorted(set(group) - {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset", "labels"})]
+        if not isinstance(group.get("name"), str) or group["name"] in names:
+            errors.append(f"{at}.name must be a unique string")
+        names.add(group.get("name"))
+        for r, rule in enumerate(group.get("rules") or []):
+            at_rule = f"{at}.rules[{r}] ({rule.get('alert') or rule.get('record')})"
+            errors += [f"{at_rule}: unknown field {k}" for k in sorted(set(rule) - RULE_KEYS)]
+            if ("alert" in rule) == ("record" in rule):
+                errors.append(f"{at_rule}: exactly one of alert and record")
+            if "for" in rule and not DURATION.match(str(rule["for"])):
+                errors.append(f"{at_rule}.for: {rule['for']!r} is not a duration")
+            for key in ("labels", "annotations"):
+                value = rule.get(key, {})
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    errors.append(f"{at_rule}.{key} must map strings to strings")
+            try:
+                promql_parser.parse(str(rule.get("expr", "")))
+            except Exception as e:  # noqa: BLE001 - the parser's error is the message
+                errors.append(f"{at_rule}.expr is not PromQL: {e}")
+    if not spec.get("groups"):
+        errors.append("spec.groups is empty")
+    for e in errors:
+        fail(where, e)
+    if not errors and not quiet:
+        ok(where, f"PrometheusRule fields by hand, every expr parsed as PromQL (promql-parser {getattr(promql_parser, '__version__', '0.11.0')})")
+    return not errors
+
+
 for where, path, doc in documents:
     gv, kind = doc["apiVersion"], doc["kind"]
     if gv.startswith("kustomize.config.k8s.io/") and kind == "Kustomization":
@@ -406,6 +456,9 @@ for where, path, doc in documents:
         continue
     if gv.startswith("cert-manager.io/"):
         check_cert_manager(where, doc)
+        continue
+    if gv.startswith("monitoring.coreos.com/"):
+        check_prometheus_rule(where, doc)
         continue
     if (gv, kind) in crd_schemas:
         check_custom_resource(where, doc, crd_schemas[(gv, kind)])

@@ -11,6 +11,7 @@ use ipkeep_controller::http::{self, Health};
 use ipkeep_controller::leader::LeaderSettings;
 use ipkeep_controller::{Settings, run};
 use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
+use ipkeep_listener::{Limits, Server};
 
 /// Records where each pod of an annotated StatefulSet ran — node, topology labels, pod IPs — in
 /// PersistentPodState objects (ipkeep.dev/v1alpha1), prunes the records by policy, and generates
@@ -23,7 +24,9 @@ use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
 #[derive(Debug, Parser)]
 #[command(name = "ipkeep-controller", version)]
 struct Args {
-    /// Address of the /healthz, /readyz and /metrics endpoints.
+    /// Address of the /healthz, /readyz and /metrics endpoints (plain HTTP; at most 8
+    /// connections per client address and 64 in all, so that no client starves the kubelet's
+    /// probes or the process's file descriptors).
     #[arg(long, env = "IPKEEP_LISTEN", default_value = "0.0.0.0:8080")]
     listen: SocketAddr,
     /// Run without leader election (only safe with a single replica).
@@ -76,12 +79,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("failed to listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, identity, leader_election = leader.is_some(), "starting");
-    let server = axum::serve(listener, http::router(health.clone()));
-    tokio::spawn(async move {
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "health server failed");
-        }
-    });
+    ipkeep_listener::raise_open_files_limit_logged();
+    let probes = Server::new("probes", Limits::probes(), health.metrics.listeners.clone());
+    let app = http::router(health.clone());
+    tokio::spawn(probes.serve(listener, app, std::future::pending()));
     let settings = Settings {
         concurrency: args.concurrency,
         debounce: args.debounce,

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub records: Gauge,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
+    /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
+    pub listeners: ipkeep_listener::ListenerMetrics,
 }
 
 impl Default for Metrics {
@@ -64,6 +66,7 @@ impl Default for Metrics {
             stranded_pods_deleted: Counter::default(),
             records: Gauge::default(),
             leader: Gauge::default(),
+            listeners: Default::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register(
@@ -106,6 +109,7 @@ impl Default for Metrics {
             "1 while this replica is the leader",
             m.leader.clone(),
         );
+        m.listeners.register(&mut registry);
         Self { registry, ..m }
     }
 }

@@ -19,6 +19,14 @@
 # Run it after `kubectl apply -k deploy/` (the namespace and the webhook configurations must
 # exist). The scheduler-ext pods pick the Secret up by themselves (they stay ContainerCreating
 # until it exists, and reload renewed files within --cert-reload-interval). Needs openssl.
+#
+# Keys are ECDSA P-256 (kube-apiserver's and kube-scheduler's Go TLS take it). The CA can sign
+# nothing but end certificates for this Service's names: basicConstraints CA:TRUE with
+# pathlen:0, keyUsage keyCertSign and cRLSign, and name constraints that permit only the
+# Service's DNS names (so the CA's key, if it leaks, signs no certificate another client would
+# trust for another name). A CA already in DIR is reused as it is: to get one with these
+# constraints (after an earlier version made an RSA CA without them), use a new DIR, and give
+# kube-scheduler and the webhooks the new ca.crt.
 set -euo pipefail
 
 ns=ipkeep-system
@@ -46,7 +54,31 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ $days =~ ^[0-9]+$ ]] && [ "$days" -gt 0 ] || die "--days must be a positive number of days"
-if [ -n "$cluster_ip" ] && ! [[ $cluster_ip =~ ^[0-9.]+$|^[0-9a-fA-F:]+$ ]]; then
+# is_ip TEXT: whether TEXT is an IPv4 address (four decimal octets) or an IPv6 address.
+is_ip() {
+  local ip=$1 octet
+  if [[ $ip =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]]; then
+    for octet in "${BASH_REMATCH[@]:1}"; do
+      [[ $octet =~ ^(0|[1-9][0-9]*)$ ]] && [ "$octet" -le 255 ] || return 1
+    done
+    return 0
+  fi
+  # IPv6: hex groups of 1-4 digits, at most 8, "::" at most once (no IPv4 tail: a Service's
+  # cluster IP is never written so).
+  [[ $ip =~ ^[0-9a-fA-F:]+$ ]] && [[ $ip == *:* ]] || return 1
+  local rest=${ip//::/} groups
+  [ $(( (${#ip} - ${#rest}) / 2 )) -le 1 ] || return 1
+  [[ $ip != *:::* ]] || return 1
+  IFS=: read -ra groups <<<"$ip"
+  local g n=0
+  for g in "${groups[@]}"; do
+    [ -z "$g" ] && continue
+    [[ $g =~ ^[0-9a-fA-F]{1,4}$ ]] || return 1
+    n=$((n + 1))
+  done
+  if [[ $ip == *::* ]]; then [ "$n" -le 7 ]; else [ "$n" -eq 8 ] && [[ $ip != :* ]] && [[ $ip != *: ]]; fi
+}
+if [ -n "$cluster_ip" ] && ! is_ip "$cluster_ip"; then
   die "--cluster-ip '$cluster_ip' is not an IP address"
 fi
 command -v openssl >/dev/null || die "openssl is not installed"
@@ -63,19 +95,28 @@ ssl() {
 mkdir -p "$out"
 chmod 700 "$out"
 umask 077
+# The Service's DNS names: what the API server and kube-scheduler check (never the CN), and
+# all the CA may sign for.
+names="$svc $svc.$ns $svc.$ns.svc $svc.$ns.svc.cluster.local"
 if [ -f "$out/ca.key" ] && [ -f "$out/ca.crt" ]; then
   say "reusing the CA in $out"
 else
-  ssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=ipkeep-scheduler-ext-ca" \
-    -keyout "$out/ca.key" -out "$out/ca.crt"
+  permitted=
+  for name in $names; do permitted="$permitted${permitted:+,}permitted;DNS:$name"; done
+  ssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+    -subj "/CN=ipkeep-scheduler-ext-ca" -keyout "$out/ca.key" -out "$out/ca.crt" \
+    -addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -addext "nameConstraints=critical,$permitted"
   say "made a CA in $out (ca.key: keep it safe)"
 fi
 
-# The API server and kube-scheduler check the subject alternative names, never the CN.
-san="DNS:$svc,DNS:$svc.$ns,DNS:$svc.$ns.svc,DNS:$svc.$ns.svc.cluster.local"
+san=
+for name in $names; do san="$san${san:+,}DNS:$name"; done
 [ -n "$cluster_ip" ] && san="$san,IP:$cluster_ip"
-printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n' "$san" >"$out/tls.ext"
-ssl req -newkey rsa:2048 -nodes -subj "/CN=$svc.$ns.svc" -keyout "$out/tls.key.new" -out "$out/tls.csr"
+printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature\nbasicConstraints=critical,CA:FALSE\n' "$san" >"$out/tls.ext"
+ssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$svc.$ns.svc" \
+  -keyout "$out/tls.key.new" -out "$out/tls.csr"
 ssl x509 -req -in "$out/tls.csr" -CA "$out/ca.crt" -CAkey "$out/ca.key" -CAcreateserial \
   -days "$days" -extfile "$out/tls.ext" -out "$out/tls.crt.new"
 mv -f "$out/tls.key.new" "$out/tls.key"

@@ -6,7 +6,7 @@
 //!    extender `filter` with 5,000 full `Nodes` (about 3.5 KB of JSON each); the same with 5,000
 //!    `NodeNames`. Reports p50/p90/p99/max.
 //! 2. Webhook throughput over loopback HTTP/1.1 with keep-alive: 16 clients for 3 s against the
-//!    real accept loop ([`ipkeep_scheduler_ext::server::serve`]).
+//!    real accept loop (`ipkeep_listener::Server`).
 #![allow(clippy::unwrap_used)]
 
 #[path = "../tests/support/mod.rs"]
@@ -61,14 +61,14 @@ async fn throughput(state: &AppState, clients: usize, duration: Duration) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ipkeep_scheduler_ext::server::serve(
-        listener,
-        router(state.clone()),
-        None,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let webhook = ipkeep_listener::Server::new(
+        "webhook",
+        ipkeep_listener::Limits::webhook(),
+        Default::default(),
+    );
+    let server = tokio::spawn(webhook.serve(listener, router(state.clone()), async move {
+        let _ = stop_rx.await;
+    }));
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
@@ -122,6 +122,7 @@ fn main() {
         let limits = Limits {
             extender_body: 32 << 20,
             in_flight: 64 << 20,
+            in_flight_per_source: 64 << 20,
             ..Limits::default()
         };
         let state = AppState::new(caches, Arc::new(Metrics::default()), limits);

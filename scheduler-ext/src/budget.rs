@@ -1,12 +1,19 @@
 //! What requests may cost in memory, as one budget of bytes shared by all of them: a request
-//! body is charged as its bytes arrive, and an answer from the moment it is built until it has
-//! been handed to the connection. A request that cannot get its share within [`BUDGET_WAIT`] is
-//! refused (503, or `Error` for `filter`), so any number of concurrent requests together hold at
-//! most the budget, whatever their sizes. The arithmetic is in `docs/scheduler-ext.md`.
+//! body is charged as its bytes arrive (never on the length it declares, which costs its
+//! client nothing), and an answer from the moment it is built until it has been handed to the
+//! connection. A request that cannot get its share within [`BUDGET_WAIT`] is refused (503, or
+//! `Error` for `filter`), so any number of concurrent requests together hold at most the
+//! budget, whatever their sizes. The arithmetic is in `docs/scheduler-ext.md`.
+//!
+//! The requests of one client address together hold at most a share of the budget, so that
+//! one client (one pod) sending large bodies slowly cannot hold all of it; the others' requests
+//! still find room.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,15 +37,21 @@ const CHUNK: usize = 16 * 1024;
 pub struct Budget {
     bytes: Arc<Semaphore>,
     total: usize,
+    per_source: usize,
+    /// The share of each client address that holds bytes now.
+    sources: Arc<Mutex<HashMap<IpAddr, Arc<Semaphore>>>>,
 }
 
 impl Budget {
-    /// A budget of `total` bytes (at most 4 GiB).
-    pub fn new(total: usize) -> Self {
+    /// A budget of `total` bytes (at most 4 GiB), of which one client address holds at most
+    /// `per_source`.
+    pub fn new(total: usize, per_source: usize) -> Self {
         let total = total.min(u32::MAX as usize);
         Self {
             bytes: Arc::new(Semaphore::new(total)),
             total,
+            per_source: per_source.min(total),
+            sources: Arc::default(),
         }
     }
 
@@ -52,12 +65,30 @@ impl Budget {
         self.total
     }
 
-    /// An empty charge for one request, which may wait for budget until [`BUDGET_WAIT`] from
-    /// now.
-    pub fn charge(&self) -> Charge {
+    /// The bytes held now by the requests of `source`.
+    pub fn in_use_by(&self, source: IpAddr) -> usize {
+        let sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        sources
+            .get(&source)
+            .map_or(0, |share| self.per_source - share.available_permits())
+    }
+
+    /// An empty charge for one request from `source`, which may wait for budget until
+    /// [`BUDGET_WAIT`] from now.
+    pub fn charge(&self, source: IpAddr) -> Charge {
+        let share = self
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(source)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_source)))
+            .clone();
         Charge {
             budget: self.clone(),
+            source,
+            share,
             held: None,
+            held_share: None,
             deadline: Instant::now() + BUDGET_WAIT,
         }
     }
@@ -67,8 +98,34 @@ impl Budget {
 #[derive(Debug)]
 pub struct Charge {
     budget: Budget,
+    source: IpAddr,
+    share: Arc<Semaphore>,
     held: Option<OwnedSemaphorePermit>,
+    held_share: Option<OwnedSemaphorePermit>,
     deadline: Instant,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        drop(self.held.take());
+        drop(self.held_share.take());
+        // Forget the source once nothing of it is held (the table would otherwise keep every
+        // address that ever sent a request).
+        let mut sources = self
+            .budget
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let unused = Arc::strong_count(&self.share) == 2
+            && self.share.available_permits() == self.budget.per_source;
+        if unused
+            && sources
+                .get(&self.source)
+                .is_some_and(|s| Arc::ptr_eq(s, &self.share))
+        {
+            sources.remove(&self.source);
+        }
+    }
 }
 
 impl Charge {
@@ -84,23 +141,34 @@ impl Charge {
         if more == 0 {
             return Ok(());
         }
+        let source_busy = || RequestError::SourceBusy {
+            share: self.budget.per_source,
+        };
         let busy = || RequestError::Busy {
             budget: self.budget.total,
         };
-        // More than the whole budget can never be granted; waiting would only block the queue.
+        // More than the whole share can never be granted; waiting would only block the queue.
         let n = u32::try_from(more)
             .ok()
-            .filter(|_| self.bytes() + more <= self.budget.total)
-            .ok_or_else(busy)?;
+            .filter(|_| self.bytes() + more <= self.budget.per_source)
+            .ok_or_else(source_busy)?;
+        // The source's share first: a client over its share waits on its own requests only.
+        let share = self.share.clone().acquire_many_owned(n);
+        let share = match tokio::time::timeout_at(self.deadline, share).await {
+            Ok(Ok(permit)) => permit,
+            // The semaphores are never closed.
+            Ok(Err(_)) | Err(_) => return Err(source_busy()),
+        };
         let acquire = self.budget.bytes.clone().acquire_many_owned(n);
         let permit = match tokio::time::timeout_at(self.deadline, acquire).await {
             Ok(Ok(permit)) => permit,
-            // The semaphore is never closed.
             Ok(Err(_)) | Err(_) => return Err(busy()),
         };
-        match &mut self.held {
-            Some(held) => held.merge(permit),
-            None => self.held = Some(permit),
+        for (held, new) in [(&mut self.held, permit), (&mut self.held_share, share)] {
+            match held {
+                Some(held) => held.merge(new),
+                None => *held = Some(new),
+            }
         }
         Ok(())
     }
@@ -111,7 +179,7 @@ impl Charge {
         if bytes >= held {
             return self.grow(bytes - held).await;
         }
-        if let Some(permit) = &mut self.held {
+        for permit in [&mut self.held, &mut self.held_share].into_iter().flatten() {
             drop(permit.split(held - bytes));
         }
         Ok(())
@@ -176,37 +244,75 @@ mod tests {
 
     use super::*;
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
     #[tokio::test]
     async fn charges_share_one_budget_and_wait_at_most_the_deadline() {
-        let budget = Budget::new(100);
-        let mut a = budget.charge();
+        let budget = Budget::new(100, 100);
+        let mut a = budget.charge(A);
         a.grow(60).await.unwrap();
         a.grow(20).await.unwrap();
         assert_eq!((a.bytes(), budget.in_use()), (80, 80));
-        let mut b = budget.charge();
+        let mut b = budget.charge(B);
         let started = Instant::now();
         assert!(matches!(b.grow(30).await, Err(RequestError::Busy { .. })));
         assert!(started.elapsed() >= BUDGET_WAIT, "waited, then gave up");
         assert!(
             matches!(
-                budget.charge().grow(101).await,
-                Err(RequestError::Busy { .. })
+                budget.charge(A).grow(101).await,
+                Err(RequestError::SourceBusy { .. })
             ),
             "more than the whole budget is refused at once"
         );
         a.resize(10).await.unwrap();
         assert_eq!(budget.in_use(), 10);
-        let mut c = budget.charge();
+        let mut c = budget.charge(A);
         c.grow(90).await.unwrap();
-        drop(a);
-        drop(c);
+        drop((a, b, c));
         assert_eq!(budget.in_use(), 0);
+        assert!(
+            budget.sources.lock().unwrap().is_empty(),
+            "sources forgotten"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_source_holds_at_most_its_share_and_others_still_find_room() {
+        let budget = Budget::new(100, 40);
+        let mut a = budget.charge(A);
+        a.grow(30).await.unwrap();
+        let mut a2 = budget.charge(A);
+        let started = Instant::now();
+        assert!(matches!(
+            a2.grow(20).await,
+            Err(RequestError::SourceBusy { .. })
+        ));
+        assert!(
+            started.elapsed() >= BUDGET_WAIT,
+            "waited on its own share, then gave up"
+        );
+        assert_eq!(budget.in_use_by(A), 30);
+        // Another client is served at once.
+        let mut b = budget.charge(B);
+        b.grow(40).await.unwrap();
+        assert_eq!((budget.in_use(), budget.in_use_by(B)), (70, 40));
+        // Giving back part of a charge gives back part of the share.
+        a.resize(10).await.unwrap();
+        a2.grow(30).await.unwrap();
+        assert_eq!(budget.in_use_by(A), 40);
+        drop((a, a2, b));
+        assert_eq!(budget.in_use(), 0);
+        assert!(
+            budget.sources.lock().unwrap().is_empty(),
+            "sources forgotten"
+        );
     }
 
     #[tokio::test]
     async fn an_answer_holds_its_charge_until_it_is_taken() {
-        let budget = Budget::new(1 << 20);
-        let mut charge = budget.charge();
+        let budget = Budget::new(1 << 20, 1 << 20);
+        let mut charge = budget.charge(A);
         charge.grow(40_000).await.unwrap();
         let body = ChargedBody::new(vec![7; 40_000], charge);
         assert_eq!(budget.in_use(), 40_000);

@@ -50,6 +50,15 @@ pub enum RequestError {
         /// The budget.
         budget: usize,
     },
+    /// The requests in flight from the same client address hold its whole share of the memory
+    /// budget, and did not give back enough of it in time.
+    #[error(
+        "ipkeep-scheduler-ext is busy: the requests in flight from this client address hold its whole share of the memory budget, {share} bytes (--max-in-flight-bytes-per-source); retry shortly"
+    )]
+    SourceBusy {
+        /// The share.
+        share: usize,
+    },
 }
 
 impl RequestError {
@@ -68,7 +77,9 @@ impl RequestError {
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::SlowBody(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Body(_) | Self::Malformed { .. } => StatusCode::BAD_REQUEST,
-            Self::NotReady | Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotReady | Self::Busy { .. } | Self::SourceBusy { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -76,7 +87,7 @@ impl RequestError {
     pub fn outcome(&self) -> &'static str {
         match self {
             Self::NotReady => "not-ready",
-            Self::Busy { .. } => "busy",
+            Self::Busy { .. } | Self::SourceBusy { .. } => "busy",
             _ => "invalid",
         }
     }
@@ -99,7 +110,10 @@ impl RequestError {
     /// reports it as the scheduling failure); body-level failures keep their HTTP status.
     pub fn into_filter_response(self) -> Response {
         let code = match self {
-            Self::Malformed { .. } | Self::NotReady | Self::Busy { .. } => StatusCode::OK,
+            Self::Malformed { .. }
+            | Self::NotReady
+            | Self::Busy { .. }
+            | Self::SourceBusy { .. } => StatusCode::OK,
             _ => self.status(),
         };
         let body = json!({

@@ -2,16 +2,19 @@
 //! request. The work is in [`crate::webhook`] and [`crate::extender`]; errors become responses
 //! in [`crate::error`].
 //!
-//! A request's bytes are charged to the shared [`Budget`] before they are read and its answer
-//! until it is sent; decisions (parsing included) run [`DECISIONS_AT_ONCE`] at a time. Together
-//! these bound what any number of concurrent requests cost (`docs/scheduler-ext.md`, "Memory").
+//! A request's bytes are charged to the shared [`Budget`] as they arrive, within its client
+//! address's share, and its answer until it is sent; decisions (parsing included) run
+//! [`DECISIONS_AT_ONCE`] at a time. Together these bound what any number of concurrent requests
+//! cost (`docs/scheduler-ext.md`, "Memory"), and what one client can hold of it.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,6 +40,8 @@ pub struct Limits {
     pub extender_body: usize,
     /// Most request and response body bytes held at once, across all requests.
     pub in_flight: usize,
+    /// Most of [`Self::in_flight`] the requests of one client address hold at once.
+    pub in_flight_per_source: usize,
     /// Longest wait for a whole request body.
     pub body_timeout: Duration,
 }
@@ -47,6 +52,7 @@ impl Default for Limits {
             webhook_body: 4 * MIB,
             extender_body: 6 * MIB,
             in_flight: 24 * MIB,
+            in_flight_per_source: 8 * MIB,
             body_timeout: Duration::from_secs(10),
         }
     }
@@ -60,6 +66,12 @@ impl Limits {
             return Err(format!(
                 "--max-in-flight-bytes ({}) must be at least the largest body limit ({largest}), or a request of that size could never be served",
                 self.in_flight
+            ));
+        }
+        if self.in_flight_per_source < largest || self.in_flight_per_source > self.in_flight {
+            return Err(format!(
+                "--max-in-flight-bytes-per-source ({}) must be at least the largest body limit ({largest}) and at most --max-in-flight-bytes ({})",
+                self.in_flight_per_source, self.in_flight
             ));
         }
         if u32::try_from(self.in_flight).is_err() {
@@ -99,7 +111,7 @@ impl AppState {
             caches,
             metrics,
             limits,
-            budget: Budget::new(limits.in_flight),
+            budget: Budget::new(limits.in_flight, limits.in_flight_per_source),
             decisions: Arc::new(Semaphore::new(DECISIONS_AT_ONCE)),
             marker: None,
         }
@@ -160,12 +172,26 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// The client's address, as the listener gave it (unspecified for requests served in
+/// process, as in tests).
+type Client = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn source(client: &Client) -> IpAddr {
+    client
+        .as_ref()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.0.ip())
+}
+
+/// A body's first allocation, and the least it grows by.
+const FIRST_CHUNK: usize = 16 * 1024;
+
 /// Reads a whole body of at most `limit` bytes within the body timeout. Its bytes are charged
-/// to the budget first: all at once when the length is declared (as the API server and
-/// kube-scheduler do), so requests are served in turn rather than all starving halfway, else as
-/// they arrive.
+/// to the budget as they arrive (in `source`'s share), never on the length the request
+/// declares, which costs its client nothing to declare: the buffer grows by doubling as bytes
+/// come, never past the declared length, and each size is charged before it is allocated.
 async fn read_body(
     state: &AppState,
+    source: IpAddr,
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -177,24 +203,24 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(RequestError::TooLarge { limit });
     }
-    let mut charge = state.budget.charge();
+    let most = declared.unwrap_or(limit);
+    let mut charge = state.budget.charge(source);
     let read = async {
-        if let Some(n) = declared {
-            charge.grow(n).await?;
-        }
-        // Reserved, not touched: memory is used as bytes arrive.
-        let mut bytes = Vec::with_capacity(declared.unwrap_or(0));
+        let mut bytes = Vec::new();
         let mut body = body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| RequestError::Body(e.to_string()))?;
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            if bytes.len() + data.len() > limit {
+            let need = bytes.len() + data.len();
+            if need > limit {
                 return Err(RequestError::TooLarge { limit });
             }
-            if declared.is_none() {
-                charge.grow(data.len()).await?;
+            if need > bytes.capacity() {
+                let grown = (bytes.capacity() * 2).max(FIRST_CHUNK).min(most).max(need);
+                charge.grow(grown.saturating_sub(charge.bytes())).await?;
+                bytes.reserve_exact(grown - bytes.len());
             }
             bytes.extend_from_slice(&data);
         }
@@ -243,13 +269,14 @@ async fn json_response(body: Vec<u8>, mut charge: Charge) -> Result<Response, Re
 async fn admission<R: Send + 'static>(
     state: &AppState,
     endpoint: &'static str,
-    (headers, body): (HeaderMap, Body),
+    (client, headers, body): (Client, HeaderMap, Body),
     work: fn(&[u8], &Caches) -> Result<R, RequestError>,
     answer: fn(&R) -> &webhook::ReviewOut,
     after: impl FnOnce(R) -> &'static str,
 ) -> Response {
     let result = async {
-        let (bytes, charge) = read_body(state, &headers, body, state.limits.webhook_body).await?;
+        let limit = state.limits.webhook_body;
+        let (bytes, charge) = read_body(state, source(&client), &headers, body, limit).await?;
         let started = Instant::now();
         let reviewed = run(state, bytes, work).await?;
         let json = serde_json::to_vec(answer(&reviewed)).unwrap_or_default();
@@ -277,7 +304,12 @@ fn named(pod: &Option<(String, String)>) -> (&str, &str) {
         .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()))
 }
 
-async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn mutate_pods(
+    State(state): State<AppState>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     const ENDPOINT: &str = "mutate-pods";
     let after = |reviewed: webhook::Reviewed| {
         let answer = &reviewed.review.response;
@@ -302,7 +334,7 @@ async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Bo
         }
         reviewed.outcome
     };
-    let request = (headers, body);
+    let request = (client, headers, body);
     admission(
         &state,
         ENDPOINT,
@@ -314,7 +346,12 @@ async fn mutate_pods(State(state): State<AppState>, headers: HeaderMap, body: Bo
     .await
 }
 
-async fn validate_pods(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+async fn validate_pods(
+    State(state): State<AppState>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let after = |reviewed: deletion::Reviewed| {
         if matches!(reviewed.outcome, "held" | "escaped") {
             let (namespace, pod) = named(&reviewed.pod);
@@ -335,7 +372,7 @@ async fn validate_pods(State(state): State<AppState>, headers: HeaderMap, body: 
         }
         reviewed.outcome
     };
-    let request = (headers, body);
+    let request = (client, headers, body);
     admission(
         &state,
         "validate-pods",
@@ -349,6 +386,7 @@ async fn validate_pods(State(state): State<AppState>, headers: HeaderMap, body: 
 
 async fn extend(
     state: AppState,
+    client: Client,
     headers: HeaderMap,
     body: Body,
     endpoint: &'static str,
@@ -358,7 +396,8 @@ async fn extend(
         tracing::warn!(endpoint, error = %e, "extender request refused");
         state.metrics.request(endpoint, e.outcome(), 0.0);
     };
-    let (bytes, charge) = read_body(&state, &headers, body, state.limits.extender_body)
+    let limit = state.limits.extender_body;
+    let (bytes, charge) = read_body(&state, source(&client), &headers, body, limit)
         .await
         .inspect_err(refused)?;
     let started = Instant::now();
@@ -383,14 +422,31 @@ async fn extend(
     Ok(response)
 }
 
-async fn filter(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    extend(state, headers, body, "filter", extender::filter)
+async fn filter(
+    State(state): State<AppState>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    extend(state, client, headers, body, "filter", extender::filter)
         .await
         .unwrap_or_else(RequestError::into_filter_response)
 }
 
-async fn prioritize(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    extend(state, headers, body, "prioritize", extender::prioritize)
-        .await
-        .unwrap_or_else(RequestError::into_prioritize_response)
+async fn prioritize(
+    State(state): State<AppState>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    extend(
+        state,
+        client,
+        headers,
+        body,
+        "prioritize",
+        extender::prioritize,
+    )
+    .await
+    .unwrap_or_else(RequestError::into_prioritize_response)
 }

@@ -15,12 +15,15 @@
 //!
 //! Decisions read PersistentPodStates, nodes and pods with hooks from reflector caches
 //! ([`cache`]); a request never waits on the API server. What requests cost in memory is
-//! bounded ([`budget`], [`pod`], [`http`], [`server`]). `/healthz`, `/readyz` (caches synced)
-//! and `/metrics` are served on the same listener, and optionally on a plain-HTTP probe
-//! listener.
+//! bounded ([`budget`], [`pod`], [`http`]), and what connections may hold, per client address
+//! and in all, by `ipkeep_listener`. `/healthz`, `/readyz` (caches synced) and `/metrics` are
+//! served on the same listener, and optionally on a plain-HTTP probe listener of its own,
+//! which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
+//! only clients with a certificate from that CA ([`client_ca`]).
 
 pub mod budget;
 pub mod cache;
+pub mod client_ca;
 pub mod deletion;
 pub mod error;
 pub mod extender;
@@ -28,7 +31,6 @@ pub mod http;
 pub mod marker;
 pub mod metrics;
 pub mod pod;
-pub mod server;
 pub mod tls;
 pub mod webhook;
 
@@ -39,13 +41,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::FutureExt;
+use ipkeep_listener::Server;
 use kube::Client;
 use tokio::net::TcpListener;
 
 use crate::cache::Caches;
 use crate::http::{AppState, Limits};
 use crate::metrics::Metrics;
-use crate::tls::{CertFiles, ReloadingCert};
+use crate::tls::{CertFiles, ServingTls};
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -54,6 +57,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// TLS certificate and key; `None` serves plain HTTP.
     pub tls: Option<CertFiles>,
+    /// The CA client certificates must chain to (TLS only); `None` asks for none.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// The webhook listener's bounds (connections in all and per client address).
+    pub listener: ipkeep_listener::Limits,
     /// How often the certificate files are checked for changes.
     pub cert_reload_interval: Duration,
     /// An extra plain-HTTP listener for `/healthz`, `/readyz` and `/metrics`.
@@ -76,15 +83,17 @@ pub async fn run(
         Ok(()) => {}
     }
     let metrics = Arc::new(Metrics::default());
-    let tls = match &settings.tls {
-        None => None,
-        Some(files) => {
-            let cert = Arc::new(ReloadingCert::load(files.clone())?);
-            let config = cert.server_config()?;
-            tokio::spawn(cert.watch(settings.cert_reload_interval, metrics.clone()));
-            Some(config)
-        }
-    };
+    let connections = metrics.listeners.clone();
+    ipkeep_listener::raise_open_files_limit_logged();
+    let mut webhook = Server::new("webhook", settings.listener, connections.clone());
+    if let Some(files) = &settings.tls {
+        let tls = ServingTls::load(files.clone(), settings.client_ca.clone())?;
+        tokio::spawn(
+            tls.clone()
+                .watch(settings.cert_reload_interval, metrics.clone()),
+        );
+        webhook = webhook.with_tls(tls);
+    }
     let (caches, writers) = Caches::new();
     let marker = marker::Marker::spawn(client.clone());
     tokio::spawn(cache::watch(client, writers));
@@ -100,7 +109,8 @@ pub async fn run(
             .await
             .with_context(|| format!("failed to listen on {addr} (--probe-listen)"))?;
         let probes = http::health_routes().with_state(state.clone());
-        tokio::spawn(server::serve(listener, probes, None, shutdown.clone()));
+        let server = Server::new("probes", ipkeep_listener::Limits::probes(), connections);
+        tokio::spawn(server.serve(listener, probes, shutdown.clone()));
     }
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -108,10 +118,11 @@ pub async fn run(
     tracing::info!(
         listen = %settings.listen,
         tls = settings.tls.is_some(),
+        client_certificates = settings.client_ca.is_some(),
         probe_listen = ?settings.probe_listen,
         "serving /mutate-pods, /validate-pods, /filter, /prioritize"
     );
-    server::serve(listener, http::router(state), tls, shutdown).await;
+    webhook.serve(listener, http::router(state), shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

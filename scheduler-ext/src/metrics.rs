@@ -1,5 +1,6 @@
 //! Prometheus metrics (`/metrics`, OpenMetrics text). Names start with `ipkeep_scheduler_ext_`.
 
+use ipkeep_listener::ListenerMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -36,6 +37,8 @@ pub struct SkipLabels {
 /// A certificate reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
+    /// `certificate` (the serving certificate and key) or `client-ca` (`--client-ca`).
+    pub file: &'static str,
     /// `ok` or `error`.
     pub result: &'static str,
 }
@@ -49,7 +52,10 @@ pub struct Metrics {
     pins_applied: Family<EndpointLabel, Counter>,
     pins_skipped: Family<SkipLabels, Counter>,
     cert_reloads: Family<ReloadLabel, Counter>,
+    cert_expiry: Gauge,
     in_flight: Gauge,
+    /// Connections of the webhook and probe listeners.
+    pub listeners: ListenerMetrics,
 }
 
 impl Default for Metrics {
@@ -66,7 +72,9 @@ impl Default for Metrics {
             pins_applied: Family::default(),
             pins_skipped: Family::default(),
             cert_reloads: Family::default(),
+            cert_expiry: Gauge::default(),
             in_flight: Gauge::default(),
+            listeners: ListenerMetrics::default(),
         };
         registry.register(
             "requests",
@@ -90,9 +98,15 @@ impl Default for Metrics {
         );
         registry.register(
             "certificate_reloads",
-            "TLS certificate reloads after the files changed, by result",
+            "TLS certificate (or --client-ca) reloads after the files changed, by file and result",
             m.cert_reloads.clone(),
         );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (notAfter), in seconds since the Unix epoch",
+            m.cert_expiry.clone(),
+        );
+        m.listeners.register(&mut registry);
         registry.register(
             "in_flight_bytes",
             "Request and response body bytes held now, out of --max-in-flight-bytes",
@@ -132,12 +146,17 @@ impl Metrics {
         self.in_flight.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
-    /// Counts a certificate reload.
-    pub fn cert_reload(&self, ok: bool) {
+    /// Counts a reload of `file` (`certificate` or `client-ca`).
+    pub fn cert_reload(&self, file: &'static str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.cert_reloads
-            .get_or_create(&ReloadLabel { result })
+            .get_or_create(&ReloadLabel { file, result })
             .inc();
+    }
+
+    /// Sets when the serving certificate expires (seconds since the Unix epoch).
+    pub fn certificate_expiry(&self, not_after: i64) {
+        self.cert_expiry.set(not_after);
     }
 
     /// The OpenMetrics text.

@@ -411,7 +411,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     std::fs::write(&cert, &second.cert).unwrap();
     wait_until("the certificate reload", || async {
         http_get(probe, "/metrics").await.is_some_and(|(_, m)| {
-            m.contains("ipkeep_scheduler_ext_certificate_reloads_total{result=\"ok\"} 1")
+            m.contains("ipkeep_scheduler_ext_certificate_reloads_total{file=\"certificate\",result=\"ok\"} 1")
         })
     })
     .await;

@@ -296,6 +296,10 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
             &listen.to_string(),
             "--log",
             "warn",
+            // Every client here shares one address: give it the whole budget, so that what is
+            // measured is what all requests together (from many clients) can cost.
+            "--max-in-flight-bytes-per-source",
+            &Limits::default().in_flight.to_string(),
         ])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(Stdio::null())

@@ -114,9 +114,11 @@ ipkeep_up() {
     kubeconfig "$state/$sa.kubeconfig" token "$token" ipkeep-system
   done
   say "starting ipkeep-scheduler-ext on https://127.0.0.1:$p_ext and two ipkeep-controller replicas"
+  local client_ca=()
+  [ "$client_auth" = 1 ] && client_ca=(--client-ca="$state/pki/ca.crt")
   start scheduler-ext env KUBECONFIG="$state/ipkeep-scheduler-ext.kubeconfig" \
     "$ib/ipkeep-scheduler-ext" --listen="127.0.0.1:$p_ext" --probe-listen="127.0.0.1:$p_ext_probe" \
-    --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key"
+    --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key" "${client_ca[@]}"
   start controller-0 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-0 \
     "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl0" --lease-duration=6s
   start controller-1 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-1 \
@@ -129,6 +131,7 @@ ipkeep_up() {
 IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
 IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe
 IPKEEP_CONTROLLER_PROBES=http://127.0.0.1:$p_ctl0,http://127.0.0.1:$p_ctl1
+IPKEEP_EXT_CLIENT_AUTH=$client_auth
 EOF
 }
 

@@ -47,6 +47,11 @@ impl Cluster {
     /// `scripts/cluster.sh up --kwok-nodes <nodes>` on ports of its own. Panics with the
     /// script's output if it fails.
     pub fn up(nodes: usize) -> Cluster {
+        Self::up_with(nodes, &[])
+    }
+
+    /// [`Cluster::up`] with more options of `scripts/cluster.sh up` (`--webhook-client-auth`).
+    pub fn up_with(nodes: usize, options: &[&str]) -> Cluster {
         let repo = repo_root();
         let dir = tempfile::Builder::new()
             .prefix("ipkeep-cluster-")
@@ -64,6 +69,7 @@ impl Cluster {
             .arg(&state)
             .args(["--port-base", &base.to_string()])
             .args(["--nodes", "0", "--kwok-nodes", &nodes.to_string()])
+            .args(options)
             .stderr(Stdio::inherit())
             .output()
             .expect("run scripts/cluster.sh");

@@ -1,10 +1,14 @@
 //! ipkeep on a real control plane: kube-apiserver, kube-controller-manager, kube-scheduler and
 //! etcd built from upstream, kwok nodes, ipkeep installed from `deploy/` by
-//! `scripts/cluster.sh` with each component on its own ServiceAccount's token.
+//! `scripts/cluster.sh` with each component on its own ServiceAccount's token, and the webhook
+//! port requiring client certificates (`--webhook-client-auth`: kube-apiserver and
+//! kube-scheduler present theirs, as docs/install.md sets them up).
 //!
 //! One cluster serves the steps below in order (starting one takes tens of seconds); each step
 //! names itself in its assertions.
 
+#[path = "cluster/client_auth.rs"]
+mod client_auth;
 #[path = "cluster/conventions.rs"]
 mod conventions;
 #[path = "cluster/pins.rs"]
@@ -66,7 +70,7 @@ fn ipkeep_on_a_real_control_plane() {
     if !require_go("ipkeep_on_a_real_control_plane") {
         return;
     }
-    let cluster = Cluster::up(NODES);
+    let cluster = Cluster::up_with(NODES, &["--webhook-client-auth"]);
     crd_is_structural_and_validates(&cluster);
     conventions::apisim_agrees_with_kube_apiserver(&cluster);
     cluster.run(&["create", "namespace", "db"]);
@@ -76,6 +80,7 @@ fn ipkeep_on_a_real_control_plane() {
     leader_election_hands_over(&cluster);
     a_lost_node_lets_its_pod_go_after_the_policy(&cluster);
     pins::the_extender_alone_pins(&cluster);
+    client_auth::the_webhook_port_serves_only_client_certificates_from_its_ca(&cluster);
     pins::pods_pass_while_the_webhook_is_down(&cluster);
     for component in ["controller-0", "controller-1", "scheduler-ext"] {
         let log = cluster.log_tail(component, 100_000);

@@ -9,10 +9,15 @@
 //!   ports the binaries listen on, run as bound service accounts in `ipkeep-system`, with the one
 //!   image the Dockerfile builds;
 //! - the webhook, the extender, the Service and the certificate agree on names, ports and Secret;
-//! - the example PersistentPodState is what the example StatefulSet's annotations generate.
+//! - the example PersistentPodState is what the example StatefulSet's annotations generate;
+//! - the shipped alerting rules are the documented ones, on metrics the binaries export.
 //!
 //! Validation against Kubernetes' own OpenAPI schemas is `scripts/validate-deploy.sh`.
 
+#[path = "deploy/alerts.rs"]
+mod alerts;
+#[path = "deploy/certificates.rs"]
+mod certificates;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]

@@ -138,15 +138,10 @@ pub async fn run(
             .route("/metrics", get(metrics_text))
             .with_state(state);
         tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::error!(error = %e, "probe server failed");
-            }
-        });
+        ipkeep_listener::raise_open_files_limit_logged();
+        let limits = ipkeep_listener::Limits::probes();
+        let probes = ipkeep_listener::Server::new("probes", limits, metrics.listeners.clone());
+        tokio::spawn(probes.serve(listener, app, shutdown.clone()));
     }
     let sweeper = Sweeper {
         stores: stores.clone(),

@@ -85,6 +85,8 @@ pub struct Metrics {
     store_healthy: Family<NetworkLabel, Gauge>,
     wall_clock_doubted: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
+    /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
+    pub listeners: ipkeep_listener::ListenerMetrics,
 }
 
 fn latency_buckets() -> Histogram {
@@ -110,6 +112,7 @@ impl Default for Metrics {
             store_healthy: Family::default(),
             wall_clock_doubted: Family::default(),
             kubernetes_synced: Gauge::default(),
+            listeners: Default::default(),
         };
         registry.register(
             "requests",
@@ -171,6 +174,7 @@ impl Default for Metrics {
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
         );
+        m.listeners.register(&mut registry);
         Self { registry, ..m }
     }
 }

@@ -136,7 +136,7 @@ pub struct Pki {
 pub fn pki() -> Pki {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca_cert = ca.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca, ca_key);
@@ -145,6 +145,29 @@ pub fn pki() -> Pki {
         .unwrap()
         .signed_by(&key, &issuer)
         .unwrap();
+    Pki {
+        ca: ca_cert.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    }
+}
+
+/// A client CA (PEM) and a client certificate and key it signed for `name`, as kube-apiserver
+/// or kube-scheduler would present.
+pub fn client_pki(name: &str) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
     Pki {
         ca: ca_cert.pem(),
         cert: cert.pem(),

@@ -14,6 +14,7 @@ use ipkeep_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet}
 use ipkeep_api::k8s_openapi::api::core::v1::{
     Container, Namespace, PodTemplateSpec, Service, ServiceAccount,
 };
+use ipkeep_api::k8s_openapi::api::networking::v1::NetworkPolicy;
 use ipkeep_api::k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ipkeep_api::k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject,
@@ -235,6 +236,7 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(value),
         ("apps/v1", "StatefulSet") => round_trip::<StatefulSet>(value),
         ("policy/v1", "PodDisruptionBudget") => round_trip::<PodDisruptionBudget>(value),
+        ("networking.k8s.io/v1", "NetworkPolicy") => round_trip::<NetworkPolicy>(value),
         ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
             round_trip::<MutatingWebhookConfiguration>(value)
         }
@@ -248,7 +250,8 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         ("kubescheduler.config.k8s.io/v1", "KubeSchedulerConfiguration")
         | ("kustomize.config.k8s.io/v1beta1", "Kustomization")
         | ("kustomize.config.k8s.io/v1alpha1", "Component")
-        | ("cert-manager.io/v1", "Issuer" | "Certificate") => Ok(()),
+        | ("cert-manager.io/v1", "Issuer" | "Certificate")
+        | ("monitoring.coreos.com/v1", "PrometheusRule") => Ok(()),
         (v, k) => Err(format!(
             "no typed check for {v} {k}: add one to check_typed"
         )),

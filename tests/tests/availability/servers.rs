@@ -1,0 +1,242 @@
+//! The servers under attack: apisim (in process) with the CRD, and the real
+//! `ipkeep-scheduler-ext` and `ipkeep-controller` binaries against it, on loopback, with a
+//! fresh CA and serving certificate.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ipkeep_apisim::ApiServer;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+
+use super::clients::{Source, plain_get};
+
+/// The name the serving certificate is for, as the API server checks it.
+pub const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
+
+/// A CA and the serving certificate, PEM.
+pub struct Pki {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+}
+
+pub fn pki() -> Pki {
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec![SERVICE.to_string()]).expect("params");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let cert = params.signed_by(&key, &issuer).expect("certificate");
+    Pki {
+        ca: ca_cert.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    }
+}
+
+/// apisim with the PersistentPodState CRD and a namespace, and its kubeconfig in a file.
+pub struct Apisim {
+    pub server: ApiServer,
+    pub kubeconfig: PathBuf,
+}
+
+pub async fn apisim(dir: &Path) -> Apisim {
+    let server = ApiServer::start().await.expect("apisim");
+    let client = server.client().expect("client");
+    let crd = std::fs::read_to_string(ipkeep_tests::cluster::repo_root().join("deploy/crd.yaml"))
+        .expect("deploy/crd.yaml");
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&crd).expect("CRD");
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create the CRD");
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "db"}})).expect("ns");
+    Api::<Namespace>::all(client)
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create the namespace");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig("default")).expect("kubeconfig");
+    Apisim { server, kubeconfig }
+}
+
+/// A loopback port nobody listens on now, below the kernel's ephemeral range (where an
+/// outgoing connection could take it first).
+/// Each call starts after the last port it gave, so two calls never give the same one.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id() % 10_000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 20_000, "no free port between 10000 and 30000");
+        let port = u16::try_from(10_000 + (base + n) % 20_000).expect("a port");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A binary under test, killed when dropped.
+pub struct Process {
+    child: Child,
+    pub log: std::path::PathBuf,
+}
+
+impl Process {
+    fn spawn(mut command: Command, log: std::path::PathBuf) -> Process {
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start the binary");
+        Process { child, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `path` over plain HTTP on `addr` until it answers 200.
+async fn wait_ready(process: &mut Process, addr: SocketAddr, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if plain_get(Source::Observer, addr, path, Duration::from_secs(2))
+            .await
+            .is_some_and(|(status, _)| status == 200)
+        {
+            return;
+        }
+        if let Some(status) = process.exited() {
+            panic!("the binary exited with {status}:\n{}", process.log_text());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} not ready in 60 s:\n{}",
+            process.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `ipkeep-scheduler-ext` over TLS with a plain-HTTP probe port, as deployed.
+pub struct SchedulerExt {
+    pub process: Process,
+    pub https: SocketAddr,
+    pub probes: SocketAddr,
+    pub ca: String,
+}
+
+impl SchedulerExt {
+    pub async fn start(apisim: &Apisim, dir: &Path) -> SchedulerExt {
+        let pki = pki();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, &pki.cert).expect("cert");
+        std::fs::write(&key, &pki.key).expect("key");
+        let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let probes = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        static BIN: OnceLock<PathBuf> = OnceLock::new();
+        let bin = BIN.get_or_init(|| {
+            ipkeep_tests::workspace_bin(
+                "ipkeep-scheduler-ext",
+                "IPKEEP_SCHEDULER_EXT_BIN",
+                &["ipkeep-scheduler-ext"],
+            )
+        });
+        let mut command = Command::new(bin);
+        command
+            .arg(format!("--listen={https}"))
+            .arg(format!("--probe-listen={probes}"))
+            .arg(format!("--tls-cert={}", cert.display()))
+            .arg(format!("--tls-key={}", key.display()))
+            .arg("--log=warn")
+            .env("KUBECONFIG", &apisim.kubeconfig);
+        let mut process = Process::spawn(command, dir.join("scheduler-ext.log"));
+        wait_ready(&mut process, probes, "/readyz").await;
+        SchedulerExt {
+            process,
+            https,
+            probes,
+            ca: pki.ca,
+        }
+    }
+
+    /// Its metrics, read from an address no attack uses.
+    pub async fn metrics(&self) -> String {
+        plain_get(
+            Source::Observer,
+            self.probes,
+            "/metrics",
+            Duration::from_secs(3),
+        )
+        .await
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+    }
+}
+
+/// `ipkeep-controller` without leader election, its probe and metrics port on loopback, started
+/// with a soft limit of `open_files` file descriptors (as containers often get).
+pub struct Controller {
+    pub process: Process,
+    pub listen: SocketAddr,
+}
+
+impl Controller {
+    pub async fn start(apisim: &Apisim, dir: &Path, open_files: u32) -> Controller {
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let bin = ipkeep_tests::workspace_bin(
+            "ipkeep-controller",
+            "IPKEEP_CONTROLLER_BIN",
+            &["ipkeep-controller"],
+        );
+        // The soft limit only: the process may raise it up to the hard limit itself.
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!(
+                "ulimit -Sn {open_files} && exec \"$0\" --no-leader-election --listen={listen} --log=warn"
+            ))
+            .arg(bin)
+            .env("KUBECONFIG", &apisim.kubeconfig);
+        let mut process = Process::spawn(command, dir.join("controller.log"));
+        wait_ready(&mut process, listen, "/readyz").await;
+        Controller { process, listen }
+    }
+
+    /// File descriptors open in the process now.
+    pub fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.process.pid())).map_or(0, Iterator::count)
+    }
+}
