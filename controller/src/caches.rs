@@ -11,19 +11,26 @@
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations::STATEFULSET_POD_NAME_LABEL;
+use ipkeep_placement::ipkeep_lifecycle::STATE_LABEL;
+use ipkeep_placement::lifecycle::{POD_INDEX_LABEL, REVISION_LABEL};
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView};
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+
+use crate::synced::Synced;
 
 /// A pod as the controller caches it: what recording reads, decoded straight from the watch
 /// (serde skips every other field). A `Pod` for the API (`kind: Pod`), see [`CachedPod::to_pod`].
@@ -97,27 +104,29 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// PersistentPodStates.
     pub pps: Store<PersistentPodState>,
+    /// Whether they all had their first full list.
+    pub synced: Synced,
 }
 
 impl Caches {
-    /// Waits until every cache has its first full list.
+    /// Waits until every cache has its first full list ([`crate::synced`]: any number of
+    /// reconciles may wait at once).
     pub async fn wait_until_ready(&self) -> Result<(), crate::Error> {
-        self.statefulsets
-            .wait_until_ready()
-            .await
-            .map_err(|_| crate::Error::CacheGone("statefulset"))?;
+        self.synced.wait().await
+    }
+
+    /// The pods of the StatefulSet with UID `owner` in `namespace` (by their controller owner).
+    pub fn pods_owned_by(&self, namespace: &str, owner: &str) -> Vec<Arc<CachedPod>> {
         self.pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| crate::Error::CacheGone("pod"))?;
-        self.nodes
-            .wait_until_ready()
-            .await
-            .map_err(|_| crate::Error::CacheGone("node"))?;
-        self.pps
-            .wait_until_ready()
-            .await
-            .map_err(|_| crate::Error::CacheGone("persistentpodstate"))
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace)
+                    && p.owner_references()
+                        .iter()
+                        .any(|o| o.controller == Some(true) && o.uid == owner)
+            })
+            .collect()
     }
 
     /// The PersistentPodStates in `namespace` that target StatefulSet `name`.
@@ -179,20 +188,33 @@ pub fn pod_watch_config() -> watcher::Config {
         .any_semantic()
 }
 
-/// Keeps what recording reads of a pod: metadata without managed fields and labels (the watch
-/// selects by label on the server; nothing here reads one), and of its conditions only Ready
-/// (the node name and IPs are all [`CachedPod`] decodes besides).
+/// The labels a cached pod keeps: what the lifecycle hooks read of every pod of a StatefulSet
+/// (which pods its controller deletes next: revision, ordinal, ipkeep's hold).
+const KEPT_LABELS: [&str; 3] = [REVISION_LABEL, POD_INDEX_LABEL, STATE_LABEL];
+
+/// Keeps what recording and the lifecycle hooks read of a pod: metadata without managed fields
+/// and with only [`KEPT_LABELS`], and of its conditions only Ready (the node name and IPs are
+/// all [`CachedPod`] decodes besides).
 pub fn trim_pod(pod: &mut CachedPod) {
     pod.metadata.managed_fields = None;
-    pod.metadata.labels = None;
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.retain(|k, _| KEPT_LABELS.contains(&k.as_str()));
+    }
+    if pod.metadata.labels.as_ref().is_some_and(|l| l.is_empty()) {
+        pod.metadata.labels = None;
+    }
     pod.status.conditions.retain(|c| c.type_ == "Ready");
     pod.status.conditions.shrink_to_fit();
 }
 
-/// Keeps a node's metadata (without managed fields) and its Ready condition.
+/// Keeps a node's metadata (without managed fields), whether it is cordoned, and its Ready
+/// condition.
 pub fn trim_node(node: &mut Node) {
     node.metadata.managed_fields = None;
-    node.spec = None;
+    node.spec = node.spec.take().map(|s| NodeSpec {
+        unschedulable: s.unschedulable,
+        ..NodeSpec::default()
+    });
     if let Some(status) = node.status.take() {
         node.status = Some(NodeStatus {
             conditions: status
@@ -204,7 +226,8 @@ pub fn trim_node(node: &mut Node) {
 }
 
 /// Keeps a StatefulSet's metadata (without managed fields and kubectl's copy of the last
-/// applied object), replicas and ordinals.
+/// applied object), replicas and ordinals, and what says which pods its controller deletes next
+/// (pod management policy, update strategy, the status's generation and update revision).
 pub fn trim_statefulset(sts: &mut StatefulSet) {
     sts.metadata.managed_fields = None;
     if let Some(a) = sts.metadata.annotations.as_mut() {
@@ -216,10 +239,16 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
             ordinals: spec.ordinals,
             persistent_volume_claim_retention_policy: None,
             service_name: spec.service_name,
+            pod_management_policy: spec.pod_management_policy,
+            update_strategy: spec.update_strategy,
             ..StatefulSetSpec::default()
         });
     }
-    sts.status = None;
+    sts.status = sts.status.take().map(|s| StatefulSetStatus {
+        observed_generation: s.observed_generation,
+        update_revision: s.update_revision,
+        ..StatefulSetStatus::default()
+    });
 }
 
 /// What of a pod decides recording: a change elsewhere triggers nothing.
@@ -308,7 +337,8 @@ mod tests {
             "metadata": {
                 "name": "db-1", "namespace": "prod", "uid": "u-1", "resourceVersion": "7",
                 "creationTimestamp": "2026-11-25T10:00:00Z",
-                "labels": {"app": "db", "statefulset.kubernetes.io/pod-name": "db-1"},
+                "labels": {"app": "db", "statefulset.kubernetes.io/pod-name": "db-1",
+                           "controller-revision-hash": "db-7c9"},
                 "annotations": {"ipkeep.dev/pinned-by": "db", "team": "payments"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
                                      "uid": "s-1", "controller": true}],
@@ -333,7 +363,12 @@ mod tests {
             PodView::from_pod(&cached.to_pod()),
             PodView::from_pod(&whole)
         );
-        assert!(cached.metadata.managed_fields.is_none() && cached.metadata.labels.is_none());
+        assert!(cached.metadata.managed_fields.is_none());
+        assert_eq!(
+            cached.metadata.labels,
+            Some([(REVISION_LABEL.to_string(), "db-7c9".to_string())].into()),
+            "only what the lifecycle hooks read"
+        );
         assert_eq!(cached.status.conditions.len(), 1, "only Ready is kept");
     }
 }

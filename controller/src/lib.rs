@@ -11,6 +11,7 @@
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
 //! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
 //! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
+//! - [`synced`]: when every watch cache had its first full list, for any number of waiters.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
 pub mod caches;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod pin_skipped;
 pub mod record;
 pub mod run;
+pub mod synced;
 
 pub use error::Error;
 pub use run::{Settings, run};

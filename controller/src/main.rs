@@ -10,7 +10,7 @@ use clap::Parser;
 use ipkeep_controller::http::{self, Health};
 use ipkeep_controller::leader::LeaderSettings;
 use ipkeep_controller::{Settings, run};
-use ipkeep_daemon::{LogArgs, identity, shutdown_signal};
+use ipkeep_daemon::{LogArgs, STOP_GRACE, identity, run_until_stopped, shutdown_signal};
 use ipkeep_listener::{Limits, Server};
 
 /// Records where each pod of an annotated StatefulSet ran — node, topology labels, pod IPs — in
@@ -89,5 +89,8 @@ async fn main() -> anyhow::Result<()> {
         leader,
         identity,
     };
-    run(client, settings, health, shutdown_signal()).await
+    run_until_stopped(shutdown_signal(), STOP_GRACE, |stop| {
+        run(client, settings, health, stop.requested())
+    })
+    .await
 }

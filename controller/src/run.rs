@@ -22,7 +22,12 @@ use crate::caches::{self, Caches};
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderSettings};
-use crate::{generate, pin_skipped, record};
+use crate::lifecycle::triggers::Tap;
+use crate::{generate, lifecycle, pin_skipped, record, synced};
+
+/// How long the loops get to finish their reconciles in flight once asked to stop (within the
+/// process's own grace, `ipkeep_daemon::STOP_GRACE`, so the lease is released before it ends).
+pub const LOOPS_GRACE: Duration = Duration::from_secs(10);
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -87,13 +92,20 @@ pub async fn run(
         .boxed()
         .shared()
     };
-    run_controllers(
-        client,
-        &settings,
-        &health,
-        stop.clone().map(|_| ()).boxed().shared(),
-    )
-    .await?;
+    // The loops finish the reconciles in flight; one that does not end within LOOPS_GRACE
+    // (an API call that hangs) is dropped, so that the lease is still released in time.
+    let stopped = stop.clone().map(|_| ()).boxed().shared();
+    let deadline = {
+        let stopped = stopped.clone();
+        async move {
+            stopped.await;
+            tokio::time::sleep(LOOPS_GRACE).await;
+        }
+    };
+    tokio::select! {
+        result = run_controllers(client, &settings, &health, stopped) => result?,
+        () = deadline => warn!(grace = ?LOOPS_GRACE, "reconciles still running {LOOPS_GRACE:?} after the stop; dropping them"),
+    }
     health.metrics.leader.set(0);
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = None;
     let lost_lease = stop.now_or_never().unwrap_or(false);
@@ -121,34 +133,60 @@ async fn run_controllers(
     let config = controller::Config::default()
         .concurrency(settings.concurrency)
         .debounce(settings.debounce);
+    // Every watch below is tracked (its first full list: `synced`) and tapped for the
+    // lifecycle loop (changes that may change a hooked pod's fate: `trigger_tx`).
+    let (tracker, synced) = synced::tracker();
+    let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
+
     let pps_api: Api<PersistentPodState> = Api::all(client.clone());
-    let pps_controller =
-        Controller::new(pps_api.clone(), watcher::Config::default().any_semantic());
+    let (pps_reader, pps_writer) = reflector::store();
+    let pps_stream = tracker
+        .track(
+            synced::Cache::PersistentPodStates,
+            reflector(
+                pps_writer,
+                watcher(pps_api.clone(), watcher::Config::default().any_semantic())
+                    .default_backoff(),
+            ),
+        )
+        .inspect(Tap::inspector(&trigger_tx))
+        .applied_objects();
+    let pps_controller = Controller::for_stream(pps_stream, pps_reader.clone());
 
     let (relisted_tx, mut relisted_rx) = mpsc::unbounded_channel();
     let sts_api: Api<StatefulSet> = Api::all(client.clone());
     let (sts_reader, sts_writer) = reflector::store();
-    let sts_events = reflector(
-        sts_writer,
-        watcher(sts_api.clone(), watcher::Config::default().any_semantic())
-            .default_backoff()
-            .modify(caches::trim_statefulset),
-    );
+    let sts_events = tracker
+        .track(
+            synced::Cache::StatefulSets,
+            reflector(
+                sts_writer,
+                watcher(sts_api.clone(), watcher::Config::default().any_semantic())
+                    .default_backoff()
+                    .modify(caches::trim_statefulset),
+            ),
+        )
+        .inspect(Tap::inspector(&trigger_tx));
     let sts_changes = caches::changed_objects(
         sts_events,
         caches::statefulset_fingerprint,
         relisted_tx.clone(),
     );
     let (pod_reader, pod_writer) = reflector::store();
-    let pod_events = reflector(
-        pod_writer,
-        watcher(
-            Api::<caches::CachedPod>::all(client.clone()),
-            caches::pod_watch_config(),
+    let pod_events = tracker
+        .track(
+            synced::Cache::Pods,
+            reflector(
+                pod_writer,
+                watcher(
+                    Api::<caches::CachedPod>::all(client.clone()),
+                    caches::pod_watch_config(),
+                )
+                .default_backoff()
+                .modify(caches::trim_pod),
+            ),
         )
-        .default_backoff()
-        .modify(caches::trim_pod),
-    );
+        .inspect(Tap::inspector(&trigger_tx));
     // Pods the webhook marked with a skipped pin also go to the announcer (PinSkipped Events).
     let (skipped_tx, skipped_rx) = mpsc::unbounded_channel();
     let pod_changes =
@@ -160,23 +198,30 @@ async fn run_controllers(
             },
         );
     let (node_reader, node_writer) = reflector::store();
-    let node_events = reflector(
-        node_writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
+    let node_events = tracker
+        .track(
+            synced::Cache::Nodes,
+            reflector(
+                node_writer,
+                watcher(
+                    Api::<Node>::all(client.clone()),
+                    watcher::Config::default().any_semantic(),
+                )
+                .default_backoff()
+                .modify(caches::trim_node),
+            ),
         )
-        .default_backoff()
-        .modify(caches::trim_node),
-    );
+        .inspect(Tap::inspector(&trigger_tx));
     let node_changes = caches::changed_objects(node_events, caches::node_fingerprint, relisted_tx);
     let relisted = futures::stream::poll_fn(move |cx| relisted_rx.poll_recv(cx));
+    drop(tracker);
 
     let caches = Caches {
         statefulsets: sts_reader,
         pods: pod_reader,
         nodes: node_reader,
-        pps: pps_controller.store(),
+        pps: pps_reader,
+        synced,
     };
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
     let recorder = Recorder::new(
@@ -221,48 +266,42 @@ async fn run_controllers(
             .modify(caches::trim_statefulset),
     )
     .applied_objects();
-    // No debounce: a pod's readiness waits on this loop, and one pod's events are few.
-    let config_for_lifecycle = controller::Config::default().concurrency(settings.concurrency);
-    let lifecycle_ctx = ctx.clone();
     let generate_loop = Controller::for_stream(generate_stream, generate_reader)
         .owns(pps_api, watcher::Config::default().any_semantic())
         .with_config(config)
         .graceful_shutdown_on(stop.clone())
-        .run(generate::reconcile, generate::error_policy, ctx)
+        .run(generate::reconcile, generate::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(generate::LOOP, result) });
 
     // The lifecycle loop watches the pods with hooks on its own (labels and the gate's
-    // condition, which the record loop's cache drops), and re-reads them when their
-    // PersistentPodState changes.
+    // condition, which the record loop's cache drops), and re-reads those whose fate a change
+    // of their StatefulSet, its pods, their Node or their PersistentPodState may change.
+    // No debounce: a pod's readiness waits on this loop, and one pod's events are few.
+    let config_for_lifecycle = controller::Config::default().concurrency(settings.concurrency);
     let (lifecycle_reader, lifecycle_writer) = reflector::store();
     let (lifecycle_relisted, _) = mpsc::unbounded_channel();
-    let lifecycle_stream = crate::lifecycle::changes(
+    let lifecycle_stream = lifecycle::changes(
         reflector(
             lifecycle_writer,
             watcher(
                 Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone()),
-                crate::lifecycle::watch_config(),
+                lifecycle::watch_config(),
             )
             .default_backoff()
-            .modify(crate::lifecycle::trim),
+            .modify(lifecycle::trim),
         ),
         lifecycle_relisted,
     );
-    let lifecycle_pods = lifecycle_reader.clone();
+    let hooked = lifecycle_reader.clone();
+    let mut triggers = trigger_rx;
+    let triggered = futures::stream::poll_fn(move |cx| triggers.poll_recv(cx))
+        .flat_map(move |t| futures::stream::iter(lifecycle::triggers::pods_for(&hooked, &t)));
     let lifecycle_loop = Controller::for_stream(lifecycle_stream, lifecycle_reader)
-        .watches(
-            Api::<PersistentPodState>::all(client.clone()),
-            watcher::Config::default().any_semantic(),
-            move |pps| crate::lifecycle::pods_of(&lifecycle_pods, &pps),
-        )
+        .reconcile_on(triggered)
         .with_config(config_for_lifecycle)
         .graceful_shutdown_on(stop.clone())
-        .run(
-            crate::lifecycle::reconcile,
-            crate::lifecycle::error_policy,
-            lifecycle_ctx,
-        )
-        .for_each(|result| async move { log_result(crate::lifecycle::LOOP, result) });
+        .run(lifecycle::reconcile, lifecycle::error_policy, ctx)
+        .for_each(|result| async move { log_result(lifecycle::LOOP, result) });
 
     let mark_ready = {
         let health = health.clone();

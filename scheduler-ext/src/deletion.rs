@@ -4,12 +4,11 @@
 //! with code 429, so the StatefulSet controller, the garbage collector and `kubectl drain` retry
 //! as they do for a PodDisruptionBudget; its message says what the pod waits for.
 //!
-//! The first refusal also marks the pod `PreparingDelete` (label; the time in an annotation,
-//! which starts the hook's timeout; and whether a deletion or an eviction was held, in another):
-//! the answer carries a [`Mark`], which the server hands to [`crate::marker::Marker`] to write.
-//! Requests are not authenticated, so a mark is written only for a pod this server watches with
-//! the UID the request names, and it only ever sets these three keys (docs/lifecycle.md,
-//! "Limits and things to know").
+//! Requests are not authenticated (anyone who can reach the server can send one), so the
+//! review is an answer and nothing else: it writes nothing to the API, and the server holds no
+//! permission to write pods. What starts a hook, marking the pod `PreparingDelete`, is the
+//! controller's, from state only authorised principals write (docs/lifecycle.md, "Who can
+//! cause what").
 //!
 //! A DELETE carries the pod (`oldObject`); an eviction only names it, so its pod comes from the
 //! cache of pods with hooks ([`Caches::pod`]): a pod not there has no hooks, and passes.
@@ -17,7 +16,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Admission, DeleteRequest, Held, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
+    self as lifecycle, Admission, DeleteRequest, Going, HELD_ANNOTATION, PodFacts, READINESS_GATE,
+    SINCE_ANNOTATION,
 };
 use ipkeep_placement::pin;
 use k8s_openapi::api::core::v1::Pod;
@@ -27,22 +27,6 @@ use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::pod;
 use crate::webhook::{ReviewOut, StatusOut, read_request};
-
-/// A pod to mark `PreparingDelete` since `since` (unix seconds).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mark {
-    /// The pod's namespace.
-    pub namespace: String,
-    /// The pod's name.
-    pub name: String,
-    /// Its UID: the mark is a precondition on it, so a pod re-created with the name is not
-    /// marked.
-    pub uid: String,
-    /// When its deletion was first held.
-    pub since: u64,
-    /// What was held: the controller completes a held deletion, never an eviction.
-    pub held: Held,
-}
 
 /// What came of one review.
 #[derive(Debug)]
@@ -54,8 +38,6 @@ pub struct Reviewed {
     pub outcome: &'static str,
     /// The pod's namespace and name, once known (for logs).
     pub pod: Option<(String, String)>,
-    /// The pod to mark.
-    pub mark: Option<Mark>,
 }
 
 #[derive(Deserialize, Default)]
@@ -87,7 +69,6 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
         review: ReviewOut::allow(request.uid.clone()),
         outcome: "passed",
         pod: None,
-        mark: None,
     };
     let core_pods = request.resource.group.is_empty() && request.resource.resource == "pods";
     let sub = request.sub_resource.as_deref().unwrap_or_default();
@@ -125,11 +106,10 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
     if !caches.ready() {
         return Err(RequestError::NotReady);
     }
-    let cached = caches.pod(&namespace, &name);
     let pod: Pod = match (eviction, request.old_object) {
         (false, Some(old)) => pod::read(old.get()).map_err(|e| malformed_pod(&e))?,
-        _ => match &cached {
-            Some(p) => Pod::clone(p),
+        _ => match caches.pod(&namespace, &name) {
+            Some(p) => Pod::clone(&p),
             None => return Ok(out),
         },
     };
@@ -162,12 +142,11 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
             .as_ref()
             .and_then(|s| s.readiness_gates.as_ref())
             .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE)),
-        held: None, // read by the controller only
+        held: annotation(&pod, HELD_ANNOTATION).map(Going::parse),
     };
     let delete = DeleteRequest {
         force: options.grace_period_seconds == Some(0),
         eviction,
-        dry_run: request.dry_run.unwrap_or(false),
     };
     let response = &mut out.review.response;
     match lifecycle::admit_delete(&hooks, &facts, delete, now, &name) {
@@ -183,10 +162,7 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
                 .audit_annotations
                 .insert("lifecycle".into(), escape.to_string());
         }
-        Admission::Deny {
-            message,
-            mark_since,
-        } => {
+        Admission::Deny { message } => {
             out.outcome = "held";
             response.allowed = false;
             response.status = Some(StatusOut {
@@ -194,22 +170,6 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
                 reason: "TooManyRequests",
                 message,
             });
-            // Only a pod this server watches, with the UID the request names.
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let known = cached.is_some_and(|c| c.metadata.uid.as_deref() == Some(uid.as_str()));
-            out.mark = mark_since
-                .filter(|_| known && !uid.is_empty())
-                .map(|since| Mark {
-                    namespace,
-                    name,
-                    uid,
-                    since,
-                    held: if eviction {
-                        Held::Eviction
-                    } else {
-                        Held::Deletion
-                    },
-                });
         }
     }
     Ok(out)

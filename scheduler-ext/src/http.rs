@@ -24,7 +24,6 @@ use tokio::sync::Semaphore;
 use crate::budget::{Budget, Charge, ChargedBody};
 use crate::cache::Caches;
 use crate::error::RequestError;
-use crate::marker::Marker;
 use crate::metrics::Metrics;
 use crate::{deletion, extender, webhook};
 
@@ -100,8 +99,6 @@ pub struct AppState {
     pub budget: Budget,
     /// Turns for decisions.
     decisions: Arc<Semaphore>,
-    /// Writes `PreparingDelete` marks (none: marks are dropped, as in tests).
-    marker: Option<Marker>,
 }
 
 impl AppState {
@@ -113,15 +110,6 @@ impl AppState {
             limits,
             budget: Budget::new(limits.in_flight, limits.in_flight_per_source),
             decisions: Arc::new(Semaphore::new(DECISIONS_AT_ONCE)),
-            marker: None,
-        }
-    }
-
-    /// The same state, writing marks with `marker`.
-    pub fn with_marker(self, marker: Marker) -> Self {
-        Self {
-            marker: Some(marker),
-            ..self
         }
     }
 }
@@ -366,9 +354,6 @@ async fn validate_pods(
                 warnings = ?answer.warnings,
                 "pod deletion reviewed"
             );
-        }
-        if let (Some(mark), Some(marker)) = (reviewed.mark, &state.marker) {
-            marker.send(mark);
         }
         reviewed.outcome
     };

@@ -8,8 +8,8 @@
 //!   (`ipkeep.dev/pin-skipped` and an admission warning; the controller publishes the
 //!   `PinSkipped` Event once the pod exists).
 //! - **Validating webhook** `/validate-pods` ([`deletion`]): holds the deletion and eviction of a
-//!   pod whose PreDelete lifecycle hook blocks, and marks it `PreparingDelete` ([`marker`]: the
-//!   server's only write).
+//!   pod that carries its PreDelete lifecycle hook. An answer only: the server writes nothing to
+//!   the API (it takes requests nobody authenticates, so it holds no write permission).
 //! - **Scheduler extender** `/filter`, `/prioritize` ([`extender`]): the same decision at
 //!   scheduling time, for pods the webhook did not see.
 //!
@@ -28,7 +28,6 @@ pub mod deletion;
 pub mod error;
 pub mod extender;
 pub mod http;
-pub mod marker;
 pub mod metrics;
 pub mod pod;
 pub mod tls;
@@ -95,14 +94,13 @@ pub async fn run(
         webhook = webhook.with_tls(tls);
     }
     let (caches, writers) = Caches::new();
-    let marker = marker::Marker::spawn(client.clone());
     tokio::spawn(cache::watch(client, writers));
     let ready = caches.clone();
     tokio::spawn(async move {
         ready.wait_until_ready().await;
         tracing::info!("PersistentPodState, node and pod caches synced; ready");
     });
-    let state = AppState::new(caches, metrics, settings.limits).with_marker(marker);
+    let state = AppState::new(caches, metrics, settings.limits);
     let shutdown = shutdown.shared();
     if let Some(addr) = settings.probe_listen {
         let listener = TcpListener::bind(addr)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Parser};
-use ipkeep_daemon::{LogArgs, shutdown_signal};
+use ipkeep_daemon::{LogArgs, STOP_GRACE, run_until_stopped, shutdown_signal};
 use ipkeep_listener::{Limits as ListenerLimits, Shares};
 use ipkeep_scheduler_ext::http::Limits;
 use ipkeep_scheduler_ext::tls::CertFiles;
@@ -124,5 +124,8 @@ async fn main() -> anyhow::Result<()> {
             body_timeout: args.body_timeout,
         },
     };
-    run(client, settings, shutdown_signal()).await
+    run_until_stopped(shutdown_signal(), STOP_GRACE, |stop| {
+        run(client, settings, stop.requested())
+    })
+    .await
 }

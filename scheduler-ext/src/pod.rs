@@ -16,7 +16,7 @@ use std::fmt;
 
 use ipkeep_api::annotations::{PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
-use ipkeep_placement::ipkeep_lifecycle::SINCE_ANNOTATION;
+use ipkeep_placement::ipkeep_lifecycle::{HELD_ANNOTATION, SINCE_ANNOTATION};
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, Pod, PodReadinessGate, PodSpec, PodStatus,
 };
@@ -26,13 +26,14 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 /// The annotations a decision reads or writes; all others are skipped.
-pub const KEPT_ANNOTATIONS: [&str; 6] = [
+pub const KEPT_ANNOTATIONS: [&str; 7] = [
     IP_RETENTION,
     KRUISE_RESERVED_IP,
     PERSISTENT_POD_STATE,
     PINNED_BY,
     PIN_SKIPPED,
     SINCE_ANNOTATION,
+    HELD_ANNOTATION,
 ];
 
 /// The most JSON `spec.nodeSelector` and `spec.affinity.nodeAffinity` may take together.

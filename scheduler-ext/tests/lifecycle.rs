@@ -6,8 +6,7 @@ mod support;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ipkeep_placement::ipkeep_lifecycle::Held;
-use ipkeep_scheduler_ext::deletion::{self, Mark};
+use ipkeep_scheduler_ext::deletion;
 use ipkeep_scheduler_ext::webhook;
 use serde_json::{Value, json};
 use support::{STS_UID, caches_with_pods, pps_json};
@@ -105,8 +104,10 @@ async fn a_new_pod_is_created_preparing_normal_with_the_gate() {
     );
 }
 
+/// The review is an answer and nothing else: `Reviewed` carries no write (the server has none
+/// to make), whatever the request says.
 #[tokio::test]
-async fn a_blocked_deletion_is_held_with_429_and_marks_the_pod_once() {
+async fn a_blocked_deletion_is_held_with_429_and_says_what_to_do() {
     let normal = pod("Normal", "n1", json!({}));
     let caches = caches_with_pods(&[pps_with_hooks()], 3, std::slice::from_ref(&normal)).await;
     let r =
@@ -117,52 +118,40 @@ async fn a_blocked_deletion_is_held_with_429_and_marks_the_pod_once() {
     assert_eq!(answer["response"]["status"]["code"], 429);
     assert_eq!(answer["response"]["status"]["reason"], "TooManyRequests");
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("deletion of pod db-1 waits for its preDelete hook"),
-        "{message}"
-    );
-    assert!(
-        message.contains("registry.example.com/registered=true"),
-        "{message}"
-    );
-    assert!(message.contains("in 300 s at the latest"), "{message}");
-    assert_eq!(
-        r.mark,
-        Some(Mark {
-            namespace: "prod".into(),
-            name: "db-1".into(),
-            uid: "pod-uid-1".into(),
-            since: NOW,
-            held: Held::Deletion,
-        })
-    );
+    for part in [
+        "deletion of pod db-1 waits for its preDelete hook",
+        "registry.example.com/registered=true",
+        "is not PreparingDelete yet",
+        "kubectl label pod db-1 ipkeep.dev/lifecycle-state=PreparingDelete --overwrite",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
+    }
 
-    // A pod this server does not watch (or with another UID) is refused but never marked:
-    // requests are not authenticated.
+    // A pod this server does not watch is answered the same (from the request's oldObject).
     let stranger = caches_with_pods(&[pps_with_hooks()], 3, &[]).await;
     let r =
         deletion::review_at(delete_review(&normal, json!({})).as_bytes(), &stranger, NOW).unwrap();
-    assert_eq!((r.outcome, r.mark), ("held", None));
-    let other_uid = pod("Normal", "n1", json!({"metadata": {"uid": "forged"}}));
-    let r = deletion::review_at(
-        delete_review(&other_uid, json!({})).as_bytes(),
-        &caches,
-        NOW,
-    )
-    .unwrap();
-    assert_eq!((r.outcome, r.mark), ("held", None));
+    assert_eq!(r.outcome, "held");
 
-    // Already PreparingDelete: held, the time left counts down, no new mark.
-    let preparing = pod("PreparingDelete", "n1", json!({}));
+    // PreparingDelete (marked by the controller): held, with why and the time left.
+    let preparing = pod(
+        "PreparingDelete",
+        "n1",
+        json!({"metadata": {"annotations": {"ipkeep.dev/lifecycle-held": "scale-down"}}}),
+    );
     let r = deletion::review_at(
         delete_review(&preparing, json!({})).as_bytes(),
         &caches,
         NOW,
     )
     .unwrap();
-    assert_eq!((r.outcome, r.mark.is_none()), ("held", true));
+    assert_eq!(r.outcome, "held");
     let message = r.review.response.status.unwrap().message;
     assert!(message.contains("in 290 s"), "{message}");
+    assert!(
+        message.contains("its StatefulSet scales it down"),
+        "{message}"
+    );
 
     // The operator deregistered it (label removed): it passes.
     let released = pod(
@@ -189,10 +178,6 @@ async fn an_eviction_is_held_by_its_pod_from_the_cache() {
         "{}",
         status.message
     );
-    assert_eq!(
-        r.mark.map(|m| (m.uid, m.held)),
-        Some(("pod-uid-1".into(), Held::Eviction))
-    );
     // A pod without hooks is not in the cache: its eviction passes untouched.
     let r = deletion::review_at(eviction_review("web-0", None).as_bytes(), &caches, NOW).unwrap();
     assert_eq!(r.outcome, "passed");
@@ -206,7 +191,6 @@ async fn every_escape_hatch_lets_a_blocked_pod_go() {
     let allowed = |body: String| {
         let r = deletion::review_at(body.as_bytes(), &caches, NOW).unwrap();
         assert!(r.review.response.allowed, "{:?}", r.review);
-        assert!(r.mark.is_none());
         (r.outcome, r.review.response.warnings.join(" "))
     };
     let (outcome, warning) = allowed(delete_review(&normal, json!({"gracePeriodSeconds": 0})));

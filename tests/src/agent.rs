@@ -201,6 +201,11 @@ impl Agent {
         let _ = self.child.wait();
     }
 
+    /// Whether the process has exited (without waiting).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
     /// SIGTERM, then waits for a graceful exit; returns whether it exited 0.
     pub fn terminate(&mut self) -> bool {
         let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);

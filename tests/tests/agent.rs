@@ -163,3 +163,63 @@ fn agent_sigkilled_mid_requests_loses_nothing_and_plugins_fall_back() {
         l.deleted.len()
     );
 }
+
+/// SIGTERM while a request waits in the agent for a network lock another process holds (a
+/// plugin that fell back, say) for longer than the pod's grace: the agent exits within its
+/// documented grace (`ipkeep_daemon::STOP_GRACE`, 20 s) anyway, instead of finishing the
+/// request first (it once waited for the request's whole budget, here 60 s).
+#[test]
+fn sigterm_ends_the_agent_within_its_grace_whatever_its_requests_wait_for() {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut agent = Agent::start(data.path(), AgentOptions::default());
+    let network = data.path().join("stuck");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&network)
+        .expect("network directory");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(network.join("lock"))
+        .expect("lock file");
+    let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .expect("hold the network's lock");
+    let config = with_agent_socket(
+        &format!(
+            r#"{{"cniVersion":"1.0.0","name":"stuck","ipam":{{"type":"ipkeep","dataDir":"{}","lockTimeout":"60s","ranges":[[{{"subnet":"10.61.0.0/24"}}]]}}}}"#,
+            data.path().display()
+        ),
+        agent.socket(),
+    );
+    let mut waiting = Invocation::new("ADD", "c-stuck").spawn(&ipkeep_bin(), &config);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        waiting.try_wait().expect("plugin").is_none(),
+        "the ADD waits for the lock"
+    );
+    let started = std::time::Instant::now();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let exited = (0..250).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        agent.exited()
+    });
+    assert!(
+        exited,
+        "the agent still runs {:?} after SIGTERM",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < ipkeep_daemon::STOP_GRACE + Duration::from_secs(3),
+        "stopped after {:?}",
+        started.elapsed()
+    );
+    drop(held);
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+}

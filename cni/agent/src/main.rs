@@ -11,7 +11,7 @@ use ipkeep_agent::release::Grace;
 use ipkeep_agent::{Settings, run};
 use ipkeep_cni::netconf::DEFAULT_DATA_DIR;
 use ipkeep_cni::proto::DEFAULT_SOCKET;
-use ipkeep_daemon::{LogArgs, shutdown_signal};
+use ipkeep_daemon::{LogArgs, STOP_GRACE, run_until_stopped, shutdown_signal};
 use nix::sys::stat::{Mode, umask};
 
 /// The ipkeep node agent: owns this node's ipkeep stores and serves the `ipkeep` CNI plugin
@@ -136,5 +136,8 @@ async fn main() -> anyhow::Result<()> {
             .map(|(template, out)| ipkeep_agent::cniconf::CniConf { template, out }),
     };
     let exit_on_stdin_close = args.exit_on_stdin_close;
-    run(client, settings, shutdown(exit_on_stdin_close)).await
+    run_until_stopped(shutdown(exit_on_stdin_close), STOP_GRACE, |stop| {
+        run(client, settings, stop.requested())
+    })
+    .await
 }

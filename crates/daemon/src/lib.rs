@@ -1,6 +1,6 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log, name themselves and stop the same way: [`LogArgs`], [`identity`] and
-//! [`shutdown_signal`].
+//! so they log, name themselves and stop the same way: [`LogArgs`], [`identity`],
+//! [`shutdown_signal`] and [`run_until_stopped`].
 
 use tracing_subscriber::EnvFilter;
 
@@ -98,4 +98,94 @@ pub async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutdown requested");
+}
+
+/// How long a daemon may take to stop after SIGTERM before it exits anyway: within the 30 s
+/// Kubernetes gives a pod (`terminationGracePeriodSeconds`), with room for a `preStop` delay.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A stop request that any number of tasks can wait for ([`Stop::requested`]).
+#[derive(Debug, Clone)]
+pub struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    /// Resolves once the stop was requested (or the requester is gone).
+    pub async fn requested(self) {
+        let mut rx = self.0;
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Runs a daemon: `work` gets a [`Stop`] that resolves when `signal` does (SIGTERM, say), and
+/// from then on has at most `grace` to end. Never returns: the process exits with 0 after a
+/// clean end, and with 1 after an error (logged) or when the grace ran out, so that nothing
+/// left running (a request waiting for a lock, a watch, a loop that does not stop) holds the
+/// process past its grace.
+pub async fn run_until_stopped<W, E>(
+    signal: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: std::time::Duration,
+    work: impl FnOnce(Stop) -> W,
+) -> !
+where
+    W: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let stop = Stop(rx);
+    tokio::spawn(async move {
+        signal.await;
+        let _ = tx.send(true);
+    });
+    let deadline = {
+        let stop = stop.clone();
+        async move {
+            stop.requested().await;
+            tokio::time::sleep(grace).await;
+        }
+    };
+    let code = tokio::select! {
+        result = work(stop) => match result {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(error = %e, "stopped with an error");
+                1
+            }
+        },
+        () = deadline => {
+            tracing::error!(grace = ?grace, "still stopping {grace:?} after the stop was requested; exiting anyway");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+#[cfg(test)]
+mod stop_tests {
+    /// A daemon whose work ignores the stop still exits once the grace has passed: checked in a
+    /// child process, since `run_until_stopped` ends the process.
+    #[test]
+    fn work_that_ignores_the_stop_is_cut_at_the_grace() {
+        if std::env::var_os("IPKEEP_DAEMON_STOP_CHILD").is_some() {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            rt.block_on(super::run_until_stopped(
+                async {},
+                std::time::Duration::from_millis(200),
+                |_stop| async {
+                    std::future::pending::<()>().await;
+                    Ok::<(), String>(())
+                },
+            ));
+        }
+        let started = std::time::Instant::now();
+        let status = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "stop_tests::work_that_ignores_the_stop_is_cut_at_the_grace",
+            ])
+            .env("IPKEEP_DAEMON_STOP_CHILD", "1")
+            .status()
+            .expect("run the child");
+        assert_eq!(status.code(), Some(1), "cut at the grace: exit 1");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
 }

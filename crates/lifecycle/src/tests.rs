@@ -90,12 +90,23 @@ fn every_transition_of_the_controller() {
     let both = lifecycle(true, Some(true));
     let no_drain = lifecycle(true, Some(false));
     let delete_only = lifecycle(false, Some(false));
-    for (name, lc, state, extra, want_state, want_ready) in [
+    let staying = Fate::Staying;
+    for (name, lc, state, extra, fate, want_state, want_ready) in [
         (
             "unlabelled pod fails open",
             &both,
             None,
             vec![],
+            staying,
+            None,
+            Some(true),
+        ),
+        (
+            "unlabelled pod is never held, whatever wants it gone",
+            &both,
+            None,
+            vec![BLOCK_DELETE],
+            Fate::Going(Going::ScaleDown),
             None,
             Some(true),
         ),
@@ -104,6 +115,7 @@ fn every_transition_of_the_controller() {
             &both,
             Some(PreparingNormal),
             vec![],
+            staying,
             Some(PreparingNormal),
             Some(false),
         ),
@@ -111,7 +123,8 @@ fn every_transition_of_the_controller() {
             "PreparingNormal, the operator said yes: Normal and Ready",
             &both,
             Some(PreparingNormal),
-            vec![("example.com/registered", "true")],
+            vec![REGISTERED],
+            staying,
             Some(Normal),
             Some(true),
         ),
@@ -120,6 +133,7 @@ fn every_transition_of_the_controller() {
             &both,
             Some(PreparingNormal),
             vec![("example.com/registered", "false")],
+            staying,
             Some(PreparingNormal),
             Some(false),
         ),
@@ -128,6 +142,7 @@ fn every_transition_of_the_controller() {
             &delete_only,
             Some(PreparingNormal),
             vec![],
+            staying,
             Some(Normal),
             Some(true),
         ),
@@ -136,31 +151,98 @@ fn every_transition_of_the_controller() {
             &both,
             Some(Normal),
             vec![BLOCK_DELETE],
+            staying,
             Some(Normal),
             Some(true),
         ),
         (
-            "PreparingDelete with markPodNotReady: not Ready, traffic drains",
+            "Normal, registered, its StatefulSet scales it down: held, not Ready",
             &both,
-            Some(PreparingDelete),
+            Some(Normal),
             vec![BLOCK_DELETE],
+            Fate::Going(Going::ScaleDown),
             Some(PreparingDelete),
             Some(false),
         ),
         (
-            "PreparingDelete without markPodNotReady: stays Ready",
+            "Normal, registered, its node cordoned, without markPodNotReady: held, Ready",
             &no_drain,
-            Some(PreparingDelete),
+            Some(Normal),
             vec![BLOCK_DELETE],
+            Fate::Going(Going::Drain),
             Some(PreparingDelete),
+            Some(true),
+        ),
+        (
+            "Normal, deregistered already: nothing to hold",
+            &both,
+            Some(Normal),
+            vec![],
+            Fate::Going(Going::Update),
+            Some(Normal),
+            Some(true),
+        ),
+        (
+            "Normal, fate unknown: no hold starts",
+            &both,
+            Some(Normal),
+            vec![BLOCK_DELETE],
+            Fate::Unknown,
+            Some(Normal),
             Some(true),
         ),
     ] {
         let l = labels(state, &extra);
-        let got = reconcile(lc, &facts(&l), NOW);
+        let got = reconcile(lc, &facts(&l), fate, NOW);
         assert_eq!(got.state, want_state, "{name}");
         assert_eq!(got.ready, want_ready, "{name}");
+        assert!(!got.delete, "{name}");
     }
+}
+
+#[test]
+fn a_hold_records_why_and_since_when() {
+    let lc = lifecycle(true, Some(true));
+    let l = labels(Some(State::Normal), &[BLOCK_DELETE]);
+    let got = reconcile(&lc, &facts(&l), Fate::Going(Going::Drain), NOW);
+    assert_eq!(
+        got,
+        Wanted {
+            state: Some(State::PreparingDelete),
+            since: Some(NOW),
+            held: Some(Going::Drain),
+            ready: Some(false),
+            recheck_at: None,
+            delete: false,
+        }
+    );
+    // Held already: the reason follows the cluster, the time it started stays.
+    let held = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let pod = PodFacts {
+        since: Some(NOW - 30),
+        held: Some(Going::Drain),
+        ..facts(&held)
+    };
+    let got = reconcile(&lc, &pod, Fate::Going(Going::ScaleDown), NOW);
+    assert_eq!(
+        (got.state, got.since, got.held, got.delete),
+        (
+            Some(State::PreparingDelete),
+            Some(NOW - 30),
+            Some(Going::ScaleDown),
+            false
+        )
+    );
+    assert_eq!(
+        got.recheck_at,
+        Some(NOW - 30 + DEFAULT_PRE_DELETE_TIMEOUT_SECS)
+    );
+    // A state that stays keeps its time; one that changes starts it now.
+    let normal = PodFacts {
+        since: Some(7),
+        ..facts(&l)
+    };
+    assert_eq!(reconcile(&lc, &normal, Fate::Staying, NOW).since, Some(7));
 }
 
 #[test]
@@ -169,13 +251,17 @@ fn the_gate_follows_the_pod_not_the_configuration() {
     let none = Lifecycle::default();
     // The hooks (or the whole PersistentPodState) were removed after the pod was created with
     // the gate: it is still set, or the pod would never be Ready.
-    for state in [PreparingNormal, Normal] {
-        let l = labels(Some(state), &[]);
-        let got = reconcile(&none, &facts(&l), NOW);
+    for state in [PreparingNormal, Normal, PreparingDelete] {
+        let l = labels(Some(state), &[BLOCK_DELETE]);
+        let pod = PodFacts {
+            held: Some(Going::ScaleDown),
+            ..facts(&l)
+        };
+        let got = reconcile(&none, &pod, Fate::Going(Going::ScaleDown), NOW);
         assert_eq!(
-            (got.state, got.ready),
-            (Some(Normal), Some(true)),
-            "{state}"
+            (got.state, got.ready, got.delete),
+            (Some(Normal), Some(true), false),
+            "{state}: no preDelete hook, nothing held, nothing deleted"
         );
     }
     // A pod without the gate (created before the hooks, or while the webhook was down): no
@@ -187,102 +273,191 @@ fn the_gate_follows_the_pod_not_the_configuration() {
         ..facts(&l)
     };
     assert_eq!(
-        reconcile(&lifecycle(true, Some(true)), &ungated, NOW).ready,
+        reconcile(&lifecycle(true, Some(true)), &ungated, Fate::Staying, NOW).ready,
         None
     );
 }
 
 #[test]
-fn a_held_eviction_nobody_retries_leaves_preparing_delete() {
-    let lc = lifecycle(false, Some(true));
-    let l = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
-    let limit = DEFAULT_PRE_DELETE_TIMEOUT_SECS + ABANDONED_AFTER_SECS;
-    let pod = |since: u64, terminating: bool| PodFacts {
-        since: Some(since),
-        terminating,
-        held: Some(Held::Eviction),
-        ..facts(&l)
-    };
-    let held = reconcile(&lc, &pod(NOW - 10, false), NOW);
-    assert_eq!(
-        held,
-        Wanted {
-            state: Some(State::PreparingDelete),
-            ready: Some(false),
-            recheck_at: Some(NOW - 10 + limit),
-            delete: false,
-        }
-    );
-    // Past the timeout every eviction passes; still here ABANDONED_AFTER_SECS later, nobody is
-    // evicting it (a drain cancelled): back to Normal and Ready.
-    let back = reconcile(&lc, &pod(NOW - limit, false), NOW);
-    assert_eq!(
-        (back.state, back.ready, back.recheck_at, back.delete),
-        (Some(State::Normal), Some(true), None, false)
-    );
-    // One that is terminating stays as it is until it is gone.
-    let going = reconcile(&lc, &pod(NOW - limit, true), NOW);
-    assert_eq!(
-        (going.state, going.ready, going.delete),
-        (Some(State::PreparingDelete), Some(false), false)
-    );
-    // A mark without what was held (written by hand) is treated as an eviction.
-    let unknown = PodFacts {
-        held: None,
-        ..pod(NOW - 10, false)
-    };
-    assert_eq!(reconcile(&lc, &unknown, NOW), held);
-}
-
-#[test]
-fn a_held_deletion_is_completed_once_the_hook_lets_go() {
+fn ipkeep_deletes_only_what_the_statefulset_controller_wants_gone() {
     let lc = lifecycle(false, Some(true));
     let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let released = labels(Some(State::PreparingDelete), &[]);
-    let pod = |labels, since: u64| PodFacts {
+    let pod = |labels, since: u64, why: Going| PodFacts {
         since: Some(since),
-        held: Some(Held::Deletion),
+        held: Some(why),
         ..facts(labels)
     };
-    // Still blocked: held, not Ready, looked at again when the hook times out.
-    let waiting = reconcile(&lc, &pod(&blocked, NOW - 10), NOW);
-    assert_eq!(
-        waiting,
-        Wanted {
-            state: Some(State::PreparingDelete),
-            ready: Some(false),
-            recheck_at: Some(NOW - 10 + DEFAULT_PRE_DELETE_TIMEOUT_SECS),
-            delete: false,
-        }
-    );
-    // The operator removed the label, or the hook timed out, or the hook was removed from the
-    // spec: ipkeep deletes the pod (its deleter may never retry).
-    for (name, lc, pod) in [
-        ("released", &lc, pod(&released, NOW - 10)),
+    let timed_out = NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS;
+    for (name, facts, fate, delete) in [
         (
-            "timed out",
-            &lc,
-            pod(&blocked, NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+            "scale-down, released",
+            pod(&released, NOW - 10, Going::ScaleDown),
+            Fate::Going(Going::ScaleDown),
+            true,
         ),
         (
-            "hook removed",
-            &lifecycle(false, None),
-            pod(&blocked, NOW - 10),
+            "update, released",
+            pod(&released, NOW - 10, Going::Update),
+            Fate::Going(Going::Update),
+            true,
+        ),
+        (
+            "update, timed out",
+            pod(&blocked, timed_out, Going::Update),
+            Fate::Going(Going::Update),
+            true,
+        ),
+        (
+            "update, still registered",
+            pod(&blocked, NOW - 10, Going::Update),
+            Fate::Going(Going::Update),
+            false,
+        ),
+        (
+            "drain, released: the drain evicts it",
+            pod(&released, NOW - 10, Going::Drain),
+            Fate::Going(Going::Drain),
+            false,
+        ),
+        (
+            "drain, timed out",
+            pod(&blocked, timed_out, Going::Drain),
+            Fate::Going(Going::Drain),
+            false,
+        ),
+        (
+            "owner deleted: the garbage collector deletes it",
+            pod(&released, NOW - 10, Going::OwnerDeleted),
+            Fate::Going(Going::OwnerDeleted),
+            false,
+        ),
+        (
+            "a request: its requester deletes it",
+            pod(&released, NOW - 10, Going::Requested),
+            Fate::Staying,
+            false,
+        ),
+        (
+            "marked scale-down by someone else, but nothing wants it gone",
+            pod(&released, NOW - 10, Going::ScaleDown),
+            Fate::Staying,
+            false,
+        ),
+        (
+            "the first release's `deletion` mark, nothing wants it gone",
+            pod(&released, NOW - 10, Going::parse("deletion")),
+            Fate::Staying,
+            false,
+        ),
+        (
+            "fate unknown",
+            pod(&released, NOW - 10, Going::Update),
+            Fate::Unknown,
+            false,
         ),
     ] {
-        let got = reconcile(lc, &pod, NOW);
-        assert!(got.delete, "{name}");
-        assert_eq!(got.state, Some(State::PreparingDelete), "{name}");
+        assert_eq!(reconcile(&lc, &facts, fate, NOW).delete, delete, "{name}");
     }
     // Not once it is terminating.
     let going = PodFacts {
         terminating: true,
-        ..pod(&released, NOW - 10)
+        ..pod(&released, NOW - 10, Going::ScaleDown)
     };
-    assert!(!reconcile(&lc, &going, NOW).delete);
-    assert_eq!(Held::parse(Held::Deletion.as_str()), Some(Held::Deletion));
-    assert_eq!(Held::parse(Held::Eviction.as_str()), Some(Held::Eviction));
-    assert_eq!(Held::parse("drain"), None);
+    let got = reconcile(&lc, &going, Fate::Going(Going::ScaleDown), NOW);
+    assert_eq!(
+        (got.state, got.delete),
+        (Some(State::PreparingDelete), false)
+    );
+}
+
+#[test]
+fn a_hold_whose_reason_went_away_lets_go() {
+    use State::*;
+    let both = lifecycle(true, Some(true));
+    let deregistered = labels(Some(PreparingDelete), &[]);
+    let registered = labels(Some(PreparingDelete), &[BLOCK_DELETE]);
+    let pod = |labels, why: Going| PodFacts {
+        since: Some(NOW - 10),
+        held: Some(why),
+        ..facts(labels)
+    };
+    // Scaled back up, the node uncordoned, the update rolled back: at once. A pod the operator
+    // deregistered meanwhile goes through PreNormal again, so it is registered again.
+    for why in [
+        Going::ScaleDown,
+        Going::Update,
+        Going::Drain,
+        Going::OwnerDeleted,
+    ] {
+        let got = reconcile(&both, &pod(&deregistered, why), Fate::Staying, NOW);
+        assert_eq!(
+            (got.state, got.ready, got.held, got.since),
+            (Some(PreparingNormal), Some(false), None, Some(NOW)),
+            "{why}"
+        );
+        let got = reconcile(&both, &pod(&registered, why), Fate::Staying, NOW);
+        assert_eq!((got.state, got.ready), (Some(Normal), Some(true)), "{why}");
+    }
+    // The fate is unknown for a moment (the StatefulSet's status lags its spec): the hold stays
+    // as it is, and the pod is looked at again soon.
+    let got = reconcile(&both, &pod(&registered, Going::Update), Fate::Unknown, NOW);
+    assert_eq!(
+        got,
+        Wanted {
+            state: Some(PreparingDelete),
+            since: Some(NOW - 10),
+            held: Some(Going::Update),
+            ready: Some(false),
+            recheck_at: Some(NOW + reconcile::UNKNOWN_RECHECK_SECS),
+            delete: false,
+        }
+    );
+}
+
+#[test]
+fn a_requested_deletion_nobody_completes_leaves_preparing_delete() {
+    let lc = lifecycle(false, Some(true));
+    let l = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
+    let limit = DEFAULT_PRE_DELETE_TIMEOUT_SECS + ABANDONED_AFTER_SECS;
+    let pod = |since: Option<u64>, terminating: bool| PodFacts {
+        since,
+        terminating,
+        held: None,
+        ..facts(&l)
+    };
+    // Labelled by hand (no time, no reason): a request, held from now.
+    let held = reconcile(&lc, &pod(None, false), Fate::Staying, NOW);
+    assert_eq!(
+        held,
+        Wanted {
+            state: Some(State::PreparingDelete),
+            since: Some(NOW),
+            held: Some(Going::Requested),
+            ready: Some(false),
+            recheck_at: Some(NOW + limit),
+            delete: false,
+        }
+    );
+    // Past the timeout every deletion passes; still here ABANDONED_AFTER_SECS later, nobody is
+    // deleting it: back to Normal and Ready.
+    let back = reconcile(&lc, &pod(Some(NOW - limit), false), Fate::Staying, NOW);
+    assert_eq!(
+        (
+            back.state,
+            back.ready,
+            back.recheck_at,
+            back.delete,
+            back.held
+        ),
+        (Some(State::Normal), Some(true), None, false, None)
+    );
+    // One that is terminating stays as it is until it is gone.
+    let going = reconcile(&lc, &pod(Some(NOW - limit), true), Fate::Staying, NOW);
+    assert_eq!(
+        (going.state, going.ready, going.delete),
+        (Some(State::PreparingDelete), Some(false), false)
+    );
 }
 
 #[test]
@@ -291,63 +466,44 @@ fn deletions_are_held_only_while_the_pod_carries_the_hook() {
     let delete = DeleteRequest {
         force: false,
         eviction: false,
-        dry_run: false,
     };
-    let blocked = labels(Some(State::Normal), &[BLOCK_DELETE]);
-    match admit_delete(&lc, &facts(&blocked), delete, NOW, "db-2") {
-        Admission::Deny {
-            message,
-            mark_since,
-        } => {
-            assert!(message.contains("deletion of pod db-2"), "{message}");
-            assert!(message.contains("example.com/registered=true"), "{message}");
-            assert!(message.contains("in 600 s at the latest"), "{message}");
-            assert!(message.contains("--force --grace-period=0"), "{message}");
-            assert_eq!(mark_since, Some(NOW), "marked PreparingDelete now");
-        }
+    let deny = |pod: &PodFacts<'_>, request| match admit_delete(&lc, pod, request, NOW, "db-2") {
+        Admission::Deny { message } => message,
         other => panic!("{other:?}"),
+    };
+    // Not PreparingDelete yet: refused, saying what starts the hook and how to ask for it.
+    let blocked = labels(Some(State::Normal), &[BLOCK_DELETE]);
+    let message = deny(&facts(&blocked), delete);
+    for part in [
+        "deletion of pod db-2 waits for its preDelete hook",
+        "example.com/registered=true",
+        "is not PreparingDelete yet",
+        "its node is cordoned",
+        "kubectl label pod db-2 ipkeep.dev/lifecycle-state=PreparingDelete --overwrite",
+        "--force --grace-period=0",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
     }
-    // Already PreparingDelete: refused again, not marked again, the time left counts down.
+    // PreparingDelete: refused with why and the time left, counting down.
     let preparing = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
-    let mut pod = facts(&preparing);
-    pod.since = Some(NOW - 100);
-    match admit_delete(
-        &lc,
+    let pod = PodFacts {
+        since: Some(NOW - 100),
+        held: Some(Going::Drain),
+        ..facts(&preparing)
+    };
+    let message = deny(
         &pod,
         DeleteRequest {
             eviction: true,
             ..delete
         },
-        NOW,
-        "db-2",
-    ) {
-        Admission::Deny {
-            message,
-            mark_since,
-        } => {
-            assert!(message.contains("eviction of pod db-2"), "{message}");
-            assert!(message.contains("in 500 s"), "{message}");
-            assert_eq!(mark_since, None);
-        }
-        other => panic!("{other:?}"),
-    }
-    // A dry run decides the same and marks nothing.
-    assert!(matches!(
-        admit_delete(
-            &lc,
-            &facts(&blocked),
-            DeleteRequest {
-                dry_run: true,
-                ..delete
-            },
-            NOW,
-            "db-2"
-        ),
-        Admission::Deny {
-            mark_since: None,
-            ..
-        }
-    ));
+    );
+    assert!(
+        message.contains("eviction of pod db-2 waits for its preDelete hook"),
+        "{message}"
+    );
+    assert!(message.contains("its node is cordoned"), "{message}");
+    assert!(message.contains("in 500 s at the latest"), "{message}");
     // The operator removed the label: it passes.
     let released = labels(Some(State::PreparingDelete), &[]);
     assert_eq!(
@@ -362,7 +518,6 @@ fn every_escape_hatch() {
     let delete = DeleteRequest {
         force: false,
         eviction: false,
-        dry_run: false,
     };
     let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let base = PodFacts {
@@ -430,10 +585,7 @@ fn every_escape_hatch() {
     };
     assert!(matches!(
         admit_delete(&lc, &old, delete, NOW, "db-0"),
-        Admission::Deny {
-            mark_since: Some(NOW),
-            ..
-        }
+        Admission::Deny { .. }
     ));
 }
 

@@ -5,9 +5,14 @@
 use std::collections::BTreeMap;
 
 use ipkeep_api::LifecycleSpec;
+use ipkeep_api::ipkeep_values::ordinal;
+use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodSpec, PodStatus};
+use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use ipkeep_lifecycle::going::{MaxUnavailable, Member, Rolling, SetFacts, resolve_max_unavailable};
 use ipkeep_lifecycle::{
-    HELD_ANNOTATION, Hook, Lifecycle, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, at_create,
+    HELD_ANNOTATION, Hook, Lifecycle, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, State,
+    at_create,
 };
 
 use crate::keys::{check_label_key, check_label_value};
@@ -120,6 +125,78 @@ pub fn trim_pod(pod: &mut Pod) {
         ..PodStatus::default()
     });
 }
+
+/// What the StatefulSet controller acts on, read from a StatefulSet as the API server has it;
+/// `None` while its status has not caught up with its spec (`status.observedGeneration` below
+/// `metadata.generation`): which revision it rolls to is not known yet.
+pub fn set_facts(sts: &StatefulSet) -> Option<SetFacts> {
+    let spec = sts.spec.as_ref()?;
+    let status = sts.status.as_ref()?;
+    if status.observed_generation.unwrap_or(0) < sts.metadata.generation.unwrap_or(0) {
+        return None;
+    }
+    let count = |n: Option<i32>, default: u32| n.map_or(default, |n| u32::try_from(n).unwrap_or(0));
+    let replicas = count(spec.replicas, 1);
+    let strategy = spec.update_strategy.as_ref();
+    let on_delete = strategy.and_then(|s| s.type_.as_deref()) == Some("OnDelete");
+    let rolling_update = strategy.and_then(|s| s.rolling_update.as_ref());
+    let rolling = status
+        .update_revision
+        .as_ref()
+        .filter(|r| !r.is_empty() && !on_delete)
+        .map(|revision| Rolling {
+            update_revision: revision.clone(),
+            partition: count(rolling_update.and_then(|r| r.partition), 0),
+            max_unavailable: resolve_max_unavailable(
+                rolling_update
+                    .and_then(|r| r.max_unavailable.as_ref())
+                    .and_then(max_unavailable)
+                    .as_ref(),
+                replicas,
+            ),
+        });
+    Some(SetFacts {
+        replicas,
+        ordinals_start: count(spec.ordinals.as_ref().and_then(|o| o.start), 0),
+        parallel: spec.pod_management_policy.as_deref() == Some("Parallel"),
+        rolling,
+    })
+}
+
+/// `maxUnavailable` as written: a number, or `N%` (the API server refuses anything else).
+fn max_unavailable(value: &IntOrString) -> Option<MaxUnavailable> {
+    match value {
+        IntOrString::Int(n) => u32::try_from(*n).ok().map(MaxUnavailable::Count),
+        IntOrString::String(s) => s
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse().ok())
+            .map(MaxUnavailable::Percent),
+    }
+}
+
+/// One pod of StatefulSet `statefulset` as [`ipkeep_lifecycle::going`] reads it; `None` for a
+/// pod whose name carries no ordinal of it.
+pub fn member(
+    name: &str,
+    statefulset: &str,
+    labels: Option<&BTreeMap<String, String>>,
+    terminating: bool,
+    ready: bool,
+) -> Option<Member> {
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    Some(Member {
+        ordinal: ordinal::of_pod(name, statefulset, label(POD_INDEX_LABEL))?,
+        revision: label(REVISION_LABEL).map(str::to_string),
+        terminating,
+        ready,
+        held: label(STATE_LABEL) == Some(State::PreparingDelete.as_str()),
+    })
+}
+
+/// The StatefulSet controller's revision label of a pod.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+/// A pod's ordinal, as the StatefulSet controller labels it (Kubernetes 1.28 and later).
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// The fields `spec.lifecycle` has, by level (a misspelt field in an annotation is refused
 /// rather than silently dropped, as the API server would).
@@ -262,6 +339,92 @@ mod tests {
         ] {
             let err = parse_annotation(text).unwrap_err();
             assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+    #[test]
+    fn a_statefulset_reads_as_its_controller_reads_it() {
+        let sts = |extra: serde_json::Value| -> StatefulSet {
+            let mut v = serde_json::json!({
+                "metadata": {"name": "db", "generation": 3},
+                "spec": {"replicas": 4, "selector": {}, "serviceName": "db", "template": {}},
+                "status": {"replicas": 4, "observedGeneration": 3, "updateRevision": "db-2"}
+            });
+            json_merge(&mut v, extra);
+            serde_json::from_value(v).unwrap()
+        };
+        let facts = set_facts(&sts(serde_json::json!({}))).unwrap();
+        assert_eq!(
+            facts,
+            SetFacts {
+                replicas: 4,
+                ordinals_start: 0,
+                parallel: false,
+                rolling: Some(Rolling {
+                    update_revision: "db-2".into(),
+                    partition: 0,
+                    max_unavailable: 1
+                }),
+            }
+        );
+        let custom = set_facts(&sts(serde_json::json!({"spec": {
+            "podManagementPolicy": "Parallel", "ordinals": {"start": 5},
+            "updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": {"partition": 2, "maxUnavailable": "50%"}}}})))
+        .unwrap();
+        assert!(custom.parallel);
+        assert_eq!(custom.ordinals_start, 5);
+        let rolling = custom.rolling.unwrap();
+        assert_eq!((rolling.partition, rolling.max_unavailable), (2, 2));
+        let on_delete = set_facts(&sts(
+            serde_json::json!({"spec": {"updateStrategy": {"type": "OnDelete"}}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            on_delete.rolling, None,
+            "OnDelete: the controller replaces nothing"
+        );
+        // The status has not seen the newest spec: which revision it rolls to is not known.
+        assert_eq!(
+            set_facts(&sts(serde_json::json!({"metadata": {"generation": 4}}))),
+            None
+        );
+        assert_eq!(set_facts(&sts(serde_json::json!({"status": null}))), None);
+    }
+
+    #[test]
+    fn a_member_is_read_from_its_name_labels_and_state() {
+        let labels: BTreeMap<String, String> = [
+            (REVISION_LABEL.to_string(), "db-1".to_string()),
+            (STATE_LABEL.to_string(), "PreparingDelete".to_string()),
+        ]
+        .into();
+        let m = member("db-3", "db", Some(&labels), false, true).unwrap();
+        assert_eq!(
+            (m.ordinal, m.revision.as_deref(), m.held, m.ready),
+            (3, Some("db-1"), true, true)
+        );
+        assert!(member("db-x", "db", None, false, true).is_none());
+        assert!(member("web-3", "db", None, false, true).is_none());
+        let relabelled: BTreeMap<String, String> =
+            [(POD_INDEX_LABEL.to_string(), "4".to_string())].into();
+        assert!(
+            member("db-3", "db", Some(&relabelled), false, true).is_none(),
+            "name and index label disagree"
+        );
+    }
+
+    fn json_merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    if v.is_null() {
+                        a.remove(&k);
+                    } else {
+                        json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                    }
+                }
+            }
+            (slot, v) => *slot = v,
         }
     }
 }

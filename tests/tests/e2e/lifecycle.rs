@@ -3,8 +3,9 @@
 //! playing the service registry. A new pod is not Ready until registered (and, OrderedReady,
 //! holds back the next ordinal); a scale-down waits for the deregistration, with the pod not
 //! Ready first; a rebuilt pod keeps its IP and goes through PreNormal again; a rolling update
-//! passes both hooks for every pod; an eviction is refused with 429 until the operator is done;
-//! a force deletion and a stopped webhook block nothing.
+//! passes both hooks for every pod; a drain's evictions are refused with 429 until the operator
+//! is done; a person's deletion waits until they ask through the pod's label; a force deletion
+//! and a stopped webhook block nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -105,22 +106,6 @@ impl Hooks {
             ok.then_some(pods)
         })
     }
-
-    fn evict(&self, pod: &str) -> std::process::Output {
-        let eviction = format!(
-            r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"{NS}"}}}}"#
-        );
-        self.kubectl.try_run(
-            &[
-                "create",
-                "--raw",
-                &format!("/api/v1/namespaces/{NS}/pods/{pod}/eviction"),
-                "-f",
-                "-",
-            ],
-            Some(&eviction),
-        )
-    }
 }
 
 fn name(pod: &Value) -> &str {
@@ -182,8 +167,9 @@ pub fn on_real_nodes(state: &Path) {
     scale_down_waits_for_deregistration(&hooks, &first);
     let rebuilt = a_rebuilt_pod_keeps_its_ip_and_registers_again(&hooks, &first);
     a_rolling_update_passes_both_hooks(&hooks, &rebuilt);
+    a_persons_deletion_waits_until_asked_through_the_label(&hooks);
     drop(operator);
-    an_eviction_waits_for_the_operator(&hooks);
+    a_drain_waits_for_the_operator(&hooks);
     nothing_blocks_a_force_deletion_or_a_stopped_webhook(&hooks);
     eprintln!("lifecycle steps took {:?}", started.elapsed());
     // Nothing held: the registered labels off, then the namespace.
@@ -350,35 +336,120 @@ fn a_rolling_update_passes_both_hooks(hooks: &Hooks, before: &[Value]) {
     }
 }
 
-/// With the operator stopped, an eviction of a registered pod is refused with 429 and the
-/// pod is marked PreparingDelete and taken out of its Services; with the operator back, a
-/// retry (as `kubectl drain` retries) passes once the pod is deregistered.
-fn an_eviction_waits_for_the_operator(hooks: &Hooks) {
-    let out = hooks.evict("broker-0");
+/// `kubectl delete pod` of a registered pod is refused and starts nothing (the webhook cannot
+/// tell who asks, so it changes nothing); labelled `PreparingDelete` by the person, the pod is
+/// held (`request`), the operator deregisters it, and the person's retry passes. ipkeep never
+/// deletes it itself.
+fn a_persons_deletion_waits_until_asked_through_the_label(hooks: &Hooks) {
+    let pod = hooks.pod("broker-1").unwrap();
+    let delete = ["delete", "pod", "broker-1", "-n", NS, "--wait=false"];
+    let out = hooks.kubectl.try_run(&delete, None);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the eviction passed");
+    assert!(!out.status.success(), "the deletion passed");
+    assert!(err.contains("is not PreparingDelete yet"), "{err}");
     assert!(
-        err.contains("429") || err.contains("TooManyRequests") || err.contains("Too Many Requests"),
+        err.contains("kubectl label pod broker-1 ipkeep.dev/lifecycle-state=PreparingDelete"),
         "{err}"
     );
-    assert!(err.contains("waits for its preDelete hook"), "{err}");
+    std::thread::sleep(Duration::from_secs(3));
+    let still = hooks.pod("broker-1").unwrap();
+    assert_eq!(uid(&still), uid(&pod));
+    assert_eq!(
+        still["metadata"]["labels"][STATE], "Normal",
+        "a refusal marks nothing"
+    );
+    assert_eq!(condition(&still, "Ready"), "True");
+    hooks.kubectl.run(&[
+        "label",
+        "pod",
+        "broker-1",
+        "-n",
+        NS,
+        &format!("{STATE}=PreparingDelete"),
+        "--overwrite",
+    ]);
+    wait_until(
+        "broker-1 deregistered by the operator",
+        Duration::from_secs(60),
+        || {
+            hooks.pod("broker-1").filter(|p| {
+                p["metadata"]["labels"][REGISTERED].is_null()
+                    && p["metadata"]["annotations"]["ipkeep.dev/lifecycle-held"] == "request"
+            })
+        },
+    );
+    assert_eq!(
+        hooks.pod("broker-1").map(|p| uid(&p)),
+        Some(uid(&pod)),
+        "ipkeep does not delete a pod for a person"
+    );
+    wait_until(
+        "the person's deletion passes",
+        Duration::from_secs(60),
+        || {
+            hooks
+                .kubectl
+                .try_run(&delete, None)
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+    hooks.wait_normal("broker-1 back and registered", &["broker-0", "broker-1"]);
+}
+
+/// With the operator stopped, `kubectl drain` of broker-0's node (its broker pods only) cordons
+/// the node, which marks the registered pods there PreparingDelete (`drain`) and takes them out
+/// of their Services, and their evictions are refused with 429; with the operator back, a drain
+/// passes once it deregistered them. Uncordoned, the node takes the rebuilt pods back.
+fn a_drain_waits_for_the_operator(hooks: &Hooks) {
+    let pod = hooks.pod("broker-0").unwrap();
+    let node = pod["spec"]["nodeName"].as_str().unwrap().to_string();
+    let drain = |timeout: &str| {
+        hooks.kubectl.try_run(
+            &[
+                "drain",
+                &node,
+                "--pod-selector=app=broker",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                &format!("--timeout={timeout}"),
+            ],
+            None,
+        )
+    };
+    let out = drain("8s");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the drain passed without the operator"
+    );
+    assert!(
+        err.contains("429")
+            || err.contains("TooManyRequests")
+            || err.contains("Too Many Requests")
+            || err.contains("waits for its preDelete hook"),
+        "{err}"
+    );
     let held = wait_until(
-        "broker-0 PreparingDelete, not Ready",
+        "broker-0 PreparingDelete (drain), not Ready",
         Duration::from_secs(60),
         || {
             hooks.pod("broker-0").filter(|p| {
                 p["metadata"]["labels"][STATE] == "PreparingDelete"
+                    && p["metadata"]["annotations"]["ipkeep.dev/lifecycle-held"] == "drain"
                     && condition(p, "Ready") == "False"
             })
         },
     );
     assert!(held["metadata"]["annotations"]["ipkeep.dev/lifecycle-since"].is_string());
-    let out = hooks.evict("broker-0");
-    assert!(!out.status.success(), "held until the operator is done");
     let _operator = Operator::start(&hooks.kubectl, &hooks.registry);
-    wait_until("the eviction of broker-0", Duration::from_secs(60), || {
-        hooks.evict("broker-0").status.success().then_some(())
-    });
+    let out = drain("120s");
+    assert!(
+        out.status.success(),
+        "the drain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         hooks
             .entries()
@@ -387,6 +458,7 @@ fn an_eviction_waits_for_the_operator(hooks: &Hooks) {
         "{:?}",
         hooks.entries()
     );
+    hooks.kubectl.run(&["uncordon", &node]);
     hooks.wait_normal("broker-0 back", &["broker-0", "broker-1"]);
 }
 

@@ -1,18 +1,26 @@
 //! The lifecycle loop: keeps each pod with hooks (labelled `ipkeep.dev/lifecycle-state` by the
 //! webhook at CREATE) in the state [`ipkeep_lifecycle::reconcile`] wants, and its readiness
-//! gate's condition with it. The decisions are pure; this module reads the pod and its
-//! PersistentPodState's `spec.lifecycle` and writes back:
+//! gate's condition with it. The decisions are pure; this module reads the pod, its
+//! PersistentPodState's `spec.lifecycle` and what the cluster says of its future ([`fate`]:
+//! its StatefulSet, that StatefulSet's pods, its Node), and writes back:
 //!
-//! - the state label, and the unix second it changed in `ipkeep.dev/lifecycle-since` (a merge
-//!   patch with the pod's UID as a precondition);
+//! - the state label, the unix second it changed in `ipkeep.dev/lifecycle-since` and why it is
+//!   held in `ipkeep.dev/lifecycle-held` (a merge patch with the pod's UID as a precondition);
 //! - the condition `ipkeep.dev/lifecycle-ready` in `status.conditions` (a strategic merge patch
 //!   of the status subresource keyed by the condition's type, so the kubelet's conditions are
 //!   untouched);
-//! - and, once the preDelete hook lets go of a pod whose deletion it held, the deletion (with
-//!   the pod's UID as a precondition): its deleter may never retry.
+//! - and, once the preDelete hook lets go of a pod that its StatefulSet's scale-down or rolling
+//!   update wants gone, the deletion: the StatefulSet controller does not retry a not-Ready
+//!   pod's deletion. Before it deletes, the loop reads the StatefulSet from the API server
+//!   again and decides again; the deletion has the pod's UID and resource version as
+//!   preconditions, so a pod that changed meanwhile is decided again, not deleted.
 //!
 //! Pods are watched on their own (only those with the label, trimmed to what the decision
-//! reads); a pod event that changes none of it reconciles nothing.
+//! reads); a pod event that changes none of it reconciles nothing. Changes of StatefulSets,
+//! their other pods, Nodes and PersistentPodStates reach it through [`triggers`].
+
+pub mod fate;
+pub mod triggers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,15 +29,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, HELD_ANNOTATION, Held, Lifecycle, PodFacts, READINESS_GATE,
+    self as lifecycle, Fate, Going, HELD_ANNOTATION, Lifecycle, PodFacts, READINESS_GATE,
     SINCE_ANNOTATION, STATE_LABEL, State, Wanted,
 };
 use ipkeep_placement::spec;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tracing::{info, warn};
 
@@ -67,54 +75,25 @@ pub fn fingerprint(pod: &Pod) -> u64 {
     h.finish()
 }
 
-/// The pods a PersistentPodState's change concerns: those of its StatefulSet.
-pub fn pods_of(
-    pods: &Store<Pod>,
-    pps: &PersistentPodState,
-) -> impl Iterator<Item = ObjectRef<Pod>> + use<> {
-    let namespace = pps.namespace();
-    let target = pps.spec.target_ref.name.clone();
-    pods.state()
-        .into_iter()
-        .filter(move |p| {
-            p.namespace() == namespace
-                && p.owner_references().iter().any(|o| {
-                    o.controller == Some(true) && o.kind == "StatefulSet" && o.name == target
-                })
-        })
-        .map(|p| ObjectRef::from_obj(p.as_ref()))
-}
-
 /// Reconciles one pod.
 pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
     ctx.caches.wait_until_ready().await?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let hooks = hooks_of(&pod, &ctx.caches);
-    let empty = BTreeMap::new();
-    let facts = PodFacts {
-        labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-        since: pod
-            .annotations()
-            .get(SINCE_ANNOTATION)
-            .and_then(|s| s.trim().parse().ok()),
-        terminating: pod.metadata.deletion_timestamp.is_some()
-            || matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ),
-        node_ready: true, // read by admission only
-        gated: gated(&pod),
-        held: pod
-            .annotations()
-            .get(HELD_ANNOTATION)
-            .and_then(|h| Held::parse(h)),
-    };
-    let wanted = lifecycle::reconcile(&hooks, &facts, now);
     let name = pod.name_any();
     let namespace = pod.namespace().ok_or(Error::MissingMeta("namespace"))?;
+    let hooks = hooks_of(&pod, &ctx.caches);
+    let owner = fate::statefulset_owner(&pod);
+    let statefulset = match &owner {
+        Some((sts, uid)) => fate::owner(&ctx.client, &ctx.caches, &namespace, (sts, uid)).await?,
+        None => None,
+    };
+    let fate = match owner {
+        Some(_) => fate::of(&pod, statefulset.as_deref(), &ctx.caches),
+        None => Fate::Staying,
+    };
+    let now = unix_now();
+    let facts = facts(&pod);
+    let wanted = lifecycle::reconcile(&hooks, &facts, fate, now);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -137,14 +116,19 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
             "readiness gate {READINESS_GATE} set");
     }
-    let state_changes = wanted.state.is_some() && wanted.state != facts.state();
-    let since_missing = wanted.state == Some(State::PreparingDelete) && facts.since.is_none();
-    if state_changes || since_missing {
+    let changes = wanted.state.is_some()
+        && (wanted.state != facts.state()
+            || wanted.since != facts.since
+            || wanted.held != facts.held);
+    if changes {
         let state = wanted.state.map_or("", State::as_str);
         let patch = serde_json::json!({"metadata": {
             "uid": pod.uid(),
             "labels": {STATE_LABEL: state},
-            "annotations": {SINCE_ANNOTATION: now.to_string()},
+            "annotations": {
+                SINCE_ANNOTATION: wanted.since.map(|s| s.to_string()),
+                HELD_ANNOTATION: wanted.held.map(Going::as_str),
+            },
         }});
         api.patch(&name, &params, &Patch::Merge(&patch))
             .await
@@ -154,32 +138,102 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
                 source,
             })?;
         info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
-            to = state, "lifecycle state changed");
+            to = state, held = ?wanted.held.map(Going::as_str), "lifecycle state changed");
     }
     if wanted.delete {
-        // Through the webhook like any deletion: it passes now (released, or timed out).
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: pod.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        api.delete(&name, &params)
-            .await
-            .map_err(|source| Error::Api {
-                action: "complete the held deletion of",
-                what: format!("{namespace}/{name}"),
-                source,
-            })?;
-        info!(namespace = ?namespace, pod = ?name,
-            "the preDelete hook let the pod go; completed the deletion it held");
-        return Ok(Action::await_change());
+        return complete_deletion(&pod, &hooks, &ctx, &api).await;
     }
     Ok(match wanted.recheck_at {
         Some(at) => Action::requeue(Duration::from_secs(at.saturating_sub(now).max(1))),
         None => Action::await_change(),
     })
+}
+
+/// Deletes a pod whose preDelete hook let it go, if its StatefulSet, read from the API server
+/// now, still wants it gone for a scale-down or a rolling update: through the webhook like any
+/// deletion (it passes now: released, or timed out), with the pod's UID and resource version as
+/// preconditions.
+async fn complete_deletion(
+    pod: &Pod,
+    hooks: &Lifecycle,
+    ctx: &Context,
+    api: &Api<Pod>,
+) -> Result<Action, Error> {
+    let name = pod.name_any();
+    let namespace = pod.namespace().unwrap_or_default();
+    let Some((sts, uid)) = fate::statefulset_owner(pod) else {
+        return Ok(Action::await_change());
+    };
+    let live: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &namespace);
+    let statefulset = live
+        .get_opt(&sts)
+        .await
+        .map_err(|source| Error::Api {
+            action: "read the StatefulSet",
+            what: format!("{namespace}/{sts}"),
+            source,
+        })?
+        .filter(|s| s.uid().as_deref() == Some(uid.as_str()))
+        .map(|mut s| {
+            crate::caches::trim_statefulset(&mut s);
+            s
+        });
+    let fate = fate::of(pod, statefulset.as_ref(), &ctx.caches);
+    let again = lifecycle::reconcile(hooks, &facts(pod), fate, unix_now());
+    let why = match fate {
+        Fate::Going(why) if again.delete && why.completes() => why,
+        _ => {
+            info!(namespace = ?namespace, pod = ?name, fate = ?fate,
+                "the StatefulSet no longer wants the pod gone; not deleting it");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.uid(),
+            resource_version: pod.resource_version(),
+        }),
+        ..DeleteParams::default()
+    };
+    api.delete(&name, &params)
+        .await
+        .map_err(|source| Error::Api {
+            action: "complete the held deletion of",
+            what: format!("{namespace}/{name}"),
+            source,
+        })?;
+    info!(namespace = ?namespace, pod = ?name, held = why.as_str(),
+        "the preDelete hook let the pod go; deleted it for its StatefulSet ({})", why.describe());
+    Ok(Action::await_change())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What the decisions read of a pod.
+fn facts(pod: &Pod) -> PodFacts<'_> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    PodFacts {
+        labels: pod.metadata.labels.as_ref().unwrap_or(&EMPTY),
+        since: pod
+            .annotations()
+            .get(SINCE_ANNOTATION)
+            .and_then(|s| s.trim().parse().ok()),
+        terminating: pod.metadata.deletion_timestamp.is_some()
+            || matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            ),
+        node_ready: true, // read by admission only
+        gated: gated(pod),
+        held: pod
+            .annotations()
+            .get(HELD_ANNOTATION)
+            .map(|h| Going::parse(h)),
+    }
 }
 
 /// Retries a failed reconcile with backoff; a pod that is gone needs nothing.
@@ -259,7 +313,8 @@ fn condition(wanted: &Wanted, ready: bool, hooks: &Lifecycle) -> PodCondition {
         Some(State::PreparingDelete) if !ready => (
             "PreparingDelete",
             format!(
-                "its deletion is held by the preDelete hook (markPodNotReady): it goes once the label {} is removed or changed",
+                "held by the preDelete hook because {} (markPodNotReady): it goes once the label {} is removed or changed",
+                wanted.held.unwrap_or(Going::Requested).describe(),
                 labels(&hooks.pre_delete)
             ),
         ),
