@@ -11,6 +11,8 @@
 mod client_auth;
 #[path = "cluster/conventions.rs"]
 mod conventions;
+#[path = "cluster/hooks.rs"]
+mod hooks;
 #[path = "cluster/lifecycle.rs"]
 mod lifecycle;
 #[path = "cluster/pins.rs"]

@@ -7,14 +7,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use ipkeep_tests::cluster::{Cluster, wait_until};
+
 use serde_json::{Value, json};
 
+use crate::hooks::{REGISTERED, STATE, gate};
+
 const NS: &str = "guard";
-const STATE: &str = "ipkeep.dev/lifecycle-state";
 const HELD: &str = "ipkeep.dev/lifecycle-held";
 const SINCE: &str = "ipkeep.dev/lifecycle-since";
-const GATE: &str = "ipkeep.dev/lifecycle-ready";
-const REGISTERED: &str = "registry.example.com/registered";
 
 const OBJECTS: &str = r#"apiVersion: ipkeep.dev/v1alpha1
 kind: PersistentPodState
@@ -62,14 +62,6 @@ spec:
 
 fn pod(cluster: &Cluster, namespace: &str, name: &str) -> Option<Value> {
     cluster.get(&["pod", name, "-n", namespace])
-}
-
-fn gate(pod: &Value) -> &str {
-    pod["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == GATE))
-        .and_then(|c| c["status"].as_str())
-        .unwrap_or("")
 }
 
 /// POSTs `review` to the webhook as anyone on the network would. When the cluster's webhook

@@ -20,15 +20,14 @@ use ipkeep_tests::cluster::{Cluster, wait_until};
 use ipkeep_tests::workspace_bin;
 use serde_json::Value;
 
+use crate::hooks::{GATE, REGISTERED, STATE, gate};
+
 const NS: &str = "restarts";
 /// Starts: with the failure seen in 1 start of 2 or 3, ten pass together by chance once in
 /// about a thousand runs.
 const STARTS: usize = 10;
 /// How long a stop may take: the documented grace of every ipkeep daemon, and a little.
 const STOP_GRACE: Duration = Duration::from_secs(22);
-const STATE: &str = "ipkeep.dev/lifecycle-state";
-const GATE: &str = "ipkeep.dev/lifecycle-ready";
-const REGISTERED: &str = "registry.example.com/registered";
 
 const OBJECTS: &str = r#"apiVersion: ipkeep.dev/v1alpha1
 kind: PersistentPodState
@@ -84,6 +83,29 @@ struct Process {
 }
 
 impl Process {
+    /// Starts `command` with its stderr in `log`, and waits (30 s at most) until `GET /readyz`
+    /// on `probe` answers 200.
+    fn start(mut command: Command, log: std::path::PathBuf, probe: &str) -> Process {
+        let process = Process {
+            child: command
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log file"))
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {command:?}: {e}")),
+            log,
+        };
+        let started = Instant::now();
+        while !probe_ok(probe) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{command:?} not ready in 30 s:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        process
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -122,14 +144,6 @@ fn pods(cluster: &Cluster, app: &str) -> Vec<Value> {
         .get(&["pods", "-n", NS, "-l", &format!("app={app}")])
         .and_then(|l| l["items"].as_array().cloned())
         .unwrap_or_default()
-}
-
-fn gate(pod: &Value) -> &str {
-    pod["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == GATE))
-        .and_then(|c| c["status"].as_str())
-        .unwrap_or("")
 }
 
 /// The step (the cluster's own controllers are stopped by it and stay stopped).
@@ -198,29 +212,15 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
             .state()
             .join("logs")
             .join(format!("restart-{start}.log"));
-        let mut controller = Process {
-            child: Command::new(&bin)
-                .env(
-                    "KUBECONFIG",
-                    cluster.state().join("ipkeep-controller.kubeconfig"),
-                )
-                .env("POD_NAME", format!("restart-{start}"))
-                .args(["--no-leader-election", "--listen", &probe])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).expect("log file"))
-                .spawn()
-                .expect("start ipkeep-controller"),
-            log,
-        };
-        let ready = Instant::now();
-        while !probe_ok(&probe) {
-            assert!(
-                ready.elapsed() < Duration::from_secs(30),
-                "start {start}: not ready in 30 s:\n{}",
-                controller.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut command = Command::new(&bin);
+        command
+            .env(
+                "KUBECONFIG",
+                cluster.state().join("ipkeep-controller.kubeconfig"),
+            )
+            .env("POD_NAME", format!("restart-{start}"))
+            .args(["--no-leader-election", "--listen", &probe]);
+        let mut controller = Process::start(command, log, &probe);
         let registered = &names[start % names.len()];
         cluster.run(&[
             "label",
@@ -306,37 +306,23 @@ fn start_scheduler_extension(cluster: &Cluster) -> (Process, String) {
         .state()
         .join("logs")
         .join("scheduler-ext-restarted.log");
-    let ext = Process {
-        child: Command::new(&bin)
-            .env(
-                "KUBECONFIG",
-                cluster.state().join("ipkeep-scheduler-ext.kubeconfig"),
-            )
-            .arg(format!("--listen={listen}"))
-            .arg(format!("--probe-listen={probe}"))
-            .arg(format!(
-                "--tls-cert={}",
-                pki.join("scheduler-ext.crt").display()
-            ))
-            .arg(format!(
-                "--tls-key={}",
-                pki.join("scheduler-ext.key").display()
-            ))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("start ipkeep-scheduler-ext"),
-        log,
-    };
-    let ready = Instant::now();
-    while !probe_ok(&probe) {
-        assert!(
-            ready.elapsed() < Duration::from_secs(30),
-            "ipkeep-scheduler-ext not ready in 30 s:\n{}",
-            ext.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let mut command = Command::new(&bin);
+    command
+        .env(
+            "KUBECONFIG",
+            cluster.state().join("ipkeep-scheduler-ext.kubeconfig"),
+        )
+        .arg(format!("--listen={listen}"))
+        .arg(format!("--probe-listen={probe}"))
+        .arg(format!(
+            "--tls-cert={}",
+            pki.join("scheduler-ext.crt").display()
+        ))
+        .arg(format!(
+            "--tls-key={}",
+            pki.join("scheduler-ext.key").display()
+        ));
+    let ext = Process::start(command, log, &probe);
     (ext, format!("{listen} {probe}"))
 }
 
