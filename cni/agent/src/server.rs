@@ -171,7 +171,14 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
             Err(reason) => (Answer::Refused(reason), "invalid"),
             Ok(request) => execute(&served, request, started, &mut out),
         };
-        let ok = matches!(answer, Answer::Exit(0));
+        // Counted before the answer goes out: whoever reads the metric once the plugin has its
+        // answer sees the request counted.
+        if matches!(answer, Answer::Exit(_)) {
+            let ok = matches!(answer, Answer::Exit(0));
+            served
+                .metrics
+                .request(command, ok, started.elapsed().as_secs_f64());
+        }
         let written = match &answer {
             Answer::Exit(code) => {
                 ipkeep_cni::proto::write_frame(&mut out, tag::EXIT, &code.to_be_bytes())
@@ -187,11 +194,6 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
         };
         if let Err(e) = written.and_then(|()| out.flush()) {
             debug!(error = %e, "client went away before the answer");
-        }
-        if matches!(answer, Answer::Exit(_)) {
-            served
-                .metrics
-                .request(command, ok, started.elapsed().as_secs_f64());
         }
     })
     .await;
