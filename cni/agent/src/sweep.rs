@@ -229,7 +229,7 @@ impl Sweeper {
                 if live {
                     return Ok(allocator::ReleaseOutcome::default());
                 }
-                allocator::del(store, owner, None, reading)
+                allocator::del(store, owner, &Default::default(), reading)
             })?;
             for lease in outcome.held.iter().chain(&outcome.released) {
                 info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the sandbox is gone (its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped) but its DEL never came; applied DEL");

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION, PodRef,
-    Reading, Retention, Source, StoreRead, allocator, clock,
+    AddRequest, Attachment, Departure, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION,
+    PodRef, Reading, Retention, Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
@@ -250,6 +250,7 @@ fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
             .map(|name| name.trim())
             .filter(|name| !name.is_empty())
             .map(str::to_string),
+        confirmed: false,
     })
 }
 
@@ -435,7 +436,11 @@ fn cmd_del<S: Stores>(
     let owner = attachment(inv);
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
-        Ok((allocator::del(store, &owner, retention, reading)?, t))
+        let departure = Departure {
+            retention,
+            confirmed: None,
+        };
+        Ok((allocator::del(store, &owner, &departure, reading)?, t))
     })?;
     cx.timings.record("alloc_commit", t);
     cx.tally.held += outcome.held.len();
