@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod cniconf;
 pub mod events;
+pub mod management;
 pub mod metrics;
 pub mod release;
 pub mod server;
@@ -162,6 +163,7 @@ pub async fn run(
         stores: stores.clone(),
         metrics,
         notices,
+        cluster,
     });
     server::serve(listener, served, shutdown).await;
     let _ = sweeping.await;

@@ -20,6 +20,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use crate::cluster::Cluster;
+use crate::management::ClusterApi;
 use crate::metrics::Metrics;
 use crate::release::Reason;
 use crate::stores::AgentStores;
@@ -94,6 +96,9 @@ pub struct Served {
     pub metrics: Arc<Metrics>,
     /// Where notices for pods go, to become Events (`None` without Kubernetes).
     pub notices: Option<crate::events::Notices>,
+    /// What the API server says, for ADD and DEL to decide who manages a pod (`None` without
+    /// Kubernetes).
+    pub cluster: Option<Cluster>,
 }
 
 /// Binds the socket: creates its directory (0755), replaces a stale socket file (a previous
@@ -335,6 +340,7 @@ fn run_cni(
     let call = Call {
         reading: system_reading(),
         deadline: Some(deadline),
+        api: &ClusterApi(served.cluster.as_ref()),
     };
     let mut stdout = Vec::new();
     CAPTURED.with(|c| c.borrow_mut().clear());
@@ -383,6 +389,7 @@ mod tests {
             stores: Arc::new(AgentStores::new(data, metrics.clone()).unwrap()),
             metrics,
             notices: None,
+            cluster: None,
         }
     }
 
