@@ -12,6 +12,9 @@
 //!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label.
 //!   Ordinals beyond `replicas` are held like any other: under `WhenScaled` the controller prunes
 //!   their records once their pods are gone, and the sweep then releases the holdings;
+//! * or, for a pod on this node without a controlling StatefulSet (orphaned by
+//!   `kubectl delete sts --cascade=orphan`, its state kept for adoption), a state records this
+//!   very pod (the record's pod UID is the pod's);
 //! * or, for a pod the API no longer shows on this node (force-deleted, or gone before a DEL
 //!   that came late), its name is what the target StatefulSet of a PersistentPodState in its
 //!   namespace would name it.
@@ -75,7 +78,7 @@ fn of_pod_on_node(
     states: &[&PersistentPodState],
 ) -> Management {
     let Some(statefulset) = pin::statefulset_name(pod) else {
-        return Management::Unmanaged;
+        return of_orphan(name, pod, states);
     };
     let pps = pin::persistent_pod_state_of(states.iter().copied(), &statefulset);
     let Decision::Manage(managed) = pin::decide(pod, namespace, pps) else {
@@ -94,6 +97,41 @@ fn of_pod_on_node(
     stamp_retention(&managed.pps, managed.retention.as_deref(), &mut annotations);
     Management::Managed {
         persistent_pod_state: managed.pps,
+        annotations,
+    }
+}
+
+/// A pod without a controlling StatefulSet: `kubectl delete sts --cascade=orphan` leaves its
+/// pods so, and a PersistentPodState kept for adoption still records them. Managed only by a
+/// state whose record of that name is this very pod (the UID the controller recorded when the
+/// pod was its StatefulSet's and Ready): nothing a pod's author writes can claim that.
+fn of_orphan(name: &str, pod: &Pod, states: &[&PersistentPodState]) -> Management {
+    let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
+        return Management::Unmanaged;
+    };
+    let recorded = |p: &&&PersistentPodState| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.pod_states.get(name))
+            .and_then(|r| r.pod_uid.as_deref())
+            == Some(uid)
+    };
+    let Some(pps) = states
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find(recorded)
+    else {
+        return Management::Unmanaged;
+    };
+    let pps_name = pps.metadata.name.clone().unwrap_or_default();
+    let mut annotations = retention_annotations(pod.metadata.annotations.as_ref());
+    stamp_retention(
+        &pps_name,
+        pin::stamped_retention(pps).as_deref(),
+        &mut annotations,
+    );
+    Management::Managed {
+        persistent_pod_state: pps_name,
         annotations,
     }
 }

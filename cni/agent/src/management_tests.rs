@@ -22,6 +22,17 @@ fn pod(name: &str, sts: &str, annotations: Value, labels: Value) -> Pod {
     .unwrap()
 }
 
+/// `state` with a record of `pod` (node `n1`) made for the pod with UID `uid`.
+fn recording(mut state: PersistentPodState, pod: &str, uid: &str) -> PersistentPodState {
+    let record = serde_json::from_value(json!({"nodeName": "n1", "podUID": uid})).unwrap();
+    state
+        .status
+        .get_or_insert_default()
+        .pod_states
+        .insert(pod.to_string(), record);
+    state
+}
+
 /// PersistentPodState `name` in `namespace` for StatefulSet `target`, `ipRetention: 2h`.
 fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> PersistentPodState {
     let mut meta = json!({"name": name, "namespace": namespace});
@@ -133,6 +144,27 @@ fn rows() -> Vec<Row> {
                 none(),
             )),
             db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "orphaned (delete sts --cascade=orphan): its state records this very pod",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", false), "db-1", "pod-uid")],
+            managed("db", "2h"),
+        ),
+        row(
+            "orphaned: the record is another pod's (another UID)",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", false), "db-1", "older-uid")],
+            Management::Unmanaged,
+        ),
+        row(
+            "orphaned: its state is being deleted",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", true), "db-1", "pod-uid")],
             Management::Unmanaged,
         ),
         row(
