@@ -15,8 +15,17 @@ use serde_json::json;
 use support::*;
 
 fn conf(data: &Path, socket: &Path) -> String {
+    conf_with(
+        data,
+        socket,
+        r#""ipkeep.dev/persistent-pod-state":"kv","ipkeep.dev/ip-retention":"forever""#,
+    )
+}
+
+/// The network with the pod annotations `annotations` (JSON members) passed by the runtime.
+fn conf_with(data: &Path, socket: &Path, annotations: &str) -> String {
     let base = format!(
-        r#"{{"cniVersion":"1.0.0","name":"k8s","runtimeConfig":{{"io.kubernetes.cri.pod-annotations":{{"ipkeep.dev/persistent-pod-state":"kv","ipkeep.dev/ip-retention":"forever"}}}},"ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.90.0.0/24"}}]]}}}}"#,
+        r#"{{"cniVersion":"1.0.0","name":"k8s","runtimeConfig":{{"io.kubernetes.cri.pod-annotations":{{{annotations}}}}},"ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.90.0.0/24"}}]]}}}}"#,
         data.display()
     );
     with_agent_socket(&base, socket)
@@ -321,4 +330,85 @@ async fn a_wrong_node_name_releases_nothing() {
         "{}",
         agent.metrics()
     );
+}
+
+/// Issue 30: pods created before their PersistentPodState existed carry neither the link nor
+/// a retention annotation (no webhook runs here, as none stamped them). Through the agent,
+/// their DEL is decided by what the API says then: the StatefulSet, annotated meanwhile, has a
+/// PersistentPodState, so the address is held for its `ipRetention` and the rebuild gets it
+/// back. A pod of an unmanaged StatefulSet in the same namespace, whose annotations forge the
+/// link and ask for `forever`, is freed at its DEL (`ipam.maxUnmanagedRetention` 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
+    let c = cluster().await;
+    let controller = start_controller(&c.client, None, "c1");
+    let data = tempfile::tempdir().unwrap();
+    let kubeconfig = data.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    let agent = quick_agent(data.path(), &kubeconfig, "n1");
+    let socket = agent.socket().to_path_buf();
+    let plain = conf_with(data.path(), &socket, "");
+    let forged = conf_with(
+        data.path(),
+        &socket,
+        r#""ipkeep.dev/persistent-pod-state":"late","ipkeep.dev/ip-retention":"forever""#,
+    );
+    let late = create_sts(&c.client, "late", 2, 0, &annotations(&[])).await;
+    let mut ips = Vec::new();
+    for i in 0..2 {
+        let ip = cni("ADD", &format!("l{i}"), &format!("late-{i}"), &plain).remove(0);
+        run_pod(&c.client, &late, i, "n1", &ip).await;
+        ips.push(ip);
+    }
+    let web = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
+    let web_ip = cni("ADD", "w0", "web-0", &forged).remove(0);
+    run_pod(&c.client, &web, 0, "n1", &web_ip).await;
+
+    // Adopting ipkeep on the running StatefulSet.
+    patch_sts(
+        &c.client,
+        "late",
+        json!({"metadata": {"annotations": {
+            "ipkeep.dev/auto-generate-persistent-pod-state": "true",
+            "ipkeep.dev/required-persistent-topology": "kubernetes.io/hostname",
+            "ipkeep.dev/ip-retention": "2h"}}}),
+    )
+    .await;
+    wait_pps(&c.client, "late", "both running pods recorded", |p| {
+        records(p).len() == 2
+    })
+    .await;
+    eventually("the agent synced", || async {
+        agent
+            .metrics()
+            .contains("ipkeep_agent_kubernetes_synced 1")
+            .then_some(())
+    })
+    .await;
+
+    // The kubelet sends DEL before the pod object goes.
+    for (i, ip) in ips.iter().enumerate() {
+        let (cid, pod) = (format!("l{i}"), format!("late-{i}"));
+        cni("DEL", &cid, &pod, &plain);
+        assert!(
+            leases(data.path(), &socket).contains(&(ip.clone(), pod.clone(), "held".into())),
+            "{pod}'s first DEL holds {ip}\n{}",
+            agent.log().join("\n")
+        );
+        remove_pod(&c.client, &pod).await;
+        assert_eq!(
+            cni("ADD", &format!("{cid}b"), &pod, &plain),
+            vec![ip.clone()]
+        );
+        run_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1", ip).await;
+    }
+
+    cni("DEL", "w0", "web-0", &forged);
+    let now = leases(data.path(), &socket);
+    assert!(
+        !now.iter().any(|(ip, _, _)| *ip == web_ip),
+        "web-0's forged link holds nothing: {now:?}"
+    );
+    drop(agent);
+    controller.stop().await.unwrap();
 }

@@ -133,7 +133,8 @@ fn story_on_real_nodes() {
 /// The lifecycle and retention steps of `story_on_real_nodes` on a cluster you brought up
 /// yourself (`scripts/cluster.sh up`; `IPKEEP_CLUSTER_STATE` names its state directory): for
 /// working on them without the whole story. `cargo test -p ipkeep-tests --test e2e --
-/// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two.
+/// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two, `first-rebuild` the
+/// last retention step alone.
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -145,6 +146,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps.is_empty() || steps == "retention" {
         retention::on_real_nodes(state);
+    }
+    if steps == "first-rebuild" {
+        retention::first_rebuilds_on_real_nodes(state);
     }
 }
 

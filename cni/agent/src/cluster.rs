@@ -10,13 +10,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::annotations::POD_INDEX_LABEL;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
+use crate::management::RETENTION_ANNOTATIONS;
 use crate::release::{ClusterView, PpsView};
 
 /// The annotation a mirror Pod carries with its static pod's UID, which is the UID the
@@ -144,6 +146,20 @@ impl Cluster {
     /// Whether decisions can run.
     pub fn synced(&self) -> bool {
         self.readiness() == Readiness::Ready
+    }
+
+    /// The pod `namespace`/`name` bound to this node, as far as the cache knows.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The PersistentPodStates of `namespace`.
+    pub fn states_in(&self, namespace: &str) -> Vec<Arc<PersistentPodState>> {
+        self.pps
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
     }
 
     /// The current view, or `None` while decisions cannot run.
@@ -297,7 +313,9 @@ fn trim_node(node: &mut Node) {
     node.spec = cidrs;
 }
 
-/// Keeps a pod's identity only: name, namespace, UID and a mirror Pod's static pod UID.
+/// Keeps a pod's identity (name, namespace, UID, a mirror Pod's static pod UID) and what says
+/// whether a PersistentPodState manages it ([`crate::management`]): its controlling owner, its
+/// ordinal label and its retention annotations.
 fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
@@ -305,12 +323,26 @@ fn trim_pod(pod: &mut Pod) {
         .annotations
         .take()
         .map(|mut a| {
-            a.retain(|k, _| k == MIRROR_ANNOTATION);
+            a.retain(|k, _| k == MIRROR_ANNOTATION || RETENTION_ANNOTATIONS.contains(&k.as_str()));
             a
         })
         .filter(|a| !a.is_empty());
-    meta.labels = None;
-    meta.owner_references = None;
+    meta.labels = meta
+        .labels
+        .take()
+        .map(|mut l| {
+            l.retain(|k, _| k == POD_INDEX_LABEL);
+            l
+        })
+        .filter(|l| !l.is_empty());
+    meta.owner_references = meta
+        .owner_references
+        .take()
+        .map(|mut o| {
+            o.retain(|o| o.controller == Some(true));
+            o
+        })
+        .filter(|o| !o.is_empty());
     pod.spec = None;
     pod.status = None;
 }

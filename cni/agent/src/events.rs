@@ -101,6 +101,7 @@ mod tests {
                 name: "kv-1".into(),
                 uid: Some("u-2".into()),
                 persistent_pod_state: Some("kv".into()),
+                confirmed: true,
             },
             ip: "10.244.1.5".parse().unwrap(),
             ranges: "10.244.3.1-10.244.3.254".into(),

@@ -5,6 +5,7 @@
 pub mod cluster;
 pub mod cniconf;
 pub mod events;
+pub mod management;
 pub mod metrics;
 pub mod netns;
 pub mod release;
@@ -166,6 +167,7 @@ pub async fn run(
         metrics,
         notices,
         netns,
+        cluster,
     });
     server::serve(listener, served, shutdown).await;
     let _ = sweeping.await;

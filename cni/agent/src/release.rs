@@ -357,6 +357,7 @@ mod tests {
                 name: pod.into(),
                 uid: Some(format!("uid-{pod}")),
                 persistent_pod_state: pps.map(str::to_string),
+                confirmed: false,
             }),
             retention: Retention::Forever,
             state: if held {

@@ -20,6 +20,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use crate::cluster::Cluster;
+use crate::management::ClusterApi;
 use crate::metrics::Metrics;
 use crate::netns::NetnsView;
 use crate::release::Reason;
@@ -97,6 +99,9 @@ pub struct Served {
     pub notices: Option<crate::events::Notices>,
     /// Which sandboxes' network namespaces the agent can vouch for.
     pub netns: Arc<NetnsView>,
+    /// What the API server says, for ADD and DEL to decide who manages a pod (`None` without
+    /// Kubernetes).
+    pub cluster: Option<Cluster>,
 }
 
 /// Binds the socket: creates its directory (0755), replaces a stale socket file (a previous
@@ -371,6 +376,7 @@ fn run_cni(served: &Served, request: CniCall<'_>, out: &mut dyn Write) -> (Answe
     let call = Call {
         reading: system_reading(),
         deadline: Some(deadline),
+        api: &ClusterApi(served.cluster.as_ref()),
     };
     let mut stdout = Vec::new();
     CAPTURED.with(|c| c.borrow_mut().clear());
@@ -427,6 +433,7 @@ mod tests {
             metrics,
             notices: None,
             netns: Arc::default(),
+            cluster: None,
         }
     }
 

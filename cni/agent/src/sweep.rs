@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::admin::Usage;
+use ipkeep_cni::management::ApiView;
 use ipkeep_cni::stores::fallback_count;
 use ipkeep_ipam::clock;
 use ipkeep_ipam::disk::system_reading;
@@ -25,6 +26,7 @@ use ipkeep_ipam::{Lease, Reading, StoreError, StoreRead, allocator};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
+use crate::management::{self, ClusterApi};
 use crate::metrics::{Metrics, NetworkGauges};
 use crate::netns::NetnsView;
 use crate::release::{self, ClusterView, Grace, Planner, Reason};
@@ -230,14 +232,27 @@ impl Sweeper {
             let outcome = self.locked(slot, |store| {
                 // Re-checked under the lock: only addresses the attachment still has, and not
                 // if its sandbox came back meanwhile.
-                let live = store
-                    .leases_of_attachment(owner)?
-                    .into_iter()
+                let leases = store.leases_of_attachment(owner)?;
+                let live = leases
+                    .iter()
                     .any(|l| l.is_active() && l.netns.as_deref().is_some_and(may_exist));
                 if live {
                     return Ok(allocator::ReleaseOutcome::default());
                 }
-                allocator::del(store, owner, None, reading)
+                // Decided like any DEL: by who manages the pod now.
+                let departure = leases
+                    .iter()
+                    .find_map(|l| Some((l.pod.as_ref()?, l.retention)))
+                    .map(|(pod, recorded)| {
+                        let said = ClusterApi(self.cluster.as_ref()).management(
+                            &pod.namespace,
+                            &pod.name,
+                            None,
+                        );
+                        management::missed_del(&said, recorded)
+                    })
+                    .unwrap_or_default();
+                allocator::del(store, owner, &departure, reading)
             })?;
             for lease in outcome.held.iter().chain(&outcome.released) {
                 info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the sandbox is gone (its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped) but its DEL never came; applied DEL");

@@ -9,6 +9,7 @@ pub mod env;
 pub mod error;
 pub mod files;
 pub mod logs;
+pub mod management;
 pub mod netconf;
 pub mod plugin;
 pub mod proto;

@@ -11,14 +11,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION, PodRef,
-    Reading, Retention, Source, StoreRead, allocator, clock,
+    AddRequest, Attachment, Departure, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION,
+    PodRef, Reading, Retention, Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
 use crate::files;
+use crate::management::{self, ApiView, Management};
 use crate::netconf::Decoded;
 use crate::result::{Dns, IpConfig, IpamResult};
 use crate::stores::{Deadlined, Stores};
@@ -120,13 +121,16 @@ pub struct Completion {
 }
 
 /// When an invocation runs: the clock reading it starts with, and the moment after which it
-/// must not commit anything (its caller stops waiting then).
+/// must not commit anything (its caller stops waiting then); and who says whether a
+/// PersistentPodState manages its pod.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub struct Call<'a> {
     /// The clock when the invocation started.
     pub reading: Reading,
     /// No commit after this.
     pub deadline: Option<Instant>,
+    /// The node agent's view of the API server, or none ([`management::NoApiView`]).
+    pub api: &'a dyn ApiView,
 }
 
 /// Runs one CNI invocation against `stores`, with the configuration already decoded from
@@ -136,7 +140,7 @@ pub fn run<S: Stores>(
     vars: &HashMap<String, String>,
     config: &Result<Decoded, CniError>,
     stdout: &mut dyn Write,
-    call: &Call,
+    call: &Call<'_>,
 ) -> Completion {
     let mut cx = Context {
         stores,
@@ -187,7 +191,7 @@ pub fn run<S: Stores>(
 /// What every command gets besides its input.
 struct Context<'s, S> {
     stores: &'s S,
-    call: &'s Call,
+    call: &'s Call<'s>,
     timings: Timings,
     tally: Tally,
     notices: Vec<Notice>,
@@ -250,6 +254,7 @@ fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
             .map(|name| name.trim())
             .filter(|name| !name.is_empty())
             .map(str::to_string),
+        confirmed: false,
     })
 }
 
@@ -285,16 +290,19 @@ fn cmd_add<S: Stores>(
     for why in &decoded.ignored_annotations {
         warn!("{why}");
     }
-    let pod = pod_ref(&inv.args, decoded);
+    let mut pod = pod_ref(&inv.args, decoded);
     let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
-    let (retention, source) = if pod.is_some() {
-        let resolved = plan.retention.resolve(annotations);
-        if let Some(why) = &resolved.adjusted {
-            warn!("{why}");
+    let (retention, source) = match pod.as_mut() {
+        Some(pod) => {
+            let said = cx
+                .call
+                .api
+                .management(&pod.namespace, &pod.name, annotations);
+            let decided = management::decide(&said, &plan.retention, annotations);
+            decided.record(pod);
+            (decided.resolved.retention, decided.resolved.source)
         }
-        (resolved.retention, resolved.source)
-    } else {
-        (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault)
+        None => (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault),
     };
     let requested = decoded.requested_ips(inv.args.ip)?;
     debug!(%retention, ?source, ?requested, ranges = plan.range_sets.len(), "allocating");
@@ -430,29 +438,23 @@ fn cmd_del<S: Stores>(
         info!("nothing to release: the network has no store yet");
         return Ok(());
     }
-    // The runtime passes the pod's annotations again at DEL; when they still read, they decide
-    // (within the network's limits), else the retention recorded at ADD does.
-    let retention = decoded
-        .conf
-        .runtime_config
-        .pod_annotations
-        .as_ref()
-        .and_then(|ann| {
-            let policy = decoded.retention_policy().ok()?;
-            let resolved = policy.resolve(Some(ann));
-            resolved.adjusted.is_none().then_some(resolved.retention)
-        });
+    let departure = departure(cx.call.api, inv, decoded);
     let reading = &cx.call.reading;
     let owner = attachment(inv);
     let (outcome, t) = cx.with_store(decoded, |store| {
         let t = Instant::now();
-        Ok((allocator::del(store, &owner, retention, reading)?, t))
+        Ok((allocator::del(store, &owner, &departure, reading)?, t))
     })?;
     cx.timings.record("alloc_commit", t);
     cx.tally.held += outcome.held.len();
     cx.tally.released += outcome.released.len();
     for l in &outcome.held {
-        info!(ip = %l.ip, retention = %l.retention, until = %until_text(l.state), "holding the address for the pod");
+        let pps = l
+            .pod
+            .as_ref()
+            .and_then(|p| p.persistent_pod_state.as_deref());
+        let confirmed = l.pod.as_ref().is_some_and(|p| p.confirmed);
+        info!(ip = %l.ip, retention = %l.retention, until = %until_text(l.state), persistent_pod_state = pps.unwrap_or(""), confirmed, "holding the address for the pod");
     }
     for l in &outcome.released {
         info!(ip = %l.ip, "released");
@@ -461,6 +463,39 @@ fn cmd_del<S: Stores>(
         debug!("nothing to release: the container owns no active address");
     }
     Ok(())
+}
+
+/// What DEL decides in place of what ADD recorded. With the node agent's view, the API server's
+/// answer decides, and is recorded. Without it, the annotations the runtime passes again at DEL
+/// decide when they still read (within the network's limits), else the retention resolved at
+/// ADD does.
+fn departure(api: &dyn ApiView, inv: &Invocation, decoded: &Decoded) -> Departure {
+    let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
+    let Ok(policy) = decoded.retention_policy() else {
+        return Departure::default();
+    };
+    let said = match (&inv.args.pod_namespace, &inv.args.pod_name) {
+        (Some(namespace), Some(name)) => api.management(namespace, name, annotations),
+        // Nothing to hold for an unnamed attachment: DEL frees it whatever anyone says.
+        _ => return Departure::default(),
+    };
+    let decided = management::decide(&said, &policy, annotations);
+    match said {
+        Management::Unknown(_) => Departure {
+            retention: annotations.and(
+                decided
+                    .resolved
+                    .adjusted
+                    .is_none()
+                    .then_some(decided.resolved.retention),
+            ),
+            confirmed: None,
+        },
+        Management::Managed { .. } | Management::Unmanaged => Departure {
+            retention: Some(decided.resolved.retention),
+            confirmed: decided.confirmed,
+        },
+    }
 }
 
 fn cmd_check<S: Stores>(
@@ -529,3 +564,5 @@ fn cmd_status<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_management;

@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 use crate::admin::AdminCommand;
 use crate::error::CniError;
 use crate::files;
+use crate::management::NoApiView;
 use crate::netconf::{Decoded, Settings};
 use crate::plugin::{self, Call, Completion, Tally, Timings};
 use crate::proto::{self, Request};
@@ -36,10 +37,12 @@ pub fn cni(
     stdout: &mut dyn Write,
     reading: Reading,
 ) -> Completion {
-    let here = |stores: &OpenPerCall, out: &mut dyn Write| {
+    // Run here, the plugin has no view of the API server: the pod's annotations decide.
+    let here = |stores: &OpenPerCall, out: &mut dyn Write, alone: NoApiView| {
         let call = Call {
             reading: reading.clone(),
             deadline: None,
+            api: &alone,
         };
         plugin::run(stores, vars, config, out, &call)
     };
@@ -52,7 +55,8 @@ pub fn cni(
         .and_then(|d| Some((d.settings.clone(), d.settings.agent_socket.clone()?)))
         .zip(std::str::from_utf8(input).ok());
     let Some(((settings, socket), text)) = via_agent else {
-        return here(&OpenPerCall::default(), stdout);
+        let alone = NoApiView::new("the plugin runs without the node agent", false);
+        return here(&OpenPerCall::default(), stdout, alone);
     };
     // A falling-back plugin waits for the network's flock in short slices and asks the agent
     // again in between: an agent that came back holds the flock for good, so waiting the whole
@@ -70,7 +74,7 @@ pub fn cni(
             budget_ms: Some(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX)),
             netns_seen: netns_seen.clone(),
         };
-        match proto::call(&socket, request, budget + ANSWER_MARGIN) {
+        let unanswered = match proto::call(&socket, request, budget + ANSWER_MARGIN) {
             Ok(answer) => {
                 let _ = stdout
                     .write_all(answer.stdout.as_bytes())
@@ -88,7 +92,8 @@ pub fn cni(
             }
             Err(e) if e.is_absent() => {
                 debug!(error = %e, "no agent; running the command here");
-                return here(&OpenPerCall::default(), stdout);
+                let alone = NoApiView::new(format!("no node agent on this node: {e}"), false);
+                return here(&OpenPerCall::default(), stdout, alone);
             }
             // The agent cannot see where the runtime keeps these sandboxes' network
             // namespaces; this process runs on the host, as the runtime does. Asked once: an
@@ -114,8 +119,12 @@ pub fn cni(
                     warn!(error = %e, "running the command here instead");
                 }
                 count_fallback = true;
+                NoApiView::new(
+                    format!("the node agent did not serve the command: {e}"),
+                    true,
+                )
             }
-        }
+        };
         let last_try = Instant::now() >= deadline;
         let stores = OpenPerCall {
             count_fallback,
@@ -123,7 +132,7 @@ pub fn cni(
             ..OpenPerCall::default()
         };
         let mut out = Vec::new();
-        let done = here(&stores, &mut out);
+        let done = here(&stores, &mut out, unanswered);
         if !stores.lock_busy.get() || last_try {
             let _ = stdout.write_all(&out).and_then(|()| stdout.flush());
             return done;

@@ -40,6 +40,39 @@ pub struct PodRef {
     /// holding at once when that PersistentPodState is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_pod_state: Option<String>,
+    /// Whether [`Self::persistent_pod_state`] is the node agent's word, read from the API server
+    /// at the pod's last ADD or DEL through the agent ([`Self::confirm`]), rather than only the
+    /// pod's annotation, which whoever creates a pod can write. Only a confirmed link protects a
+    /// holding when a full range needs an address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirmed: bool,
+}
+
+/// Which PersistentPodState manages a pod, in the node agent's word from the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confirmed {
+    /// This PersistentPodState manages the pod.
+    By(String),
+    /// No PersistentPodState manages the pod.
+    Nobody,
+}
+
+impl PodRef {
+    /// Records the node agent's word on who manages the pod, in place of its annotation.
+    pub fn confirm(&mut self, word: &Confirmed) {
+        self.persistent_pod_state = match word {
+            Confirmed::By(name) => Some(name.clone()),
+            Confirmed::Nobody => None,
+        };
+        self.confirmed = true;
+    }
+
+    /// The PersistentPodState the node agent confirmed manages the pod, if it did.
+    pub fn confirmed_manager(&self) -> Option<&str> {
+        self.persistent_pod_state
+            .as_deref()
+            .filter(|_| self.confirmed)
+    }
 }
 
 pub use crate::retention::PERSISTENT_POD_STATE_ANNOTATION;

@@ -15,12 +15,12 @@ pub mod retention;
 pub mod store;
 
 pub use allocator::{
-    AddOutcome, AddRequest, AllocError, Assignment, CheckError, ReleaseOutcome, Source,
+    AddOutcome, AddRequest, AllocError, Assignment, CheckError, Departure, ReleaseOutcome, Source,
 };
 pub use clock::{ClockMark, Reading};
 pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
 pub use lease::{
-    Attachment, Lease, LeaseState, PERSISTENT_POD_STATE_ANNOTATION, PodIdentity, PodRef,
+    Attachment, Confirmed, Lease, LeaseState, PERSISTENT_POD_STATE_ANNOTATION, PodIdentity, PodRef,
 };
 pub use range::{Range, RangeError, RangeSet, RangeSpec};
 pub use retention::{Resolved, Retention, RetentionError, RetentionPolicy, RetentionSource};

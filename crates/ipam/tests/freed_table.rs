@@ -11,8 +11,8 @@ use std::time::Duration;
 use ipkeep_ipam::range::{RangeSet, RangeSpec};
 use ipkeep_ipam::store::MAX_FREED_REMEMBERED;
 use ipkeep_ipam::{
-    AddRequest, Attachment, Commit, DiskStore, NetworkDir, Reading, Retention, Store, StoreRead,
-    allocator,
+    AddRequest, Attachment, Commit, Departure, DiskStore, NetworkDir, Reading, Retention, Store,
+    StoreRead, allocator,
 };
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
 
@@ -70,7 +70,13 @@ fn entries_past_the_cooldown_are_forgotten_by_the_next_add() {
         // One ADD and one DEL a second.
         let added = allocator::add(&mut store, &req, &Reading::wall(1_000_000 + i)).unwrap();
         last = Some(added.assignments[0].ip);
-        allocator::del(&mut store, &owner, None, &Reading::wall(1_000_000 + i)).unwrap();
+        allocator::del(
+            &mut store,
+            &owner,
+            &Departure::default(),
+            &Reading::wall(1_000_000 + i),
+        )
+        .unwrap();
     }
     // The address freed last is still cooling.
     assert_eq!(store.freed_at(last.unwrap()).unwrap(), Some(1_000_399));

@@ -6,6 +6,8 @@
 //! An empty term matches nothing, and stays that way: C is not added to it, since that would
 //! turn "nothing" into C.
 
+use std::collections::BTreeMap;
+
 use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::k8s_openapi::api::core::v1::{
@@ -154,15 +156,7 @@ fn expression(r: &Requirement) -> NodeSelectorRequirement {
 /// Applying it twice changes nothing the second time, so the webhook is safe to reinvoke.
 pub fn apply(managed: &Managed, pod: &mut Pod) {
     let annotations = pod.metadata.annotations.get_or_insert_default();
-    annotations.insert(PERSISTENT_POD_STATE.to_string(), managed.pps.clone());
-    if let Some(retention) = &managed.retention {
-        let own_is_readable = annotations
-            .get(IP_RETENTION)
-            .is_some_and(|own| Retention::parse(IP_RETENTION, own).is_ok());
-        if !own_is_readable {
-            annotations.insert(IP_RETENTION.to_string(), retention.clone());
-        }
-    }
+    stamp_retention(&managed.pps, managed.retention.as_deref(), annotations);
     match &managed.pin {
         PinOutcome::Unrecorded(_) => {}
         PinOutcome::Skipped(why) => {
@@ -172,6 +166,27 @@ pub fn apply(managed: &Managed, pod: &mut Pod) {
             annotations.insert(PINNED_BY.to_string(), managed.pps.clone());
             annotations.remove(PIN_SKIPPED);
             inject(pod.spec.get_or_insert_default(), pinned);
+        }
+    }
+}
+
+/// Writes into a managed pod's `annotations` what decides how long the CNI plugin holds its
+/// addresses: the name of the PersistentPodState `pps` that manages it, and `retention` (its
+/// `spec.ipRetention`, when that reads) unless the pod sets a readable retention of its own.
+/// The webhook stamps this on the pod at creation; the node agent applies the same rule at the
+/// pod's ADD and DEL, so a pod the webhook never stamped is held just as long.
+pub fn stamp_retention(
+    pps: &str,
+    retention: Option<&str>,
+    annotations: &mut BTreeMap<String, String>,
+) {
+    annotations.insert(PERSISTENT_POD_STATE.to_string(), pps.to_string());
+    if let Some(retention) = retention {
+        let own_is_readable = annotations
+            .get(IP_RETENTION)
+            .is_some_and(|own| Retention::parse(IP_RETENTION, own).is_ok());
+        if !own_is_readable {
+            annotations.insert(IP_RETENTION.to_string(), retention.to_string());
         }
     }
 }

@@ -188,9 +188,7 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         return Decision::Pass(PassReason::PersistentPodStateDeleting);
     }
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let retention = check_ip_retention(&pps.spec.ip_retention)
-        .ok()
-        .map(|_| pps.spec.ip_retention.trim().to_string());
+    let retention = stamped_retention(pps);
     let (lifecycle, invalid) = match spec::check(&pps.spec) {
         Ok(config) => (config.lifecycle, None),
         Err(e) => (Default::default(), Some(e)),
@@ -245,6 +243,14 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         Some(why) => managed(PinOutcome::Skipped(SkipReason::Conflict(why))),
         None => managed(PinOutcome::Pinned(pinned)),
     }
+}
+
+/// The `ipkeep.dev/ip-retention` a pod `pps` manages is stamped with: `spec.ipRetention`, when
+/// it reads (otherwise the CNI plugin falls back to its configured default).
+pub fn stamped_retention(pps: &PersistentPodState) -> Option<String> {
+    check_ip_retention(&pps.spec.ip_retention)
+        .ok()
+        .map(|_| pps.spec.ip_retention.trim().to_string())
 }
 
 fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
@@ -311,6 +317,24 @@ fn statefulset_owner(pod: &Pod) -> Option<Owner> {
         .map(|o| Owner {
             name: o.name.clone(),
             uid: o.uid.clone(),
+        })
+}
+
+/// Which of `states` (PersistentPodStates of one namespace) is StatefulSet `statefulset`'s: the
+/// one named after it if it targets it, else the first by name that targets it. The webhook's
+/// cache looks it up by the same rule.
+pub fn persistent_pod_state_of<'a>(
+    states: impl IntoIterator<Item = &'a PersistentPodState>,
+    statefulset: &str,
+) -> Option<&'a PersistentPodState> {
+    states
+        .into_iter()
+        .filter(|p| {
+            p.spec.target_ref.kind == "StatefulSet" && p.spec.target_ref.name == statefulset
+        })
+        .min_by_key(|p| {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            (name != statefulset, name)
         })
 }
 

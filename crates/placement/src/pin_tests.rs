@@ -648,3 +648,29 @@ fn the_pod_index_label_names_the_ordinal() {
     assert!(decide_with(json!({})));
     assert!(!decide_with(json!({"apps.kubernetes.io/pod-index": "1"})));
 }
+
+/// The webhook and the node agent find a StatefulSet's PersistentPodState by one rule: the one
+/// named after the StatefulSet if it targets it, else the first by name that targets it.
+#[test]
+fn which_persistent_pod_state_is_a_statefulsets() {
+    let named = |name: &str, target: &str, kind: &str| -> PersistentPodState {
+        let mut p = pps();
+        p["metadata"]["name"] = json!(name);
+        p["spec"]["targetRef"]["name"] = json!(target);
+        p["spec"]["targetRef"]["kind"] = json!(kind);
+        serde_json::from_value(p).unwrap()
+    };
+    let states = [
+        named("b", "db", "StatefulSet"),
+        named("a", "db", "StatefulSet"),
+        named("db", "db", "StatefulSet"),
+        named("web", "web", "Deployment"),
+    ];
+    let of = |sts: &str, from: &[PersistentPodState]| {
+        crate::pin::persistent_pod_state_of(from, sts).and_then(|p| p.metadata.name.clone())
+    };
+    assert_eq!(of("db", &states).as_deref(), Some("db"));
+    assert_eq!(of("db", &states[..2]).as_deref(), Some("a"));
+    assert_eq!(of("web", &states), None, "a StatefulSet only");
+    assert_eq!(of("kv", &states), None);
+}

@@ -49,6 +49,7 @@ fn pod_ref(pod: &str) -> PodRef {
         name: pod.to_string(),
         uid: None,
         persistent_pod_state: Some("pps".to_string()),
+        confirmed: true,
     }
 }
 

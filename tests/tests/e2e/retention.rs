@@ -1,8 +1,10 @@
 //! What users of IP retention ask for most (docs/retention.md), on the real nodes the story
 //! left running: several ordinals rebuilt at once (`maxUnavailable`), ordinal-stable IPs across
 //! a scale down and up, the records at a glance, in-place resize, a re-created StatefulSet that
-//! adopts what the old one left, a node rebooted with its runtime's state wiped, and a node
-//! re-registered with another pod CIDR. Each step checks the outcome on the nodes' stores too.
+//! adopts what the old one left, a node rebooted with its runtime's state wiped, a node
+//! re-registered with another pod CIDR, and every pod keeping its IP from its first rebuild
+//! however its StatefulSet came to be managed (`first_rebuild.rs`). Each step checks the outcome
+//! on the nodes' stores too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,8 @@ use std::time::{Duration, Instant};
 use ipkeep_tests::cluster::{repo_root, wait_until};
 use ipkeep_tests::kubectl::Kubectl;
 use serde_json::Value;
+
+mod first_rebuild;
 
 const NS: &str = "keep";
 /// Pod → (node, IPv4).
@@ -248,6 +252,16 @@ pub fn on_real_nodes(state: &Path) {
     a_recreated_statefulset_adopts_what_the_old_one_left(&real);
     a_reboot_without_del(&real);
     a_new_pod_cidr(&real);
+    first_rebuild::first_rebuilds_keep_every_ip(&real);
+}
+
+/// The first-rebuild step alone (`IPKEEP_STEPS=first-rebuild`).
+pub fn first_rebuilds_on_real_nodes(state: &Path) {
+    let real = Real::new(state);
+    if real.kubectl.get(&["namespace", NS]).is_none() {
+        real.kubectl.run(&["create", "namespace", NS]);
+    }
+    first_rebuild::first_rebuilds_keep_every_ip(&real);
 }
 
 /// `maxUnavailable: 3` rebuilds three ordinals of six together, on two nodes: each comes back

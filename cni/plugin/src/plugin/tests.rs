@@ -30,7 +30,13 @@ fn vars(command: &str, cid: &str, pod: &str) -> HashMap<String, String> {
     .collect()
 }
 
-fn at(wall: u64, since_boot: u64) -> Call {
+/// The plugin on its own: no view of the API server.
+pub(super) static ALONE: management::NoApiView = management::NoApiView(management::Unavailable {
+    why: String::new(),
+    expected: false,
+});
+
+pub(super) fn at(wall: u64, since_boot: u64) -> Call<'static> {
     Call {
         reading: Reading {
             wall,
@@ -38,6 +44,7 @@ fn at(wall: u64, since_boot: u64) -> Call {
             ..Reading::wall(0)
         },
         deadline: None,
+        api: &ALONE,
     }
 }
 
@@ -47,7 +54,7 @@ fn invoke(
     command: &str,
     cid: &str,
     pod: &str,
-    call: &Call,
+    call: &Call<'_>,
 ) -> (i32, String) {
     invoke_with(stores, CONF, command, cid, pod, call)
 }
@@ -58,7 +65,7 @@ fn invoke_with<S: Stores>(
     command: &str,
     cid: &str,
     pod: &str,
-    call: &Call,
+    call: &Call<'_>,
 ) -> (i32, String) {
     let config = netconf::decode(conf.as_bytes());
     let mut out = Vec::new();
@@ -66,12 +73,12 @@ fn invoke_with<S: Stores>(
     (done.exit_code, String::from_utf8(out).unwrap())
 }
 
-fn ip_of(result: &str) -> String {
+pub(super) fn ip_of(result: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(result).unwrap();
     v["ips"][0]["address"].as_str().unwrap().to_string()
 }
 
-fn dir() -> NetworkDir {
+pub(super) fn dir() -> NetworkDir {
     NetworkDir::new(std::path::Path::new("/var/lib/cni/test"), "net").unwrap()
 }
 
@@ -152,6 +159,7 @@ fn a_reboot_with_the_clock_ahead_frees_no_holding() {
             ..Reading::wall(0)
         },
         deadline: None,
+        api: &ALONE,
     };
     let ten_days = 10 * 86_400;
     let mut result = (0, String::new());
@@ -214,7 +222,7 @@ impl tracing::Subscriber for AlwaysAsk {
 
 /// Captures what `f` logs at `level`, formatted as the plugin formats it. One capture at a
 /// time, and every call site asked afresh ([`AlwaysAsk`]).
-fn logged(level: &str, f: impl FnOnce()) -> String {
+pub(super) fn logged(level: &str, f: impl FnOnce()) -> String {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     static GLOBAL: std::sync::Once = std::sync::Once::new();
     GLOBAL.call_once(|| {

@@ -1,6 +1,7 @@
 //! ADD: one address per range set for an attachment, its pod's held addresses first.
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -434,30 +435,57 @@ fn next_free<S: Store + ?Sized>(
     })
 }
 
-/// The holding in `set` that gives way when the set is full: one without a PersistentPodState
-/// first (nobody vouched for it), then the one that would end soonest (`forever` last), then the
-/// oldest. Only holdings this command has not touched qualify.
+/// The holding in `set` that gives way when the set is full, first in this order:
+/// 1. one that no PersistentPodState link confirmed by the node agent protects: an unconfirmed
+///    link is only the pod's annotation, which whoever creates a pod can write;
+/// 2. one of the namespace holding the most addresses of the set, so a tenant that fills a
+///    node's range gives way before its neighbours;
+/// 3. a `forever` one before any that ends: asking for more never protects more;
+/// 4. the one that would end soonest;
+/// 5. the oldest.
+///
+/// Only holdings this command has not touched qualify.
 fn reclaimable<S: Store + ?Sized>(
     pending: &Pending<'_, S>,
     set: &RangeSet,
 ) -> Result<Option<Lease>, StoreError> {
-    let mut best: Option<((bool, u64, u64), Lease)> = None;
+    let mut candidates = Vec::new();
+    let mut per_namespace: BTreeMap<String, usize> = BTreeMap::new();
     for lease in pending.store.held()? {
         if set.range_of(lease.ip).is_none() || pending.lease(lease.ip)?.as_ref() != Some(&lease) {
             continue;
         }
-        let managed = lease
+        let LeaseState::Held { until } = lease.state else {
+            continue;
+        };
+        *per_namespace
+            .entry(namespace_of(&lease).to_string())
+            .or_default() += 1;
+        candidates.push((until, lease));
+    }
+    let key = |until: Option<u64>, lease: &Lease| {
+        let vouched = lease
             .pod
             .as_ref()
-            .is_some_and(|p| p.persistent_pod_state.is_some());
-        let until = match lease.state {
-            LeaseState::Held { until } => until.unwrap_or(u64::MAX),
-            LeaseState::Active => continue,
-        };
-        let key = (managed, until, lease.since);
-        if best.as_ref().is_none_or(|(k, _)| key < *k) {
-            best = Some((key, lease));
-        }
-    }
-    Ok(best.map(|(_, lease)| lease))
+            .is_some_and(|p| p.confirmed_manager().is_some());
+        let crowd = per_namespace
+            .get(namespace_of(lease))
+            .copied()
+            .unwrap_or_default();
+        (
+            vouched,
+            Reverse(crowd),
+            until.is_some(),
+            until.unwrap_or(u64::MAX),
+            lease.since,
+        )
+    };
+    Ok(candidates
+        .into_iter()
+        .min_by_key(|(until, lease)| key(*until, lease))
+        .map(|(_, lease)| lease))
+}
+
+fn namespace_of(lease: &Lease) -> &str {
+    lease.pod.as_ref().map_or("", |p| p.namespace.as_str())
 }

@@ -9,7 +9,8 @@
 //!   older sandbox of the same pod moves only once that sandbox's network namespace is gone
 //!   (until then the ADD fails with "try again later"), so two live sandboxes never share it;
 //! * held addresses never starve a pod of a range: when nothing else is free, a holding gives
-//!   way (holdings without a PersistentPodState first, then the one that ends soonest);
+//!   way (see `reclaimable` in `add.rs`: holdings no PersistentPodState link confirmed by the node
+//!   agent protects first, and never a real finite one before a `forever` one);
 //! * DEL only touches leases the attachment owns *now*, and holds them when retention is on;
 //! * a failed command commits nothing (host-local's rollback can delete a pod's existing
 //!   addresses; ours cannot);
@@ -22,13 +23,16 @@ mod release;
 mod tests;
 #[cfg(test)]
 mod tests_ranges;
+#[cfg(test)]
+mod tests_reclaim;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 pub use add::{AddOutcome, AddRequest, AllocError, Assignment, Source, add};
 pub use release::{
-    CheckError, ReleaseOutcome, check, del, gc, release_expired, release_held, release_pod,
+    CheckError, Departure, ReleaseOutcome, check, del, gc, release_expired, release_held,
+    release_pod,
 };
 
 use crate::clock::{self, ClockMark, Reading};

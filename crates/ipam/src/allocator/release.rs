@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use super::{Pending, commit, list, release_or_hold};
 use crate::clock::Reading;
-use crate::lease::{Attachment, Lease};
+use crate::lease::{Attachment, Confirmed, Lease};
 use crate::retention::Retention;
 use crate::store::{Store, StoreError};
 
@@ -45,20 +45,31 @@ pub struct ReleaseOutcome {
     pub still_active: Vec<Lease>,
 }
 
+/// What a DEL knows about its pod now, in place of what its ADD recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Departure {
+    /// The pod's retention now (the runtime passed its annotations again, or the node agent
+    /// decided from the API server); `None`: the retention resolved at ADD.
+    pub retention: Option<Retention>,
+    /// The node agent's word on who manages the pod now, recorded as confirmed with the
+    /// holding; `None`: nobody asked the API server, and the link recorded at ADD stays.
+    pub confirmed: Option<Confirmed>,
+}
+
 /// Runs a DEL: the attachment's active leases are held for their pod (when it has a name and
-/// retention is on) or freed. `retention` overrides what was recorded at ADD (the runtime sent
-/// the pod's annotations again). Unknown attachments are a no-op.
+/// retention is on) or freed, by what `departure` says where it says something, else by what
+/// ADD recorded. Unknown attachments are a no-op.
 pub fn del<S: Store + ?Sized>(
     store: &mut S,
     owner: &Attachment,
-    retention: Option<Retention>,
+    departure: &Departure,
     reading: &Reading,
 ) -> Result<ReleaseOutcome, StoreError> {
     let mut pending = Pending::new(&*store, reading)?;
     let mut outcome = ReleaseOutcome::default();
     for lease in store.leases_of_attachment(owner)? {
         if lease.is_active() {
-            record_release(&mut pending, &mut outcome, &lease, retention);
+            record_release(&mut pending, &mut outcome, &lease, departure);
         }
     }
     let planned = pending.into_commit();
@@ -70,9 +81,14 @@ fn record_release<S: Store + ?Sized>(
     pending: &mut Pending<'_, S>,
     outcome: &mut ReleaseOutcome,
     lease: &Lease,
-    retention: Option<Retention>,
+    departure: &Departure,
 ) {
-    let after = release_or_hold(lease, retention.unwrap_or(lease.retention), pending.now());
+    let mut known = lease.clone();
+    if let (Some(word), Some(pod)) = (&departure.confirmed, known.pod.as_mut()) {
+        pod.confirm(word);
+    }
+    let retention = departure.retention.unwrap_or(lease.retention);
+    let after = release_or_hold(&known, retention, pending.now());
     match &after {
         Some(held) => outcome.held.push(held.clone()),
         None => outcome.released.push(lease.clone()),
@@ -128,7 +144,7 @@ pub fn gc<S: Store + ?Sized>(
         Ok(())
     })?;
     for lease in &stale {
-        record_release(&mut pending, &mut outcome, lease, None);
+        record_release(&mut pending, &mut outcome, lease, &Departure::default());
     }
     let planned = pending.into_commit();
     commit(store, planned)?;

@@ -42,6 +42,7 @@ pub(super) fn pod(name: &str) -> Option<PodRef> {
         name: name.to_string(),
         uid: None,
         persistent_pod_state: None,
+        confirmed: false,
     })
 }
 
@@ -55,7 +56,7 @@ pub(super) struct Case<'a> {
 }
 
 impl Case<'_> {
-    fn add_full(
+    pub(super) fn add_full(
         &mut self,
         cid: &str,
         pod_name: Option<&str>,
@@ -99,7 +100,13 @@ impl Case<'_> {
     }
 
     pub(super) fn del(&mut self, cid: &str, now: u64) -> (usize, usize) {
-        let out = allocator::del(self.store, &att(cid), None, &Reading::wall(now)).expect("DEL");
+        let out = allocator::del(
+            self.store,
+            &att(cid),
+            &Default::default(),
+            &Reading::wall(now),
+        )
+        .expect("DEL");
         (out.held.len(), out.released.len())
     }
 
@@ -128,7 +135,15 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ),
     (
         "held_addresses_never_starve_a_new_pod",
-        held_addresses_never_starve_a_new_pod,
+        super::tests_reclaim::held_addresses_never_starve_a_new_pod,
+    ),
+    (
+        "forged_links_and_forever_give_way_before_a_real_holding",
+        super::tests_reclaim::forged_links_and_forever_give_way_before_a_real_holding,
+    ),
+    (
+        "a_confirmed_link_protects_a_holding_in_its_namespace",
+        super::tests_reclaim::a_confirmed_link_protects_a_holding_in_its_namespace,
     ),
     (
         "expired_holdings_are_reclaimed",
@@ -269,76 +284,6 @@ fn held_addresses_go_to_nobody_else(store: &mut dyn Store) {
             .contains("held of pod db/web-0 until 2023-11-15T22:13:20Z"),
         "{err}"
     );
-}
-
-/// A full range gives a new pod a held address rather than starving it: holdings without a
-/// PersistentPodState first, then the one that ends soonest; active addresses never.
-fn held_addresses_never_starve_a_new_pod(store: &mut dyn Store) {
-    let s = sets(&["10.31.0.0/29"]); // .2 ... .6
-    let mut c = Case { sets: &s, store };
-    let managed = |name: &str| {
-        pod(name).map(|mut p| {
-            p.persistent_pod_state = Some("kv".into());
-            p
-        })
-    };
-    for (cid, pod_ref, r) in [
-        ("a", managed("kv-0"), Retention::Seconds(100)),
-        ("b", pod("solo-0"), Retention::Forever),
-        ("c", pod("solo-1"), DAY),
-        ("d", managed("kv-1"), Retention::Forever),
-    ] {
-        let req = AddRequest {
-            range_sets: &s,
-            owner: att(cid),
-            pod: pod_ref,
-            retention: r,
-            requested: &[],
-            netns: None,
-            netns_exists: &|_| false,
-            reuse_cooldown: 0,
-        };
-        allocator::add(c.store, &req, &Reading::wall(T0)).expect("add");
-        c.del(cid, T0);
-    }
-    c.add("e", Some("web-5"), Retention::Off);
-    let took = |c: &mut Case<'_>, cid: &str| {
-        let out = c
-            .add_full(cid, Some(cid), Retention::Off, &[], T0 + 1)
-            .expect("a held address gives way");
-        match &out[0].1 {
-            Source::Reclaimed { from } => {
-                (out[0].0.to_string(), from.pod.clone().expect("pod").name)
-            }
-            other => panic!("{cid}: {other:?}"),
-        }
-    };
-    // Unmanaged first, soonest end first: solo-1 (a day) before solo-0 (forever).
-    assert_eq!(took(&mut c, "n1"), ("10.31.0.4".into(), "solo-1".into()));
-    assert_eq!(took(&mut c, "n2"), ("10.31.0.3".into(), "solo-0".into()));
-    // Then managed ones, soonest end first.
-    assert_eq!(took(&mut c, "n3"), ("10.31.0.2".into(), "kv-0".into()));
-    assert_eq!(took(&mut c, "n4"), ("10.31.0.5".into(), "kv-1".into()));
-    // Everything in use now: active addresses never give way.
-    let err = c
-        .add_full("n5", Some("n5"), Retention::Off, &[], T0 + 1)
-        .expect_err("full");
-    assert!(
-        matches!(
-            err,
-            AllocError::Exhausted {
-                active: 5,
-                held: 0,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    // The pod whose holding gave way gets a new address when it comes back (none here).
-    let err = c
-        .add_full("a2", Some("kv-0"), DAY, &[], T0 + 2)
-        .expect_err("its address went to another pod");
-    assert!(matches!(err, AllocError::Exhausted { .. }), "{err}");
 }
 
 fn expired_holdings_are_reclaimed(store: &mut dyn Store) {

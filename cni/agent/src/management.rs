@@ -1,0 +1,232 @@
+//! Which PersistentPodState manages the pod of a CNI ADD or DEL, decided from what the API
+//! server says now (the agent's caches), not from the annotations the webhook stamped when the
+//! pod was created: a pod created before its PersistentPodState existed carries none, and is
+//! managed all the same. Pure: the caches are read by [`ClusterApi`], the decision is
+//! [`management`].
+//!
+//! A pod is managed when, at that moment,
+//! * it is on this node, its controlling owner is a StatefulSet, and that StatefulSet's
+//!   PersistentPodState (the webhook's rule, [`pin::persistent_pod_state_of`]) is not being
+//!   deleted ([`pin::decide`], the webhook's own decision, says it manages the pod);
+//! * its ordinal is in range: its name is `<statefulset>-<ordinal>` with the canonical ordinal
+//!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label.
+//!   Ordinals beyond `replicas` are held like any other: under `WhenScaled` the controller prunes
+//!   their records once their pods are gone, and the sweep then releases the holdings;
+//! * or, for a pod on this node without a controlling StatefulSet (orphaned by
+//!   `kubectl delete sts --cascade=orphan`, its state kept for adoption), a state records this
+//!   very pod (the record's pod UID is the pod's);
+//! * or, for a pod the API no longer shows on this node (force-deleted, or gone before a DEL
+//!   that came late), its name is what the target StatefulSet of a PersistentPodState in its
+//!   namespace would name it.
+//!
+//! A managed pod's retention annotations are what the webhook stamps
+//! ([`affinity::stamp_retention`]): its own readable `ipkeep.dev/ip-retention`, else the
+//! state's `spec.ipRetention`. Nothing the pod's author writes counts for more than the webhook
+//! would let it.
+//!
+//! While the agent's view is not usable (caches not synced, a watch relisting after an error,
+//! its Node unknown) nothing is decided: the pod's annotations decide, as in the plugin alone.
+
+use std::collections::BTreeMap;
+
+use ipkeep_api::PersistentPodState;
+use ipkeep_api::annotations::{IP_RETENTION, POD_INDEX_LABEL};
+use ipkeep_api::ipkeep_values::keys::KRUISE_RESERVED_IP;
+use ipkeep_api::ipkeep_values::ordinal;
+use ipkeep_cni::management::{ApiView, Management, Unavailable};
+use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy};
+use ipkeep_placement::affinity::stamp_retention;
+use ipkeep_placement::pin::{self, Decision};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::{Cluster, Readiness};
+
+/// The pod annotations that decide a managed pod's retention, besides the link the webhook
+/// writes.
+pub const RETENTION_ANNOTATIONS: [&str; 2] = [IP_RETENTION, KRUISE_RESERVED_IP];
+
+/// Decides who manages pod `namespace`/`name`. `pod` is the pod of that name the API shows on
+/// this node, if any; `states` are the PersistentPodStates of its namespace; `annotations` are
+/// those the runtime passed (used only when the API no longer shows the pod).
+pub fn management(
+    readiness: Readiness,
+    namespace: &str,
+    name: &str,
+    pod: Option<&Pod>,
+    states: &[&PersistentPodState],
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Management {
+    if readiness != Readiness::Ready {
+        return Management::Unknown(Unavailable {
+            why: format!(
+                "the node agent's view of the API server is not usable ({})",
+                readiness.as_str()
+            ),
+            expected: true,
+        });
+    }
+    match pod {
+        Some(pod) => of_pod_on_node(namespace, name, pod, states),
+        None => of_pod_gone(name, states, annotations),
+    }
+}
+
+fn of_pod_on_node(
+    namespace: &str,
+    name: &str,
+    pod: &Pod,
+    states: &[&PersistentPodState],
+) -> Management {
+    let Some(statefulset) = pin::statefulset_name(pod) else {
+        return of_orphan(name, pod, states);
+    };
+    let pps = pin::persistent_pod_state_of(states.iter().copied(), &statefulset);
+    let Decision::Manage(managed) = pin::decide(pod, namespace, pps) else {
+        return Management::Unmanaged;
+    };
+    let index = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(POD_INDEX_LABEL))
+        .map(String::as_str);
+    if ordinal::of_pod(name, &statefulset, index).is_none() {
+        return Management::Unmanaged;
+    }
+    let mut annotations = retention_annotations(pod.metadata.annotations.as_ref());
+    stamp_retention(&managed.pps, managed.retention.as_deref(), &mut annotations);
+    Management::Managed {
+        persistent_pod_state: managed.pps,
+        annotations,
+    }
+}
+
+/// A pod without a controlling StatefulSet: `kubectl delete sts --cascade=orphan` leaves its
+/// pods so, and a PersistentPodState kept for adoption still records them. Managed only by a
+/// state whose record of that name is this very pod (the UID the controller recorded when the
+/// pod was its StatefulSet's and Ready): nothing a pod's author writes can claim that.
+fn of_orphan(name: &str, pod: &Pod, states: &[&PersistentPodState]) -> Management {
+    let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
+        return Management::Unmanaged;
+    };
+    let recorded = |p: &&&PersistentPodState| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.pod_states.get(name))
+            .and_then(|r| r.pod_uid.as_deref())
+            == Some(uid)
+    };
+    let Some(pps) = states
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find(recorded)
+    else {
+        return Management::Unmanaged;
+    };
+    let pps_name = pps.metadata.name.clone().unwrap_or_default();
+    let mut annotations = retention_annotations(pod.metadata.annotations.as_ref());
+    stamp_retention(
+        &pps_name,
+        pin::stamped_retention(pps).as_deref(),
+        &mut annotations,
+    );
+    Management::Managed {
+        persistent_pod_state: pps_name,
+        annotations,
+    }
+}
+
+fn of_pod_gone(
+    name: &str,
+    states: &[&PersistentPodState],
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Management {
+    let target = states
+        .iter()
+        .filter(|p| p.spec.target_ref.kind == "StatefulSet")
+        .map(|p| p.spec.target_ref.name.as_str())
+        .find(|statefulset| ordinal::from_name(name, statefulset).is_some());
+    let Some(pps) = target.and_then(|s| pin::persistent_pod_state_of(states.iter().copied(), s))
+    else {
+        return Management::Unmanaged;
+    };
+    if pps.metadata.deletion_timestamp.is_some() {
+        return Management::Unmanaged;
+    }
+    let pps_name = pps.metadata.name.clone().unwrap_or_default();
+    let mut stamped = retention_annotations(annotations);
+    stamp_retention(
+        &pps_name,
+        pin::stamped_retention(pps).as_deref(),
+        &mut stamped,
+    );
+    Management::Managed {
+        persistent_pod_state: pps_name,
+        annotations: stamped,
+    }
+}
+
+/// What the agent's own DEL of a sandbox whose DEL never came records. For a pod a
+/// PersistentPodState manages now: that state's word, and the retention its stamped annotations
+/// say (one they do not say stays as ADD resolved it: the network's configuration is not at
+/// hand here). For any other pod: what ADD recorded.
+pub fn missed_del(management: &Management, recorded: Retention) -> Departure {
+    let Management::Managed {
+        persistent_pod_state,
+        annotations,
+    } = management
+    else {
+        return Departure::default();
+    };
+    let by_state = RetentionPolicy {
+        default: recorded,
+        max_unmanaged: Retention::Off,
+    };
+    Departure {
+        retention: Some(by_state.resolve(Some(annotations)).retention),
+        confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
+    }
+}
+
+fn retention_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    all.into_iter()
+        .flatten()
+        .filter(|(k, _)| RETENTION_ANNOTATIONS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The agent's caches as the plugin's view of the API server; `None` with `--no-kubernetes`.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterApi<'a>(pub Option<&'a Cluster>);
+
+impl ApiView for ClusterApi<'_> {
+    fn management(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> Management {
+        let Some(cluster) = self.0 else {
+            return Management::Unknown(Unavailable {
+                why: "the node agent runs without Kubernetes (--no-kubernetes)".into(),
+                expected: false,
+            });
+        };
+        let pod = cluster.pod(namespace, name);
+        let states = cluster.states_in(namespace);
+        let states: Vec<&PersistentPodState> = states.iter().map(AsRef::as_ref).collect();
+        management(
+            cluster.readiness(),
+            namespace,
+            name,
+            pod.as_deref(),
+            &states,
+            annotations,
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "management_tests.rs"]
+mod tests;

@@ -1,0 +1,307 @@
+//! The decision as a table: one row per situation a pod can be in at its ADD or DEL.
+
+#![allow(clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const NS: &str = "prod";
+
+/// Pod `name` of StatefulSet `sts` (no owner with `sts` empty), with `annotations` and `labels`.
+fn pod(name: &str, sts: &str, annotations: Value, labels: Value) -> Pod {
+    let owners = if sts.is_empty() {
+        json!([])
+    } else {
+        json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts, "uid": "sts-uid", "controller": true}])
+    };
+    serde_json::from_value(json!({"metadata": {
+        "name": name, "namespace": NS, "uid": "pod-uid",
+        "ownerReferences": owners, "annotations": annotations, "labels": labels
+    }}))
+    .unwrap()
+}
+
+/// `state` with a record of `pod` (node `n1`) made for the pod with UID `uid`.
+fn recording(mut state: PersistentPodState, pod: &str, uid: &str) -> PersistentPodState {
+    let record = serde_json::from_value(json!({"nodeName": "n1", "podUID": uid})).unwrap();
+    state
+        .status
+        .get_or_insert_default()
+        .pod_states
+        .insert(pod.to_string(), record);
+    state
+}
+
+/// PersistentPodState `name` in `namespace` for StatefulSet `target`, `ipRetention: 2h`.
+fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> PersistentPodState {
+    let mut meta = json!({"name": name, "namespace": namespace});
+    if deleting {
+        meta["deletionTimestamp"] = json!("2026-11-26T09:00:00Z");
+        meta["finalizers"] = json!(["example.com/hold"]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": meta,
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": target},
+                 "ipRetention": "2h"}
+    }))
+    .unwrap()
+}
+
+fn managed(pps: &str, retention: &str) -> Management {
+    Management::Managed {
+        persistent_pod_state: pps.into(),
+        annotations: [
+            ("ipkeep.dev/persistent-pod-state", pps),
+            ("ipkeep.dev/ip-retention", retention),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    }
+}
+
+struct Row {
+    what: &'static str,
+    readiness: Readiness,
+    name: &'static str,
+    pod: Option<Pod>,
+    states: Vec<PersistentPodState>,
+    runtime: Option<Value>,
+    want: Management,
+}
+
+fn rows() -> Vec<Row> {
+    let none = || json!({});
+    let db = || vec![state(NS, "db", "db", false)];
+    let db_pod = |name: &str| Some(pod(name, "db", none(), none()));
+    let row = |what, name, pod: Option<Pod>, states, want| Row {
+        what,
+        readiness: Readiness::Ready,
+        name,
+        pod,
+        states,
+        runtime: None,
+        want,
+    };
+    vec![
+        row(
+            "managed: no link, no retention annotation (created before its PersistentPodState)",
+            "db-0",
+            db_pod("db-0"),
+            db(),
+            managed("db", "2h"),
+        ),
+        row(
+            "managed: a readable retention of its own counts, as the webhook lets it",
+            "db-1",
+            Some(pod(
+                "db-1",
+                "db",
+                json!({"ipkeep.dev/ip-retention": "30m", "team": "x"}),
+                none(),
+            )),
+            db(),
+            managed("db", "30m"),
+        ),
+        row(
+            "managed: an unreadable one is replaced by the state's, as the webhook does",
+            "db-1",
+            Some(pod(
+                "db-1",
+                "db",
+                json!({"ipkeep.dev/ip-retention": "soon"}),
+                none(),
+            )),
+            db(),
+            managed("db", "2h"),
+        ),
+        row(
+            "managed: a link to another state changes nothing",
+            "db-2",
+            Some(pod(
+                "db-2",
+                "db",
+                json!({"ipkeep.dev/persistent-pod-state": "forged"}),
+                none(),
+            )),
+            db(),
+            managed("db", "2h"),
+        ),
+        row(
+            "managed: of two states targeting it, the one named after the StatefulSet",
+            "db-0",
+            db_pod("db-0"),
+            vec![state(NS, "a-db", "db", false), state(NS, "db", "db", false)],
+            managed("db", "2h"),
+        ),
+        row(
+            "not managed: no StatefulSet owns it, whatever its link says",
+            "db-3",
+            Some(pod(
+                "db-3",
+                "",
+                json!({"ipkeep.dev/persistent-pod-state": "db", "ipkeep.dev/ip-retention": "forever"}),
+                none(),
+            )),
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "orphaned (delete sts --cascade=orphan): its state records this very pod",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", false), "db-1", "pod-uid")],
+            managed("db", "2h"),
+        ),
+        row(
+            "orphaned: the record is another pod's (another UID)",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", false), "db-1", "older-uid")],
+            Management::Unmanaged,
+        ),
+        row(
+            "orphaned: its state is being deleted",
+            "db-1",
+            Some(pod("db-1", "", none(), none())),
+            vec![recording(state(NS, "db", "db", true), "db-1", "pod-uid")],
+            Management::Unmanaged,
+        ),
+        row(
+            "not managed: its StatefulSet has no state",
+            "web-0",
+            Some(pod("web-0", "web", none(), none())),
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "not managed: the only state is in another namespace",
+            "db-0",
+            db_pod("db-0"),
+            vec![state("other", "db", "db", false)],
+            Management::Unmanaged,
+        ),
+        row(
+            "not managed: its state is being deleted",
+            "db-0",
+            db_pod("db-0"),
+            vec![state(NS, "db", "db", true)],
+            Management::Unmanaged,
+        ),
+        row(
+            "ordinal out of range: not a canonical ordinal",
+            "db-01",
+            db_pod("db-01"),
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "ordinal out of range: beyond what a StatefulSet numbers",
+            "db-2147483648",
+            db_pod("db-2147483648"),
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "ordinal out of range: the pod-index label disagrees with the name",
+            "db-4",
+            Some(pod(
+                "db-4",
+                "db",
+                none(),
+                json!({"apps.kubernetes.io/pod-index": "5"}),
+            )),
+            db(),
+            Management::Unmanaged,
+        ),
+        Row {
+            runtime: Some(json!({"ipkeep.dev/ip-retention": "45m", "other": "x"})),
+            ..row(
+                "gone from the API: named as its state's StatefulSet names pods; its runtime annotations",
+                "db-5",
+                None,
+                db(),
+                managed("db", "45m"),
+            )
+        },
+        row(
+            "gone from the API: a name no state's StatefulSet gives",
+            "dbx-0",
+            None,
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "gone from the API: its state is being deleted",
+            "db-5",
+            None,
+            vec![state(NS, "db", "db", true)],
+            Management::Unmanaged,
+        ),
+        Row {
+            readiness: Readiness::Syncing,
+            ..row(
+                "view stale: caches not synced or a watch relisting",
+                "db-0",
+                db_pod("db-0"),
+                db(),
+                Management::Unknown(Unavailable {
+                    why: "the node agent's view of the API server is not usable (syncing)".into(),
+                    expected: true,
+                }),
+            )
+        },
+        Row {
+            readiness: Readiness::NodeUnknown,
+            ..row(
+                "view unusable: this agent's Node is unknown",
+                "db-0",
+                db_pod("db-0"),
+                db(),
+                Management::Unknown(Unavailable {
+                    why: "the node agent's view of the API server is not usable (node unknown (check --node-name))".into(),
+                    expected: true,
+                }),
+            )
+        },
+    ]
+}
+
+#[test]
+fn who_manages_a_pod_at_its_add_or_del() {
+    for row in rows() {
+        let states: Vec<&PersistentPodState> = row.states.iter().collect();
+        let runtime: Option<BTreeMap<String, String>> =
+            row.runtime.map(|v| serde_json::from_value(v).unwrap());
+        let got = management(
+            row.readiness,
+            NS,
+            row.name,
+            row.pod.as_ref(),
+            &states,
+            runtime.as_ref(),
+        );
+        assert_eq!(got, row.want, "{}", row.what);
+    }
+}
+
+#[test]
+fn a_missed_del_holds_by_the_state_that_manages_the_pod_now() {
+    let recorded = Retention::Off;
+    let departure = missed_del(&managed("db", "2h"), recorded);
+    assert_eq!(departure.retention, Some(Retention::Seconds(7_200)));
+    assert_eq!(departure.confirmed, Some(Confirmed::By("db".into())));
+    for other in [
+        Management::Unmanaged,
+        Management::Unknown(Unavailable {
+            why: "x".into(),
+            expected: true,
+        }),
+    ] {
+        assert_eq!(
+            missed_del(&other, recorded),
+            Departure::default(),
+            "{other:?}"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Whether a PersistentPodState manages the pod of an ADD or DEL, and what that makes of its
+//! retention.
+//!
+//! The node agent watches the PersistentPodStates and the pods of its node through the API
+//! server. A command that runs in the agent asks it ([`ApiView`]), and decides from what the API
+//! says at that moment: a pod a PersistentPodState manages is held by that state's rules
+//! whether or not the webhook stamped it when it was created (it cannot stamp a pod created
+//! before its PersistentPodState existed), and a pod none manages gets at most
+//! `ipam.maxUnmanagedRetention`, whatever link its annotations claim. What the agent said is
+//! recorded with the addresses as *confirmed*.
+//!
+//! Without that view (the plugin runs alone, the agent runs without Kubernetes, or its caches
+//! are not synced) the pod's annotations decide, as they always did: the link
+//! `ipkeep.dev/persistent-pod-state` the webhook stamps makes the retention annotations count
+//! in full. The command's log says so. Such a link is recorded unconfirmed, and protects
+//! nothing when a full range needs an address.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ipkeep_ipam::{Confirmed, PERSISTENT_POD_STATE_ANNOTATION, PodRef, Resolved, RetentionPolicy};
+use tracing::{info, warn};
+
+/// What the API server says about a pod, as the node agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Management {
+    /// PersistentPodState `persistent_pod_state` manages the pod now. `annotations` are the
+    /// pod's retention annotations as the webhook stamps them on such a pod (the link, and the
+    /// state's `spec.ipRetention` unless the pod sets a readable retention of its own).
+    Managed {
+        /// The PersistentPodState's name.
+        persistent_pod_state: String,
+        /// The annotations that decide the pod's retention.
+        annotations: BTreeMap<String, String>,
+    },
+    /// No PersistentPodState manages the pod now.
+    Unmanaged,
+    /// Nobody can say: the pod's annotations decide.
+    Unknown(Unavailable),
+}
+
+/// Why the API server's view is not available to a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    /// Said in the log.
+    pub why: String,
+    /// Whether a view was expected (an agent that failed, refused or is not synced): said as a
+    /// warning. A plugin configured without an agent, or an agent without Kubernetes, says it
+    /// at info level.
+    pub expected: bool,
+}
+
+/// Answers, for the pod of a command, whether a PersistentPodState manages it now.
+pub trait ApiView: fmt::Debug {
+    /// The pod `namespace`/`name`; `annotations` are those the runtime passed (what the pod had
+    /// when its sandbox was created).
+    fn management(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> Management;
+}
+
+/// No view of the API server: the plugin running alone, or an agent without Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoApiView(pub Unavailable);
+
+impl ApiView for NoApiView {
+    fn management(&self, _: &str, _: &str, _: Option<&BTreeMap<String, String>>) -> Management {
+        Management::Unknown(self.0.clone())
+    }
+}
+
+impl NoApiView {
+    /// The plugin running on its own, for `why`; `expected` as in [`Unavailable`].
+    pub fn new(why: impl Into<String>, expected: bool) -> Self {
+        NoApiView(Unavailable {
+            why: why.into(),
+            expected,
+        })
+    }
+}
+
+/// What the API server's view makes of a pod's retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// The retention, and how it was arrived at.
+    pub resolved: Resolved,
+    /// The agent's word to record with the addresses; `None` without a view.
+    pub confirmed: Option<Confirmed>,
+}
+
+/// Resolves a pod's retention by `policy` from `management`; `annotations` are what the runtime
+/// passed. Logs what an operator needs to know: a pod held although it lacks the link, a link
+/// no PersistentPodState stands behind, a retention limited, no view at all.
+pub fn decide(
+    management: &Management,
+    policy: &RetentionPolicy,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Decided {
+    let link = annotations
+        .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty());
+    let decided = match management {
+        Management::Managed {
+            persistent_pod_state,
+            annotations: stamped,
+        } => {
+            if link != Some(persistent_pod_state.as_str()) {
+                info!(
+                    persistent_pod_state = %persistent_pod_state,
+                    link = link.unwrap_or(""),
+                    "PersistentPodState {persistent_pod_state} manages this pod (the node agent's view of the API server) although its {PERSISTENT_POD_STATE_ANNOTATION} annotation does not say so: retention by that state's rules"
+                );
+            }
+            Decided {
+                resolved: policy.resolve(Some(stamped)),
+                confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
+            }
+        }
+        Management::Unmanaged => {
+            if let Some(link) = link {
+                warn!(
+                    link,
+                    "the pod's {PERSISTENT_POD_STATE_ANNOTATION} annotation names {link:?}, but no PersistentPodState manages this pod (the node agent's view of the API server): it is not managed"
+                );
+            }
+            let mut without_link = annotations.cloned().unwrap_or_default();
+            without_link.remove(PERSISTENT_POD_STATE_ANNOTATION);
+            Decided {
+                resolved: policy.resolve(annotations.map(|_| &without_link)),
+                confirmed: Some(Confirmed::Nobody),
+            }
+        }
+        Management::Unknown(unavailable) => {
+            let text = "no view of the API server: whether a PersistentPodState manages this pod follows its annotations";
+            if unavailable.expected {
+                warn!(why = %unavailable.why, linked = link.is_some(), "{text}");
+            } else {
+                info!(why = %unavailable.why, linked = link.is_some(), "{text}");
+            }
+            Decided {
+                resolved: policy.resolve(annotations),
+                confirmed: None,
+            }
+        }
+    };
+    if let Some(why) = &decided.resolved.adjusted {
+        warn!("{why}");
+    }
+    decided
+}
+
+impl Decided {
+    /// Records the agent's word, if any, in `pod`.
+    pub fn record(&self, pod: &mut PodRef) {
+        if let Some(word) = &self.confirmed {
+            pod.confirm(word);
+        }
+    }
+}
