@@ -8,20 +8,20 @@
 //! every PersistentPodState is reconciled again, because deletions that happened during the gap
 //! are never delivered as events.
 
-use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::STATEFULSET_POD_NAME_LABEL;
+use ipkeep_api::annotations::{AUTO_GENERATE, STATEFULSET_POD_NAME_LABEL};
 use ipkeep_placement::ipkeep_lifecycle::STATE_LABEL;
 use ipkeep_placement::lifecycle::{POD_INDEX_LABEL, REVISION_LABEL};
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
-    Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+    Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -104,6 +104,8 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// PersistentPodStates.
     pub pps: Store<PersistentPodState>,
+    /// Namespaces (trimmed to their auto-generation label).
+    pub namespaces: Store<Namespace>,
     /// Whether they all had their first full list.
     pub synced: Synced,
 }
@@ -127,6 +129,13 @@ impl Caches {
                         .any(|o| o.controller == Some(true) && o.uid == owner)
             })
             .collect()
+    }
+
+    /// The labels of `namespace` that decisions read, if the namespace is known.
+    pub fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.namespaces
+            .get(&ObjectRef::new(namespace))
+            .and_then(|ns| ns.metadata.labels.clone())
     }
 
     /// The PersistentPodStates in `namespace` that target StatefulSet `name`.
@@ -179,6 +188,45 @@ impl Caches {
         out.dedup();
         out
     }
+}
+
+/// For `StreamExt::inspect` on the PersistentPodState watch: sends, for every PPS applied or
+/// deleted, the StatefulSets it concerns for auto-generation ([`statefulsets_of_pps`]). The
+/// reflector has updated the cache by then, so the reconciles these trigger read the change.
+pub fn statefulsets_of_pps_events(
+    to: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
+) -> impl FnMut(&Result<watcher::Event<PersistentPodState>, watcher::Error>) {
+    move |event| {
+        if let Ok(
+            watcher::Event::Apply(pps)
+            | watcher::Event::InitApply(pps)
+            | watcher::Event::Delete(pps),
+        ) = event
+        {
+            for sts in statefulsets_of_pps(pps) {
+                let _ = to.send(sts);
+            }
+        }
+    }
+}
+
+/// The StatefulSets a PersistentPodState concerns for auto-generation: the one that controls it
+/// (its generated PPS changed or went away) and the one it targets.
+pub fn statefulsets_of_pps(pps: &PersistentPodState) -> Vec<ObjectRef<StatefulSet>> {
+    let Some(namespace) = pps.namespace() else {
+        return Vec::new();
+    };
+    let target = &pps.spec.target_ref;
+    let mut out: Vec<ObjectRef<StatefulSet>> = pps
+        .owner_references()
+        .iter()
+        .filter(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+        .map(|o| ObjectRef::new(&o.name).within(&namespace))
+        .collect();
+    if target.kind == "StatefulSet" && !out.iter().any(|r| r.name == target.name) {
+        out.push(ObjectRef::new(&target.name).within(&namespace));
+    }
+    out
 }
 
 /// Watch configuration for pods: StatefulSet pods only.
@@ -249,6 +297,25 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
         update_revision: s.update_revision,
         ..StatefulSetStatus::default()
     });
+}
+
+/// Keeps a namespace's name and its auto-generation label, the only one the generate loop reads.
+pub fn trim_namespace(ns: &mut Namespace) {
+    ns.metadata.managed_fields = None;
+    ns.metadata.annotations = None;
+    if let Some(labels) = ns.metadata.labels.as_mut() {
+        labels.retain(|k, _| k == AUTO_GENERATE);
+    }
+    if ns.metadata.labels.as_ref().is_some_and(|l| l.is_empty()) {
+        ns.metadata.labels = None;
+    }
+    ns.spec = None;
+    ns.status = None;
+}
+
+/// What of a namespace decides auto-generation: its label.
+pub fn namespace_fingerprint(ns: &Namespace) -> u64 {
+    fingerprint(&ns.labels().get(AUTO_GENERATE))
 }
 
 /// What of a pod decides recording: a change elsewhere triggers nothing.
@@ -327,6 +394,72 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A cached namespace keeps only the label auto-generation reads; a change of any other
+    /// label triggers nothing.
+    #[test]
+    fn a_cached_namespace_keeps_only_the_auto_generation_label() {
+        let ns = |labels: serde_json::Value| -> Namespace {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "team", "labels": labels,
+                             "annotations": {"note": "x"},
+                             "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+                "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}
+            }))
+            .unwrap()
+        };
+        let mut labelled = ns(serde_json::json!({
+            "kubernetes.io/metadata.name": "team", AUTO_GENERATE: "true"
+        }));
+        trim_namespace(&mut labelled);
+        assert_eq!(
+            labelled.metadata.labels,
+            Some([(AUTO_GENERATE.to_string(), "true".to_string())].into())
+        );
+        assert!(labelled.metadata.annotations.is_none() && labelled.spec.is_none());
+        let mut plain = ns(serde_json::json!({"kubernetes.io/metadata.name": "team"}));
+        trim_namespace(&mut plain);
+        assert_eq!(plain.metadata.labels, None);
+        let relabelled = ns(serde_json::json!({"team": "payments", AUTO_GENERATE: "true"}));
+        assert_eq!(
+            namespace_fingerprint(&labelled),
+            namespace_fingerprint(&relabelled)
+        );
+        assert_ne!(
+            namespace_fingerprint(&labelled),
+            namespace_fingerprint(&plain)
+        );
+    }
+
+    /// A generated PPS concerns its StatefulSet once; one written by hand concerns its target.
+    #[test]
+    fn a_persistent_pod_state_concerns_its_controller_and_its_target() {
+        let pps = |owner: Option<&str>, target: &str| -> PersistentPodState {
+            let owners: Vec<serde_json::Value> = owner
+                .into_iter()
+                .map(|o| serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": o, "uid": "u", "controller": true}))
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+                "metadata": {"name": "p", "namespace": "team", "ownerReferences": owners},
+                "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": target}},
+            }))
+            .unwrap()
+        };
+        let names = |p: &PersistentPodState| -> Vec<(String, Option<String>)> {
+            statefulsets_of_pps(p)
+                .into_iter()
+                .map(|r| (r.name, r.namespace))
+                .collect()
+        };
+        let team = Some("team".to_string());
+        assert_eq!(names(&pps(Some("db"), "db")), [("db".into(), team.clone())]);
+        assert_eq!(names(&pps(None, "db")), [("db".into(), team.clone())]);
+        assert_eq!(
+            names(&pps(Some("old"), "db")),
+            [("old".into(), team.clone()), ("db".into(), team)]
+        );
+    }
 
     /// A pod as the API server sends it: what the cached pod keeps gives the decisions the same
     /// view as the whole pod, and what it drops is what nothing reads.

@@ -1,10 +1,14 @@
-//! Reconciling a StatefulSet into the PersistentPodState its annotations ask for.
+//! Reconciling a StatefulSet into the PersistentPodState its annotations, or its namespace's
+//! label, ask for ([`ipkeep_placement::autogen`] decides).
 //!
 //! The generated PPS is named after the StatefulSet and carries a controller ownerReference to
 //! it, so deleting the StatefulSet garbage-collects it. Its spec is written by server-side apply
 //! and follows the annotations. A PPS with that name that the StatefulSet does not own (written
 //! by hand) is never touched: the StatefulSet gets a Warning Event instead. Turning
-//! auto-generation off deletes the PPS only if this StatefulSet owns it. A StatefulSet annotated
+//! auto-generation off (the annotation, or the namespace's label for a StatefulSet without the
+//! annotation) deletes the PPS only if this StatefulSet owns it. A StatefulSet that only its
+//! namespace's label turned on stands aside for a PPS someone wrote for it, under any name: it
+//! gets none generated (a generated one is deleted), and no Warning. A StatefulSet annotated
 //! `ipkeep.dev/adopt-persistent-pod-state: "true"` takes over a PPS of its name that targets it
 //! and that nothing else controls (orphaned by `--cascade=orphan`, or left by an earlier
 //! StatefulSet of the name), records and all, instead of being refused.
@@ -14,7 +18,8 @@ use std::time::Duration;
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
-use ipkeep_placement::autogen::generated_spec;
+use ipkeep_api::annotations::AUTO_GENERATE;
+use ipkeep_placement::autogen::{GeneratedBy, generated_spec};
 use ipkeep_placement::view::adopts;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -54,8 +59,10 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
     });
     let owned = controller_uid.as_deref() == Some(uid.as_str());
 
-    let spec = match generated_spec(&name, Some(sts.annotations())) {
-        Ok(Some(spec)) => spec,
+    let namespace_labels = ctx.caches.namespace_labels(&namespace);
+    let generated = match generated_spec(&name, Some(sts.annotations()), namespace_labels.as_ref())
+    {
+        Ok(Some(generated)) => generated,
         Ok(None) => {
             if owned {
                 info!("auto-generation is off; deleting the generated PersistentPodState");
@@ -96,6 +103,8 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         }
     };
 
+    let (spec, by) = (generated.spec, generated.by);
+
     // The StatefulSet's adoption annotation travels to the PPS, where it keeps the records
     // through the StatefulSet's deletion for the next one of the name.
     let adopt_marker = adopts(sts.metadata.annotations.as_ref());
@@ -103,6 +112,41 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         && existing
             .as_ref()
             .is_some_and(|p| adopt_marker && adoptable(p, &name));
+
+    // Only the namespace asked: a PPS someone wrote for this StatefulSet manages it instead.
+    if by == GeneratedBy::NamespaceLabel && !adopting {
+        let states = ctx.caches.pps.state();
+        let theirs = states
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace.as_str()))
+            .filter(|p| written_for(p, &name))
+            .map(|p| p.name_any())
+            .min();
+        if let Some(theirs) = theirs {
+            if owned {
+                info!(pps = ?theirs, "a PersistentPodState written for this StatefulSet manages it; deleting the generated one");
+                delete(
+                    &api,
+                    &name,
+                    &namespace,
+                    existing.as_ref().and_then(|p| p.uid()),
+                )
+                .await?;
+                let note = format!(
+                    "PersistentPodState {theirs} was written for this StatefulSet and manages it; deleted the one generated for the namespace's label, {name}"
+                );
+                publish(
+                    &sts,
+                    &ctx,
+                    EventType::Normal,
+                    "PersistentPodStateDeleted",
+                    &note,
+                )
+                .await;
+            }
+            return Ok(Action::await_change());
+        }
+    }
     match (&existing, owned) {
         (Some(_), false) if adopting => {
             info!("adopting the PersistentPodState an earlier StatefulSet with this name left");
@@ -115,8 +159,14 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
         (Some(_), false) => {
+            let opt_out = match by {
+                GeneratedBy::Annotation => "remove the auto-generate annotation".to_string(),
+                GeneratedBy::NamespaceLabel => {
+                    format!("annotate the StatefulSet {AUTO_GENERATE}=\"false\"")
+                }
+            };
             let note = format!(
-                "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. To take it over with its records and held IPs, annotate the StatefulSet {}=\"true\" (it must target this StatefulSet and have no other owner); to start afresh, delete it; or remove the auto-generate annotation",
+                "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. To take it over with its records and held IPs, annotate the StatefulSet {}=\"true\" (it must target this StatefulSet and have no other owner); to start afresh, delete it; or {opt_out}",
                 ADOPT_PERSISTENT_POD_STATE
             );
             warn!(pps = ?name, "a PersistentPodState of this name exists and is not owned by this StatefulSet; not overwritten");
@@ -169,8 +219,13 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
     } else {
         ("PersistentPodStateCreated", "created")
     };
-    info!("{verb} the generated PersistentPodState");
-    let note = format!("{verb} PersistentPodState {name} from the annotations");
+    let note = match by {
+        GeneratedBy::Annotation => format!("{verb} PersistentPodState {name} from the annotations"),
+        GeneratedBy::NamespaceLabel => format!(
+            "{verb} PersistentPodState {name}: namespace {namespace} is labelled {AUTO_GENERATE}=true"
+        ),
+    };
+    info!(by = ?by, "{verb} the generated PersistentPodState");
     publish(&sts, &ctx, EventType::Normal, reason, &note).await;
     Ok(Action::await_change())
 }
@@ -194,6 +249,19 @@ fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
     target.kind == "StatefulSet"
         && target.name == name
         && controller.is_none_or(|o| o.kind == "StatefulSet" && o.name == name)
+}
+
+/// Whether `pps` was written for StatefulSet `name` rather than generated: it targets it and no
+/// StatefulSet controls it (a generated one, even one left by an earlier StatefulSet of the
+/// name, is controlled by the StatefulSet it was generated for).
+fn written_for(pps: &PersistentPodState, name: &str) -> bool {
+    let target = &pps.spec.target_ref;
+    target.kind == "StatefulSet"
+        && target.name == name
+        && !pps
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.kind == "StatefulSet")
 }
 
 /// A PPS controlled by another StatefulSet of the same name: left over from a deleted one.
@@ -271,6 +339,20 @@ mod tests {
         assert!(
             !adoptable(&pps("db", Some(("CloneSet", "db"))), "db"),
             "controlled by something else"
+        );
+    }
+
+    #[test]
+    fn a_persistent_pod_state_no_statefulset_controls_was_written_for_its_target() {
+        assert!(written_for(&pps("db", None), "db"), "by hand");
+        assert!(
+            written_for(&pps("db", Some(("CloneSet", "db"))), "db"),
+            "controlled by something other than a StatefulSet"
+        );
+        assert!(!written_for(&pps("web", None), "db"), "targets another");
+        assert!(
+            !written_for(&pps("db", Some(("StatefulSet", "db"))), "db"),
+            "generated"
         );
     }
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use ipkeep_api::PersistentPodState;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::mpsc;
@@ -140,16 +141,19 @@ async fn run_controllers(
 
     let pps_api: Api<PersistentPodState> = Api::all(client.clone());
     let (pps_reader, pps_writer) = reflector::store();
+    // PPS changes also reconcile the StatefulSets they concern in the generate loop, which
+    // reads this cache: sent from here, after the cache has them.
+    let (generate_tx, mut generate_rx) = mpsc::unbounded_channel();
     let pps_stream = tracker
         .track(
             synced::Cache::PersistentPodStates,
             reflector(
                 pps_writer,
-                watcher(pps_api.clone(), watcher::Config::default().any_semantic())
-                    .default_backoff(),
+                watcher(pps_api, watcher::Config::default().any_semantic()).default_backoff(),
             ),
         )
         .inspect(Tap::inspector(&trigger_tx))
+        .inspect(caches::statefulsets_of_pps_events(generate_tx))
         .applied_objects();
     let pps_controller = Controller::for_stream(pps_stream, pps_reader.clone());
 
@@ -214,6 +218,27 @@ async fn run_controllers(
         .inspect(Tap::inspector(&trigger_tx));
     let node_changes = caches::changed_objects(node_events, caches::node_fingerprint, relisted_tx);
     let relisted = futures::stream::poll_fn(move |cx| relisted_rx.poll_recv(cx));
+    // Namespaces, for the generate loop: their label turns auto-generation on for the
+    // StatefulSets in them. A re-list needs no full reconcile: it re-delivers every namespace,
+    // and a changed label passes the filter.
+    let (namespace_reader, namespace_writer) = reflector::store();
+    let (namespaces_relisted, _) = mpsc::unbounded_channel();
+    let namespace_changes = caches::changed_objects(
+        tracker.track(
+            synced::Cache::Namespaces,
+            reflector(
+                namespace_writer,
+                watcher(
+                    Api::<Namespace>::all(client.clone()),
+                    watcher::Config::default().any_semantic(),
+                )
+                .default_backoff()
+                .modify(caches::trim_namespace),
+            ),
+        ),
+        caches::namespace_fingerprint,
+        namespaces_relisted,
+    );
     drop(tracker);
 
     let caches = Caches {
@@ -221,6 +246,7 @@ async fn run_controllers(
         pods: pod_reader,
         nodes: node_reader,
         pps: pps_reader,
+        namespaces: namespace_reader,
         synced,
     };
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
@@ -257,8 +283,13 @@ async fn run_controllers(
     // The generate loop watches StatefulSets on its own: it needs their annotations, and a
     // StatefulSet's deletion must reach the record loop through the cache that loop reads.
     // Its own cache of trimmed StatefulSets (a StatefulSet as k8s-openapi decodes it is 2.5 KiB
-    // before its pod template's fields).
+    // before its pod template's fields). A PersistentPodState's change reconciles the
+    // StatefulSet that controls it and the one it targets (one written by hand makes a
+    // StatefulSet that only its namespace's label turned on stand aside), from the record
+    // loop's watch, whose cache the reconcile reads; a namespace whose label changed
+    // reconciles every StatefulSet in it.
     let (generate_reader, generate_writer) = reflector::store();
+    let in_namespace = generate_reader.clone();
     let generate_stream = reflector(
         generate_writer,
         watcher(sts_api, watcher::Config::default().any_semantic())
@@ -267,7 +298,18 @@ async fn run_controllers(
     )
     .applied_objects();
     let generate_loop = Controller::for_stream(generate_stream, generate_reader)
-        .owns(pps_api, watcher::Config::default().any_semantic())
+        .reconcile_on(futures::stream::poll_fn(move |cx| {
+            generate_rx.poll_recv(cx)
+        }))
+        .watches_stream(namespace_changes, move |ns: Namespace| {
+            let namespace = ns.name_any();
+            in_namespace
+                .state()
+                .into_iter()
+                .filter(|sts| sts.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .map(|sts| ObjectRef::from_obj(sts.as_ref()))
+                .collect::<Vec<_>>()
+        })
         .with_config(config)
         .graceful_shutdown_on(stop.clone())
         .run(generate::reconcile, generate::error_policy, ctx.clone())

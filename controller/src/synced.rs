@@ -25,9 +25,11 @@ pub enum Cache {
     Nodes = 4,
     /// PersistentPodStates.
     PersistentPodStates = 8,
+    /// Namespaces (their auto-generation label).
+    Namespaces = 16,
 }
 
-const ALL: u8 = 1 | 2 | 4 | 8;
+const ALL: u8 = 1 | 2 | 4 | 8 | 16;
 
 /// The sending side: marks caches synced as their streams pass `InitDone`.
 #[derive(Debug, Clone)]
@@ -93,7 +95,12 @@ mod tests {
                 tokio::spawn(async move { s.wait().await })
             })
             .collect();
-        for cache in [Cache::StatefulSets, Cache::Pods, Cache::Nodes] {
+        for cache in [
+            Cache::StatefulSets,
+            Cache::Pods,
+            Cache::Nodes,
+            Cache::Namespaces,
+        ] {
             tracker.0.send_modify(|s| *s |= cache as u8);
         }
         tokio::task::yield_now().await;

@@ -15,6 +15,8 @@ mod conventions;
 mod hooks;
 #[path = "cluster/lifecycle.rs"]
 mod lifecycle;
+#[path = "cluster/namespaces.rs"]
+mod namespaces;
 #[path = "cluster/pins.rs"]
 mod pins;
 #[path = "cluster/records.rs"]
@@ -82,6 +84,7 @@ fn ipkeep_on_a_real_control_plane() {
     cluster.run(&["create", "namespace", "db"]);
     statefulset_pods_are_recorded_pinned_and_pruned(&cluster);
     records::kruise_spelling_and_ordinals_start(&cluster);
+    namespaces::a_labelled_namespace_gets_every_statefulset_pinned(&cluster);
     pins::a_conflicting_pin_is_skipped_and_explained(&cluster);
     leader_election_hands_over(&cluster);
     a_lost_node_lets_its_pod_go_after_the_policy(&cluster);
@@ -164,19 +167,24 @@ fn uid(pod: &Value) -> String {
     pod["metadata"]["uid"].as_str().expect("a uid").to_string()
 }
 
-/// Deletes `pod` (forcibly if `force`) and waits for the StatefulSet controller's new one to be
-/// scheduled.
+/// Deletes `pod` of namespace `db` (forcibly if `force`) and waits for the StatefulSet
+/// controller's new one to be scheduled.
 fn rebuild(cluster: &Cluster, pod: &str, force: bool) -> Value {
+    rebuild_in(cluster, "db", pod, force)
+}
+
+/// [`rebuild`] in `namespace`.
+fn rebuild_in(cluster: &Cluster, namespace: &str, pod: &str, force: bool) -> Value {
     let old = uid(&cluster
-        .get(&["pod", pod, "-n", "db"])
+        .get(&["pod", pod, "-n", namespace])
         .expect("the pod exists"));
-    let mut args = vec!["delete", "pod", pod, "-n", "db", "--wait=false"];
+    let mut args = vec!["delete", "pod", pod, "-n", namespace, "--wait=false"];
     if force {
         args.extend(["--force", "--grace-period=0"]);
     }
     cluster.run(&args);
     wait_until(&format!("{pod} rebuilt and scheduled"), LONG, || {
-        let p = cluster.get(&["pod", pod, "-n", "db"])?;
+        let p = cluster.get(&["pod", pod, "-n", namespace])?;
         (uid(&p) != old && p["spec"]["nodeName"].is_string()).then_some(p)
     })
 }

@@ -85,10 +85,10 @@ fn example_persistent_pod_state_is_what_the_example_statefulset_annotations_gene
         assert!(annotations.contains_key(key), "the example shows {key}");
     }
     let name = sts.metadata.name.clone().expect("name");
-    let generated = ipkeep_placement::autogen::generated_spec(&name, Some(&annotations))
+    let generated = ipkeep_placement::autogen::generated_spec(&name, Some(&annotations), None)
         .expect("valid annotations")
         .expect("auto-generation on");
-    assert_eq!(pps.spec, generated);
+    assert_eq!(pps.spec, generated.spec);
     assert_eq!(
         pps.metadata.name.as_deref(),
         Some(name.as_str()),

@@ -1,7 +1,9 @@
 //! Annotation and label keys. Each `ipkeep.dev/…` key that OpenKruise also has is accepted under
 //! its `kruise.io/…` spelling too; the ipkeep spelling wins when both are set.
 
-/// StatefulSet: `"true"` makes the controller generate a PersistentPodState for it.
+/// StatefulSet annotation: `"true"` makes the controller generate a PersistentPodState for it;
+/// any other value opts it out. Namespace label of the same key: `"true"` does the same for every
+/// StatefulSet of the namespace that has no such annotation of its own.
 pub const AUTO_GENERATE: &str = "ipkeep.dev/auto-generate-persistent-pod-state";
 /// StatefulSet: comma-separated node label keys whose recorded values become required affinity.
 pub const REQUIRED_TOPOLOGY: &str = "ipkeep.dev/required-persistent-topology";

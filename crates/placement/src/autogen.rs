@@ -1,4 +1,12 @@
-//! The PersistentPodState a StatefulSet's annotations ask for (auto-generation).
+//! The PersistentPodState a StatefulSet asks for (auto-generation): by its own annotations, or
+//! by its namespace's label.
+//!
+//! The StatefulSet's annotation `ipkeep.dev/auto-generate-persistent-pod-state` (or OpenKruise's
+//! spelling) decides when it is there: `"true"` turns generation on, any other value (`"false"`)
+//! off. Without it, the namespace's label of the same key decides: `"true"` turns it on. In a
+//! namespace so labelled, a StatefulSet whose annotations name no topology key is pinned by
+//! [`NAMESPACE_DEFAULT_TOPOLOGY`]; everything else comes from its annotations, with the same
+//! defaults either way.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +21,28 @@ use crate::spec::{self, SpecError};
 
 /// The weight of the preferred term generated from the preferred-topology annotation.
 pub const GENERATED_PREFERRED_WEIGHT: i32 = 100;
+
+/// The required topology of a StatefulSet in a namespace labelled for auto-generation when none
+/// of its annotations names a key: its pods come back to the node they were recorded on.
+pub const NAMESPACE_DEFAULT_TOPOLOGY: &str = "kubernetes.io/hostname";
+
+/// What turned auto-generation on for a StatefulSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeneratedBy {
+    /// Its own annotation, `"true"`.
+    Annotation,
+    /// Its namespace's label, `"true"`, with no annotation of its own.
+    NamespaceLabel,
+}
+
+/// A PersistentPodState to generate, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    /// The spec, checked.
+    pub spec: PersistentPodStateSpec,
+    /// What asked for it.
+    pub by: GeneratedBy,
+}
 
 /// Annotations that turn auto-generation on but cannot produce a usable spec.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,21 +66,27 @@ pub enum AutoGenerateError {
     Invalid(#[from] SpecError),
 }
 
-/// What the annotations of StatefulSet `name` ask for: `Ok(None)` when auto-generation is off.
+/// What StatefulSet `name` with `annotations`, in a namespace with `namespace_labels`, asks for:
+/// `Ok(None)` when auto-generation is off for it.
 pub fn generated_spec(
     name: &str,
     annotations: Option<&BTreeMap<String, String>>,
-) -> Result<Option<PersistentPodStateSpec>, AutoGenerateError> {
-    let on = lookup(
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> Result<Option<Generated>, AutoGenerateError> {
+    let namespace_on = namespace_labels
+        .and_then(|l| l.get(keys::AUTO_GENERATE))
+        .is_some_and(|v| v.trim() == "true");
+    let by = match lookup(
         annotations,
         keys::AUTO_GENERATE,
         Some(keys::KRUISE_AUTO_GENERATE),
-    )
-    .is_some_and(|v| v.trim() == "true");
-    if !on {
-        return Ok(None);
-    }
-    let required = lookup(
+    ) {
+        Some(v) if v.trim() == "true" => GeneratedBy::Annotation,
+        Some(_) => return Ok(None),
+        None if namespace_on => GeneratedBy::NamespaceLabel,
+        None => return Ok(None),
+    };
+    let mut required = lookup(
         annotations,
         keys::REQUIRED_TOPOLOGY,
         Some(keys::KRUISE_REQUIRED_TOPOLOGY),
@@ -65,7 +101,10 @@ pub fn generated_spec(
     .map(split_keys)
     .unwrap_or_default();
     if required.is_empty() && preferred.is_empty() {
-        return Err(AutoGenerateError::NoTopology);
+        if !namespace_on {
+            return Err(AutoGenerateError::NoTopology);
+        }
+        required = vec![NAMESPACE_DEFAULT_TOPOLOGY.to_string()];
     }
     let spec = PersistentPodStateSpec {
         target_ref: TargetReference {
@@ -98,7 +137,7 @@ pub fn generated_spec(
             .map_err(AutoGenerateError::Lifecycle)?,
     };
     spec::check(&spec)?;
-    Ok(Some(spec))
+    Ok(Some(Generated { spec, by }))
 }
 
 /// `spec.nodeLossPolicy` from the node-loss annotations; each one absent takes its default.
@@ -138,9 +177,9 @@ mod tests {
             if let Some(v) = value {
                 a.insert(keys::AUTO_GENERATE.into(), v.into());
             }
-            assert_eq!(generated_spec("db", Some(&a)), Ok(None), "{value:?}");
+            assert_eq!(generated_spec("db", Some(&a), None), Ok(None), "{value:?}");
         }
-        assert_eq!(generated_spec("db", None), Ok(None));
+        assert_eq!(generated_spec("db", None, None), Ok(None));
     }
 
     #[test]
@@ -154,7 +193,7 @@ mod tests {
             ),
             (keys::IP_RETENTION, "2h"),
         ]);
-        let spec = generated_spec("db", Some(&a)).unwrap().unwrap();
+        let spec = generated_spec("db", Some(&a), None).unwrap().unwrap().spec;
         assert_eq!(spec.target_ref.name, "db");
         assert_eq!(spec.target_ref.kind, "StatefulSet");
         assert_eq!(
@@ -184,7 +223,7 @@ mod tests {
             (keys::KRUISE_REQUIRED_TOPOLOGY, "zone-a"),
             (keys::REQUIRED_TOPOLOGY, "topology.kubernetes.io/zone"),
         ]);
-        let spec = generated_spec("db", Some(&a)).unwrap().unwrap();
+        let spec = generated_spec("db", Some(&a), None).unwrap().unwrap().spec;
         assert_eq!(
             spec.required_persistent_topology
                 .unwrap()
@@ -201,7 +240,7 @@ mod tests {
             (keys::REQUIRED_TOPOLOGY, " , "),
         ]);
         assert_eq!(
-            generated_spec("db", Some(&a)),
+            generated_spec("db", Some(&a), None),
             Err(AutoGenerateError::NoTopology)
         );
         let a = ann(&[
@@ -209,7 +248,7 @@ mod tests {
             (keys::REQUIRED_TOPOLOGY, "Not A Key"),
         ]);
         assert!(matches!(
-            generated_spec("db", Some(&a)),
+            generated_spec("db", Some(&a), None),
             Err(AutoGenerateError::Invalid(SpecError::InvalidKey { .. }))
         ));
         let a = ann(&[
@@ -218,7 +257,7 @@ mod tests {
             (keys::IP_RETENTION, "a while"),
         ]);
         assert!(matches!(
-            generated_spec("db", Some(&a)),
+            generated_spec("db", Some(&a), None),
             Err(AutoGenerateError::Invalid(SpecError::BadRetention(_)))
         ));
     }
@@ -232,10 +271,10 @@ mod tests {
         let spec = |extra: &[(&str, &str)]| {
             let mut a = ann(&base);
             a.extend(ann(extra));
-            generated_spec("db", Some(&a))
+            generated_spec("db", Some(&a), None)
         };
         assert_eq!(
-            spec(&[]).unwrap().unwrap().node_loss_policy,
+            spec(&[]).unwrap().unwrap().spec.node_loss_policy,
             NodeLossPolicy::default()
         );
         let p = spec(&[
@@ -244,6 +283,7 @@ mod tests {
         ])
         .unwrap()
         .unwrap()
+        .spec
         .node_loss_policy;
         assert_eq!((p.action, p.after.as_str()), (NodeLossAction::Wait, "30s"));
         let err = spec(&[(keys::NODE_LOSS_ACTION, "wait")]).unwrap_err();
@@ -254,6 +294,196 @@ mod tests {
         assert!(matches!(
             spec(&[(keys::NODE_LOSS_AFTER, "soon")]),
             Err(AutoGenerateError::Invalid(_))
+        ));
+    }
+
+    /// The StatefulSet's annotation decides when it is there, whatever the namespace says; the
+    /// namespace's label decides for the others.
+    #[test]
+    fn the_statefulset_annotation_wins_over_the_namespace_label() {
+        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
+        let other_label = ann(&[(keys::AUTO_GENERATE, "false")]);
+        let unrelated = ann(&[("team", "payments")]);
+        let host = (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname");
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Option<&'a BTreeMap<String, String>>,
+            Option<GeneratedBy>,
+        );
+        let cases: Vec<Case> = vec![
+            ("no annotation, no label", vec![], None, None),
+            (
+                "no annotation, unrelated labels",
+                vec![],
+                Some(&unrelated),
+                None,
+            ),
+            (
+                "no annotation, label false",
+                vec![],
+                Some(&other_label),
+                None,
+            ),
+            (
+                "no annotation, label true",
+                vec![],
+                Some(&labelled),
+                Some(GeneratedBy::NamespaceLabel),
+            ),
+            (
+                "topology annotations only, label true",
+                vec![host],
+                Some(&labelled),
+                Some(GeneratedBy::NamespaceLabel),
+            ),
+            (
+                "annotation false opts out of the label",
+                vec![(keys::AUTO_GENERATE, "false"), host],
+                Some(&labelled),
+                None,
+            ),
+            (
+                "OpenKruise's spelling false opts out too",
+                vec![(keys::KRUISE_AUTO_GENERATE, "false")],
+                Some(&labelled),
+                None,
+            ),
+            (
+                "any other annotation value opts out",
+                vec![(keys::AUTO_GENERATE, "yes")],
+                Some(&labelled),
+                None,
+            ),
+            (
+                "ipkeep's false beats OpenKruise's true",
+                vec![
+                    (keys::AUTO_GENERATE, "false"),
+                    (keys::KRUISE_AUTO_GENERATE, "true"),
+                ],
+                Some(&labelled),
+                None,
+            ),
+            (
+                "annotation true, no label",
+                vec![(keys::AUTO_GENERATE, "true"), host],
+                None,
+                Some(GeneratedBy::Annotation),
+            ),
+            (
+                "annotation true, label false",
+                vec![(keys::AUTO_GENERATE, " true "), host],
+                Some(&other_label),
+                Some(GeneratedBy::Annotation),
+            ),
+            (
+                "annotation true, label true",
+                vec![(keys::AUTO_GENERATE, "true")],
+                Some(&labelled),
+                Some(GeneratedBy::Annotation),
+            ),
+        ];
+        for (what, annotations, labels, expected) in cases {
+            let got = generated_spec("db", Some(&ann(&annotations)), labels)
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .map(|g| g.by);
+            assert_eq!(got, expected, "{what}");
+        }
+        assert_eq!(
+            generated_spec("db", None, Some(&labelled))
+                .unwrap()
+                .unwrap()
+                .by,
+            GeneratedBy::NamespaceLabel,
+            "a StatefulSet without any annotation"
+        );
+    }
+
+    /// What a StatefulSet with no annotation gets from its namespace's label: pinned to its node,
+    /// and every other field as the annotated path defaults it.
+    #[test]
+    fn the_namespace_label_alone_pins_by_hostname_with_the_annotation_defaults() {
+        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
+        let from_label = generated_spec("db", None, Some(&labelled))
+            .unwrap()
+            .unwrap()
+            .spec;
+        let annotated = ann(&[
+            (keys::AUTO_GENERATE, "true"),
+            (keys::REQUIRED_TOPOLOGY, NAMESPACE_DEFAULT_TOPOLOGY),
+        ]);
+        let from_annotations = generated_spec("db", Some(&annotated), None)
+            .unwrap()
+            .unwrap()
+            .spec;
+        assert_eq!(from_label, from_annotations);
+        assert_eq!(
+            from_label
+                .required_persistent_topology
+                .unwrap()
+                .node_topology_keys,
+            vec!["kubernetes.io/hostname"]
+        );
+        assert!(from_label.preferred_persistent_topology.is_empty());
+        assert_eq!(from_label.ip_retention, DEFAULT_IP_RETENTION);
+        assert_eq!(from_label.node_loss_policy, NodeLossPolicy::default());
+        assert_eq!(
+            from_label.persistent_pod_state_retention_policy,
+            RetentionPolicy::WhenScaled
+        );
+        assert_eq!(from_label.lifecycle, None);
+    }
+
+    /// In a labelled namespace the StatefulSet's other annotations still shape the spec, and a
+    /// topology annotation replaces the default rather than adding to it.
+    #[test]
+    fn in_a_labelled_namespace_the_annotations_shape_the_spec() {
+        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
+        let a = ann(&[
+            (keys::PREFERRED_TOPOLOGY, "topology.kubernetes.io/zone"),
+            (keys::IP_RETENTION, "forever"),
+            (keys::NODE_LOSS_ACTION, "Wait"),
+        ]);
+        let g = generated_spec("db", Some(&a), Some(&labelled))
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.by, GeneratedBy::NamespaceLabel);
+        assert_eq!(
+            g.spec.required_persistent_topology, None,
+            "no default added"
+        );
+        assert_eq!(
+            g.spec.preferred_persistent_topology[0]
+                .preference
+                .node_topology_keys,
+            vec!["topology.kubernetes.io/zone"]
+        );
+        assert_eq!(g.spec.ip_retention, "forever");
+        assert_eq!(g.spec.node_loss_policy.action, NodeLossAction::Wait);
+
+        // An annotated StatefulSet without a topology key is refused outside a labelled
+        // namespace, and pinned by hostname inside one.
+        let bare = ann(&[(keys::AUTO_GENERATE, "true")]);
+        assert_eq!(
+            generated_spec("db", Some(&bare), None),
+            Err(AutoGenerateError::NoTopology)
+        );
+        let g = generated_spec("db", Some(&bare), Some(&labelled))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            g.spec
+                .required_persistent_topology
+                .unwrap()
+                .node_topology_keys,
+            vec![NAMESPACE_DEFAULT_TOPOLOGY]
+        );
+
+        // Invalid annotations are refused on either path.
+        let bad = ann(&[(keys::IP_RETENTION, "a while")]);
+        assert!(matches!(
+            generated_spec("db", Some(&bad), Some(&labelled)),
+            Err(AutoGenerateError::Invalid(SpecError::BadRetention(_)))
         ));
     }
 }
