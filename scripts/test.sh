@@ -4,8 +4,9 @@
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/nodes.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
-# images). The Kubernetes components are built from their Go modules first, or reused from the
-# cache (docs/cluster.md); the real nodes run ipkeep's release build.
+# images). The Kubernetes components and the node runtime (containerd, runc, CNI plugins) are
+# built from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes
+# run ipkeep's release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ if command -v go >/dev/null; then
   # kubelet and kube-proxy only where real nodes can run (root).
   node=(--without-kubelet); [ "$(id -u)" -eq 0 ] && node=()
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
+  # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
+  if [ "$(id -u)" -eq 0 ]; then scripts/runtime-build.sh >/dev/null; fi
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi
