@@ -178,7 +178,7 @@ node_config() {
   local node=$1 dir ip
   dir=$(node_dir "$node") ip=$(node_ip "$node")
   if [ "$rt_kind" = built ]; then
-    containerd_config_v3 >"$dir/containerd.toml"
+    containerd_config_v4 >"$dir/containerd.toml"
   else
     containerd_config_v2 >"$dir/containerd.toml"
   fi
@@ -223,16 +223,20 @@ EOF
   node_cert "$node"
 }
 
-# containerd 2.x's configuration (version 3: the CRI plugin split into cri.v1.images and
-# cri.v1.runtime, the sandbox image among the pinned images, bin_dirs), with the built runc.
-# Without CAP_SYS_RESOURCE no process may lower oom_score_adj; containerd would ask runc to.
-containerd_config_v3() {
+# containerd 2.3's configuration, version 4 (containerd 2.3 migrates version 3 to it at every
+# start): the CRI plugin split into cri.v1.images and cri.v1.runtime, the sandbox image among the
+# pinned images, bin_dirs, the socket under the grpc server plugin. (containerd 2.3 always
+# imports /etc/containerd/conf.d/*.toml too: the host's, none here.) With the built runc. Without CAP_SYS_RESOURCE no
+# process may lower oom_score_adj; containerd would ask runc to.
+containerd_config_v4() {
   cat <<EOF
-version = 3
+version = 4
 root = "/var/lib/containerd"
 state = "/run/containerd"
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "/run/containerd/containerd.sock.ttrpc"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
