@@ -4,7 +4,7 @@
 #   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
 #                         [--without-ipkeep] [--without-extender] [--release]
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
-#                         [--webhook-client-auth]
+#                         [--webhook-client-auth] [--node-runtime built|debian]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -19,8 +19,11 @@
 # default in 1.35) on.
 #
 # --nodes N (default 2; needs root) adds N real nodes node-0..node-N-1 (scripts/lib/nodes.sh):
-# each its own network and mount namespaces and cgroup, with Debian's containerd and runc,
-# kubelet and kube-proxy, zone labels zone-0, zone-1, ..., and routes between their pod CIDRs.
+# each its own network and mount namespaces and cgroup, with containerd and runc, kubelet and
+# kube-proxy, zone labels zone-0, zone-1, ..., and routes between their pod CIDRs. The node
+# runtime is built from its Go modules by scripts/runtime-build.sh (containerd 2.3, runc 1.5, the
+# CNI plugins 1.10; CNI configurations at cniVersion 1.1.0); --node-runtime debian runs Debian's
+# containerd 1.6, runc 1.1 and CNI plugins 1.1 instead (cniVersion 1.0.0; not run by CI).
 # ipkeep is then installed as a user installs it: its image (and a busybox and a pause image)
 # built by scripts/images.py from the release build and imported into every node (there is no
 # registry), `kubectl apply -k` of an overlay of deploy/ that sets the image names and adds the
@@ -88,6 +91,7 @@ profile=debug
 keep_logs=0
 pin_cpus=
 client_auth=0
+node_runtime=built
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -116,6 +120,7 @@ while [ $# -gt 0 ]; do
     --pin-cpus) pin_cpus=${2:?--pin-cpus needs CONTROL-PLANE-CPUS:IPKEEP-CPUS}; shift 2 ;;
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     --webhook-client-auth) client_auth=1; shift ;;
+    --node-runtime) node_runtime=${2:?--node-runtime needs built or debian}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -123,6 +128,7 @@ done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
+[[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
 fi
@@ -283,11 +289,17 @@ up() {
   done
   command -v openssl >/dev/null || die "openssl is not installed (apt-get install openssl)"
   command -v curl >/dev/null || die "curl is not installed (apt-get install curl)"
-  [ "$nodes" -gt 0 ] && nodes_preflight
+  [ "$nodes" -gt 0 ] && nodes_preflight "$node_runtime"
   local t0; t0=$(date +%s)
   say "building or reusing the Kubernetes binaries (scripts/k8s-build.sh)"
   local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
   bin=$("$repo/scripts/k8s-build.sh" "${without_node[@]}" --print-dir | tail -1)
+  if [ "$nodes" -gt 0 ] && [ "$node_runtime" = built ]; then
+    say "building or reusing the node runtime (scripts/runtime-build.sh)"
+    runtime_use built "$("$repo/scripts/runtime-build.sh" --print-dir | tail -1)"
+  else
+    runtime_use debian
+  fi
   local ib=""
   local plugin=""
   if [ "$nodes" -gt 0 ]; then
@@ -303,6 +315,7 @@ up() {
   trap 'if [ -z "$up_done" ] && [ -n "${IPKEEP_CLUSTER_KEEP_FAILED:-}" ]; then say "failed; kept running (IPKEEP_CLUSTER_KEEP_FAILED)"; elif [ -z "$up_done" ]; then say "failed; stopping what was started (logs kept in $state/logs)"; teardown; fi' EXIT
   trap 'exit 130' INT TERM
   echo "$bin" >"$state/bin"
+  runtime_save
   if [ "$nodes" -gt 0 ]; then
     say "building the images for the nodes (scripts/images.py)"
     python3 "$repo/scripts/images.py" --release-dir "$ib" --plugin "$plugin" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
@@ -543,6 +556,7 @@ down() {
 node() {
   [ -d "$state/pids" ] || die "no cluster in $state"
   bin=$(cat "$state/bin")
+  runtime_load
   kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
   [ -d "$(node_dir "$node_name")" ] || die "no real node $node_name in $state (nodes: $(node_names | tr '\n' ' '))"
   case $node_cmd in
@@ -552,17 +566,19 @@ node() {
     exec)
       [ ${#node_argv[@]} -gt 0 ] || die "usage: $0 node exec NAME [--state DIR] -- CMD..."
       alive "$node_name-holder" || die "$node_name is powered off"
-      node_exec "$node_name" "${node_argv[@]}" ;;
+      # The runtime's ctr and runc first, as on a node that ships them.
+      node_exec "$node_name" env PATH="$rt_path$PATH" "${node_argv[@]}" ;;
   esac
 }
 
 images() {
   [ -d "$state/pids" ] || die "no cluster in $state"
+  runtime_load
   local node
   for node in $(node_names); do
     echo "$node:"
     if alive "$node-containerd"; then
-      node_exec "$node" ctr -a /run/containerd/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/  /'
+      node_exec "$node" "$rt_ctr" -a /run/containerd/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/  /'
     else
       echo "  (containerd not running)"
     fi

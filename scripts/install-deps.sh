@@ -3,8 +3,8 @@
 # plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
 # ping and arping for traffic, strace for the durability test, Python's venv for
 # scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv), and as root
-# what real nodes run (containerd, runc, busybox, gcc, iptables, conntrack). Skips apt entirely
-# when everything is already there.
+# what real nodes need (busybox, gcc, iptables, conntrack, and libseccomp's headers and
+# pkg-config for building runc). Skips apt entirely when everything is already there.
 set -euo pipefail
 
 need=()
@@ -17,12 +17,14 @@ command -v strace >/dev/null || need+=(strace)
 # openssl and curl: scripts/cluster.sh makes the test cluster's certificates and probes it.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
-# The real nodes of scripts/cluster.sh (root only): Debian's containerd and runc, busybox for the
-# workload image, gcc for the pause program (and kubelet's cgo build), iptables and conntrack
-# for kube-proxy.
+# The real nodes of scripts/cluster.sh (root only): busybox for the workload image, gcc for the
+# pause program (and the cgo builds of kubelet and runc), libseccomp-dev and pkg-config for runc
+# (scripts/runtime-build.sh builds the node runtime), iptables and conntrack for kube-proxy.
+# Debian's containerd and runc are only for `scripts/cluster.sh --node-runtime debian`, which
+# says to install them.
 if [ "$(id -u)" -eq 0 ]; then
-  command -v containerd >/dev/null || need+=(containerd)
-  command -v runc >/dev/null || need+=(runc)
+  command -v pkg-config >/dev/null || need+=(pkg-config)
+  [ -f /usr/include/seccomp.h ] || need+=(libseccomp-dev)
   [ -x /bin/busybox ] || need+=(busybox-static)
   command -v gcc >/dev/null || need+=(gcc libc6-dev)
   command -v iptables >/dev/null || need+=(iptables)

@@ -4,17 +4,21 @@
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/nodes.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
-# images). The Kubernetes components are built from their Go modules first, or reused from the
-# cache (docs/cluster.md); the real nodes run ipkeep's release build.
+# images). The Kubernetes components and the node runtime (containerd, runc, CNI plugins) are
+# built from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes
+# run ipkeep's release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 kubectl_bin=
+runtime_dir=
 if command -v go >/dev/null; then
   # kubelet and kube-proxy only where real nodes can run (root).
   node=(--without-kubelet); [ "$(id -u)" -eq 0 ] && node=()
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
+  # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
+  if [ "$(id -u)" -eq 0 ]; then runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1); fi
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi
@@ -28,3 +32,8 @@ if [ "$(id -u)" -eq 0 ]; then
   scripts/build-plugin.sh >/dev/null
 fi
 cargo test --workspace --locked
+if [ -n "$runtime_dir" ]; then
+  # The differential suites again, against host-local of the CNI plugins the real nodes run
+  # (1.10.0) rather than Debian's 1.1.1 (docs/cni-plugin.md).
+  IPKEEP_REFERENCE_CNI_DIR=$runtime_dir/cni cargo test --locked -p ipkeep-tests --test differential --test differential_via_agent
+fi

@@ -29,6 +29,17 @@ ipkeep_install() {
   say "installing ipkeep: kubectl apply -k (deploy/ with the images localhost/ipkeep/ipkeep:$image_tag and the cni component)"
   mkdir -p "$overlay"
   rel=$(realpath --relative-to="$overlay" "$repo/deploy")
+  # The agent's template at the cniVersion the nodes' runtime runs: deploy/cni's is 1.1.0, which
+  # Debian's containerd 1.6 and CNI plugins 1.1 (--node-runtime debian) cannot run.
+  local template=$repo/deploy/cni/10-ipkeep-bridge.conflist cni_patch=""
+  if [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cniVersion"])' "$template")" != "$cni_version" ]; then
+    cni_patch="  - target: {kind: ConfigMap, name: ipkeep-cni-config}
+    patch: |-
+      - op: replace
+        path: /data/10-ipkeep.conflist
+        value: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["cniVersion"]=sys.argv[2]; print(json.dumps(json.dumps(d)))' "$template" "$cni_version")
+"
+  fi
   cat >"$overlay/kustomization.yaml" <<EOF
 # Made by scripts/cluster.sh: what a user of this cluster would write.
 apiVersion: kustomize.config.k8s.io/v1beta1
@@ -49,6 +60,7 @@ patches:
       - op: add
         path: /spec/clusterIP
         value: $ext_cluster_ip
+$cni_patch
 EOF
   "${kubectl[@]}" apply -k "$overlay" >"$state/logs/apply.log" 2>&1 ||
     { tail -20 "$state/logs/apply.log" >&2; die "kubectl apply -k $overlay failed (log: $state/logs/apply.log)"; }

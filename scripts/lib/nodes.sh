@@ -1,7 +1,8 @@
 # Real nodes for scripts/cluster.sh (sourced; uses its variables and helpers: state, bin, repo,
 # say, die, start, alive, wait_for, kubeconfig, kubectl, api_host, p_api, lease_seconds).
 #
-# A node is what a machine would be, built from this machine's kernel and Debian packages:
+# A node is what a machine would be, built from this machine's kernel, the node runtime and
+# Kubernetes' node components:
 # - its own network namespace `ipkeep-<node>`, with eth0 = 10.200.0.(10+i)/24 on the host bridge
 #   ipkeep-br0 (10.200.0.1, where kube-apiserver listens), a default route to the host, and the
 #   host routing each node's pod CIDR to it (host-gw style), so pods on different nodes reach
@@ -10,13 +11,16 @@
 #   on /run (gone when the node powers off, as on a real machine) and its own /var/lib/kubelet,
 #   /var/lib/containerd, /var/lib/cni, /var/log, /etc/cni/net.d and /opt/cni/bin, bound from
 #   $state/nodes/<node>/root (kept across node stops and power-offs, like a disk). Everything else
-#   (/usr, /etc, /proc, /sys) is the host's. /opt/cni/bin starts with Debian's reference plugins,
-#   as a node image would ship them; ipkeep's agent DaemonSet installs `ipkeep` there and
+#   (/usr, /etc, /proc, /sys) is the host's. /opt/cni/bin starts with the runtime's reference
+#   plugins, as a node image would ship them; ipkeep's agent DaemonSet installs `ipkeep` there and
 #   writes the CNI configuration, as on any cluster;
 # - its own cgroup /ipkeep-nodes/<node> in every cgroup v1 hierarchy: the holder, the node's
 #   daemons and (kubelet's cgroupRoot) every pod, so powering the node off is killing the cgroup;
-# - containerd (Debian's, with runc), kubelet and kube-proxy from the cluster's build, all inside
-#   the node's namespaces, with the images of scripts/images.py imported (there is no registry).
+# - containerd with runc, kubelet and kube-proxy from the cluster's build, all inside the node's
+#   namespaces, with the images of scripts/images.py imported (there is no registry). The node
+#   runtime (runtime_use) is by default the one scripts/runtime-build.sh builds from modules
+#   (containerd 2.3, a current runc, the CNI plugins 1.10: CNI configurations at cniVersion
+#   1.1.0); `debian` is Debian's containerd 1.6, runc 1.1 and plugins 1.1 (cniVersion 1.0.0).
 # Only one cluster with real nodes can run on a machine (the bridge, the routes and the host's
 # kube-proxy rules are machine-wide).
 
@@ -39,16 +43,52 @@ cgroup_hierarchies() {
   done
 }
 
+# runtime_use KIND [DIR]: the node runtime the nodes run. `built`: scripts/runtime-build.sh's
+# build in DIR (containerd 2.x, its shim, ctr, runc in DIR/bin; the CNI plugins in DIR/cni);
+# `debian`: Debian's containerd, runc and /usr/lib/cni. Sets rt_* and cni_version, the
+# cniVersion of the CNI configurations the nodes get (libcni in containerd 1.6 and the plugins
+# 1.1 know no 1.1.0).
+runtime_use() {
+  rt_kind=$1
+  case $rt_kind in
+    built)
+      rt_dir=$2 rt_path=$2/bin: rt_containerd=$2/bin/containerd rt_ctr=$2/bin/ctr rt_runc=$2/bin/runc
+      rt_cni=$2/cni cni_version=1.1.0 ;;
+    debian)
+      rt_dir='' rt_path='' rt_containerd=containerd rt_ctr=ctr rt_runc=runc rt_cni=/usr/lib/cni cni_version=1.0.0 ;;
+    *) die "unknown node runtime '$rt_kind' (built or debian)" ;;
+  esac
+}
+
+# runtime_save / runtime_load: the runtime of the cluster in DIR, for the commands after `up`.
+runtime_save() { echo "$rt_kind $rt_dir" >"$state/runtime"; }
+runtime_load() {
+  local kind=debian dir=''
+  [ -f "$state/runtime" ] && read -r kind dir <"$state/runtime"
+  runtime_use "$kind" "$dir"
+}
+
+# nodes_preflight KIND: what real nodes with that runtime need, before anything is built.
 nodes_preflight() {
   [ "$(id -u)" -eq 0 ] || die "real nodes need root (network and mount namespaces, cgroups); use --nodes 0 for a control plane with kwok nodes only"
   local c missing=()
-  for c in containerd runc ctr ip nsenter unshare iptables conntrack busybox gcc; do
+  for c in ip nsenter unshare iptables conntrack busybox gcc; do
     command -v "$c" >/dev/null || missing+=("$c")
   done
   [ ${#missing[@]} -eq 0 ] || die "missing for real nodes: ${missing[*]} (scripts/install-deps.sh installs them)"
-  for c in bridge host-local loopback portmap; do
-    [ -x "/usr/lib/cni/$c" ] || die "/usr/lib/cni/$c is missing (apt-get install containernetworking-plugins)"
-  done
+  if [ "$1" = debian ]; then
+    for c in containerd runc ctr; do
+      command -v "$c" >/dev/null || missing+=("$c")
+    done
+    [ ${#missing[@]} -eq 0 ] || die "--node-runtime debian needs Debian's ${missing[*]}: apt-get install containerd runc"
+    for c in bridge host-local loopback portmap; do
+      [ -x "/usr/lib/cni/$c" ] || die "/usr/lib/cni/$c is missing (apt-get install containernetworking-plugins)"
+    done
+  else
+    command -v go >/dev/null || die "the node runtime (containerd, runc, CNI plugins) is built from its Go modules: install Go >= 1.26 (https://go.dev/dl), or run Debian's with --node-runtime debian"
+    pkg-config --exists libseccomp 2>/dev/null ||
+      die "runc's build needs libseccomp's headers and pkg-config: apt-get install libseccomp-dev pkg-config (scripts/install-deps.sh installs them)"
+  fi
   [ "$(stat -fc %T /sys/fs/cgroup)" = tmpfs ] || die "real nodes need cgroup v1 (kubelet here runs with failCgroupV1: false and the cgroupfs driver)"
   if ip link show "$underlay" >/dev/null 2>&1; then
     die "another cluster with real nodes is up on this machine (bridge $underlay exists; its state: $(cat /run/ipkeep-nodes.owner 2>/dev/null || echo unknown)); stop it with scripts/cluster.sh down --state DIR"
@@ -83,7 +123,7 @@ node_create() {
   dir=$(node_dir "$node") ip=$(node_ip "$node") ns=$(node_ns "$node")
   say "  $node: namespaces, $ip, cgroup /$cgroup_base/$node"
   mkdir -p "$dir/manifests" "$dir"/root/{var/lib/kubelet,var/lib/containerd,var/lib/cni,var/log,etc/cni/net.d,opt/cni/bin}
-  for c in /usr/lib/cni/*; do ln -sfn "$c" "$dir/root/opt/cni/bin/"; done
+  for c in "$rt_cni"/*; do ln -sfn "$c" "$dir/root/opt/cni/bin/"; done
   ip netns add "$ns"
   ip link add "ipkv-$node" type veth peer name eth0 netns "$ns"
   ip link set "ipkv-$node" master "$underlay" up
@@ -137,36 +177,16 @@ node_power_on() {
 node_config() {
   local node=$1 dir ip
   dir=$(node_dir "$node") ip=$(node_ip "$node")
-  cat >"$dir/containerd.toml" <<EOF
-version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "/run/containerd/containerd.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/ipkeep/pause:$image_tag"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  # Without CAP_SYS_RESOURCE no process may lower oom_score_adj; containerd would ask runc to.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-EOF
+  if [ "$rt_kind" = built ]; then
+    containerd_config_v4 >"$dir/containerd.toml"
+  else
+    containerd_config_v2 >"$dir/containerd.toml"
+  fi
   cat >"$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-# cgroup v1 with the cgroupfs driver (containerd 1.6 cannot tell kubelet its driver); the pods'
+# cgroup v1 with the cgroupfs driver (containerd 1.6 cannot tell kubelet its driver; 2.x says
+# cgroupfs too, through the CRI RuntimeConfig call); the pods'
 # cgroups (kubepods/...) under this node's cgroup, so that powering the node off finds them.
 failCgroupV1: false
 cgroupDriver: cgroupfs
@@ -203,6 +223,73 @@ EOF
   node_cert "$node"
 }
 
+# containerd 2.3's configuration, version 4 (containerd 2.3 migrates version 3 to it at every
+# start): the CRI plugin split into cri.v1.images and cri.v1.runtime, the sandbox image among the
+# pinned images, bin_dirs, the socket under the grpc server plugin. (containerd 2.3 always
+# imports /etc/containerd/conf.d/*.toml too: the host's, none here.) With the built runc. Without CAP_SYS_RESOURCE no
+# process may lower oom_score_adj; containerd would ask runc to.
+containerd_config_v4() {
+  cat <<EOF
+version = 4
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[plugins.'io.containerd.server.v1.grpc']
+  address = "/run/containerd/containerd.sock"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "/run/containerd/containerd.sock.ttrpc"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "localhost/ipkeep/pause:$image_tag"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "$rt_runc"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/opt/cni/bin"]
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+}
+
+# Debian's containerd 1.6: configuration version 2, Debian's runc.
+containerd_config_v2() {
+  cat <<EOF
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/ipkeep/pause:$image_tag"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  # Without CAP_SYS_RESOURCE no process may lower oom_score_adj; containerd would ask runc to.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+EOF
+}
+
 node_cert() {
   local node=$1 d=$state/pki
   cert "kubelet-$node" "/O=system:nodes/CN=system:node:$node"
@@ -212,11 +299,13 @@ node_cert() {
 node_daemons_start() {
   local node=$1 dir ip zone
   dir=$(node_dir "$node") ip=$(node_ip "$node") zone=zone-${node#node-}
-  alive "$node-containerd" || start_in_node "$node-containerd" "$node" containerd --config "$dir/containerd.toml"
-  wait_for "$node: containerd" 30 "$node-containerd" node_exec "$node" ctr -a /run/containerd/containerd.sock version
+  # PATH: containerd starts the first shim on it, the one built with it.
+  alive "$node-containerd" || start_in_node "$node-containerd" "$node" env PATH="$rt_path$PATH" \
+    "$rt_containerd" --config "$dir/containerd.toml"
+  wait_for "$node: containerd" 30 "$node-containerd" node_exec "$node" "$rt_ctr" -a /run/containerd/containerd.sock version
   local f
   for f in "$state"/images/*.tar; do
-    node_exec "$node" ctr -a /run/containerd/containerd.sock -n k8s.io images import "$f" >/dev/null ||
+    node_exec "$node" "$rt_ctr" -a /run/containerd/containerd.sock -n k8s.io images import "$f" >/dev/null ||
       die "$node: importing $f into containerd failed"
   done
   alive "$node-kubelet" || start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
@@ -284,14 +373,14 @@ node_route() {
   echo "$cidr" >"$(node_dir "$1")/pod-cidr"
 }
 
-# The CNI configuration of the baseline (--without-ipkeep): Debian's bridge with host-local, the
-# node's pod CIDR, what a cluster without ipkeep would run.
+# The CNI configuration of the baseline (--without-ipkeep): the runtime's bridge with host-local,
+# the node's pod CIDR, what a cluster without ipkeep would run.
 nodes_host_local_conf() {
   local node cidr
   for node in $(node_names); do
     cidr=$(cat "$(node_dir "$node")/pod-cidr")
     cat >"$(node_dir "$node")/root/etc/cni/net.d/10-host-local.conflist" <<EOF
-{"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
+{"cniVersion": "$cni_version", "name": "k8s-pod-network", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}

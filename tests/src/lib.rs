@@ -93,15 +93,23 @@ pub fn workspace_bin(name: &str, override_var: &str, packages: &[&str]) -> PathB
     bin
 }
 
-/// A reference plugin from Debian, or `None` (with a loud message) when it is not installed.
-/// Under CI (`CI` set) a missing plugin is a failure, never a silent skip.
+/// Names the directory of the reference plugins the differential suite and the plugin
+/// benchmark compare ipkeep with, instead of Debian's (`scripts/runtime-build.sh` builds the
+/// current release's: `DIR/cni`).
+pub const REFERENCE_CNI_DIR_VAR: &str = "IPKEEP_REFERENCE_CNI_DIR";
+
+/// A reference plugin from [`REFERENCE_CNI_DIR_VAR`] or Debian, or `None` (with a loud message)
+/// when it is not installed. Under CI (`CI` set) a missing plugin is a failure, never a silent
+/// skip.
 pub fn reference_plugin(name: &str) -> Option<PathBuf> {
-    let path = Path::new(DEBIAN_CNI_DIR).join(name);
+    let dir = std::env::var_os(REFERENCE_CNI_DIR_VAR)
+        .map_or_else(|| PathBuf::from(DEBIAN_CNI_DIR), PathBuf::from);
+    let path = dir.join(name);
     if path.exists() {
         return Some(path);
     }
     let msg = format!(
-        "SKIPPED: {} not found; install Debian's containernetworking-plugins (scripts/install-deps.sh)",
+        "SKIPPED: {} not found; install Debian's containernetworking-plugins (scripts/install-deps.sh) or build them (scripts/runtime-build.sh, {REFERENCE_CNI_DIR_VAR})",
         path.display()
     );
     assert!(std::env::var_os("CI").is_none(), "{msg}");

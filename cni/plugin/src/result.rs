@@ -1,5 +1,8 @@
 //! The ADD result in every CNI version's shape, byte-compatible with host-local's output
-//! (4-space indent, no trailing newline, `dns` always present).
+//! (4-space indent, no trailing newline). Up to 0.4.0 the fields come in libcni's struct order
+//! and `dns` is always present; 1.0.0 and 1.1.0 results are printed as current host-local
+//! (CNI plugins 1.6 and later, libcni 1.2) prints them: through a map, so keys sorted at every
+//! level, and without `dns` when it is empty.
 
 use std::net::IpAddr;
 
@@ -165,6 +168,34 @@ pub fn to_pretty_json<T: Serialize>(value: &T) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// A JSON value printed with the keys of every object in order, as Go prints a map.
+struct Sorted<'a>(&'a serde_json::Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap as _, SerializeSeq as _};
+        match self.0 {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                let mut out = s.serialize_map(Some(keys.len()))?;
+                for k in keys {
+                    out.serialize_entry(k, &Sorted(&map[k]))?;
+                }
+                out.end()
+            }
+            serde_json::Value::Array(items) => {
+                let mut out = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    out.serialize_element(&Sorted(item))?;
+                }
+                out.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
 impl IpamResult {
     fn routes_out(&self, version: CniVersion, v4: Option<bool>) -> Vec<RouteOut<'_>> {
         self.routes
@@ -180,6 +211,32 @@ impl IpamResult {
 
     /// The result as the given version prints it.
     pub fn to_json(&self, version: CniVersion) -> String {
+        if !version.has_legacy_result() && !version.has_ip_version_field() {
+            let ips = self
+                .ips
+                .iter()
+                .map(|ip| IpOut {
+                    version: None,
+                    address: ip.address.to_string(),
+                    gateway: ip.gateway,
+                })
+                .collect();
+            let out = CurrentOut {
+                cni_version: version.to_string(),
+                ips,
+                routes: self.routes_out(version, None),
+                dns: &self.dns,
+            };
+            let Ok(mut value) = serde_json::to_value(&out) else {
+                return String::from("{}");
+            };
+            if self.dns == Dns::default()
+                && let Some(map) = value.as_object_mut()
+            {
+                map.remove("dns");
+            }
+            return to_pretty_json(&Sorted(&value));
+        }
         if version.has_legacy_result() {
             let family = |v4: bool| {
                 self.ips
@@ -251,7 +308,10 @@ mod tests {
     fn current_shape() {
         let json = result().to_json(v("1.0.0"));
         assert!(json.starts_with("{\n    \"cniVersion\": \"1.0.0\",\n    \"ips\": [\n        {\n            \"address\": \"10.20.0.100/24\",\n            \"gateway\": \"10.20.0.254\"\n        },"), "{json}");
-        assert!(json.ends_with("\"dns\": {}\n}"), "{json}");
+        assert!(
+            !json.contains("dns"),
+            "an empty dns is left out of 1.x: {json}"
+        );
         assert!(
             json.contains("\"dst\": \"10.9.0.5/16\"") && !json.contains("mtu"),
             "host bits kept; 1.1 attributes dropped: {json}"
@@ -261,10 +321,67 @@ mod tests {
             v11.contains("\"mtu\": 1400") && !v11.contains("junk"),
             "{v11}"
         );
+        let v040 = result().to_json(v("0.4.0"));
+        assert!(v040.ends_with("\"dns\": {}\n}"), "{v040}");
         let v031 = result().to_json(v("0.3.1"));
         assert!(
             v031.contains("{\n            \"version\": \"4\",\n            \"address\""),
             "{v031}"
+        );
+    }
+
+    /// As plugins 1.10's host-local prints a 1.x result: every object's keys in order.
+    #[test]
+    fn current_results_sort_keys_at_every_level() {
+        let mut r = result();
+        r.dns = Dns::parse_resolv_conf(
+            "nameserver 10.96.0.10\ndomain c.l\nsearch a b\noptions ndots:5\n",
+        );
+        r.routes.truncate(1);
+        r.routes[0].gw = Some("10.20.0.1".parse().expect("ip"));
+        r.routes[0].extra.insert("mtu".into(), 1400.into());
+        r.ips.truncate(1);
+        let keys = |json: &str| -> Vec<String> {
+            json.lines()
+                .filter_map(|l| l.trim().strip_prefix('"'))
+                .filter_map(|l| l.split_once("\":").map(|(k, _)| k.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            keys(&r.to_json(v("1.1.0"))),
+            [
+                "cniVersion",
+                "dns",
+                "domain",
+                "nameservers",
+                "options",
+                "search",
+                "ips",
+                "address",
+                "gateway",
+                "routes",
+                "dst",
+                "gw",
+                "mtu"
+            ]
+        );
+        assert_eq!(
+            keys(&r.to_json(v("0.4.0"))),
+            [
+                "cniVersion",
+                "ips",
+                "version",
+                "address",
+                "gateway",
+                "routes",
+                "dst",
+                "gw",
+                "dns",
+                "nameservers",
+                "domain",
+                "search",
+                "options"
+            ]
         );
     }
 

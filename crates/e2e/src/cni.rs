@@ -114,6 +114,9 @@ impl NodeNetwork {
         ipam["agentSocket"] = json!(cni.agent_socket);
         ipam["logFile"] = json!(cni.log_file);
         let (mode, plugin_dir) = if cni.namespaces {
+            // Debian's bridge (CNI plugins 1.1) knows no cniVersion past 1.0.0; ipkeep, called
+            // alone, takes the conflist's.
+            conf["cniVersion"] = json!("1.0.0");
             let node = Netns::new(&format!("ikd-{}-{}", cni.node, cni.run_id))?;
             (Mode::Namespaces { node }, PathBuf::from(DEBIAN_CNI_DIR))
         } else {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds the node runtime the real nodes of scripts/cluster.sh run (containerd, its runc shim and
+# ctr; runc; the reference CNI plugins and cnitool) from their published Go modules, into a cache
+# outside the repository, and skips whatever is already cached.
+#
+#   scripts/runtime-build.sh [--cache DIR] [--print-dir]
+#
+# The versions are those pinned by the wrapper modules tests/k8s/tools/containerd, runc and
+# cni-plugins (go.mod + go.sum, committed; nothing of their source is in this repository). The
+# cache is $IPKEEP_RUNTIME_CACHE or --cache (default /var/cache/ipkeep-runtime); the build goes
+# in a directory named by the three versions and the Go version, so changing any rebuilds and the
+# old build stays until deleted: DIR/bin holds containerd, containerd-shim-runc-v2, ctr, runc and
+# cnitool, DIR/cni the CNI plugins. --print-dir prints DIR (last line).
+# Go (>= 1.26), gcc, pkg-config and libseccomp's headers (runc uses cgo; Debian: libseccomp-dev)
+# are needed; a cold build takes about 5 minutes on two cores, a warm one (all cached) a second.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tools=$repo/tests/k8s/tools
+cache=${IPKEEP_RUNTIME_CACHE:-/var/cache/ipkeep-runtime}
+print_dir=0
+
+say() { echo "runtime-build: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
+    --print-dir) print_dir=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+command -v go >/dev/null || die "Go is not installed (needed to build the node runtime from its modules; https://go.dev/dl, >= 1.26)"
+gover=$(go env GOVERSION)
+version_of() { # module path, wrapper dir -> the version its go.mod requires
+  (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
+}
+containerd=$(version_of github.com/containerd/containerd/v2 containerd)
+runc=$(version_of github.com/opencontainers/runc runc)
+plugins=$(version_of github.com/containernetworking/plugins cni-plugins)
+cni=$(version_of github.com/containernetworking/cni cni-plugins)
+dir=$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni-$gover
+mkdir -p "$dir/bin" "$dir/cni" || die "cannot create the cache directory $dir (set IPKEEP_RUNTIME_CACHE or --cache)"
+log=$dir/build.log
+started=$(date +%s)
+
+# Runs `go build` with a line every 30 s saying how far it got (packages compiled so far).
+build() { # name, wrapper dir, env, go build args...
+  local name=$1 wrapper=$2 env=$3; shift 3
+  say "building $name (log: $log)"
+  local t0 pid next
+  t0=$(date +%s)
+  next=$((t0 + 30))
+  : >"$log.pkgs"
+  # shellcheck disable=SC2086 # env is a list of VAR=value words
+  (cd "$tools/$wrapper" && env $env go build -v -trimpath -buildvcs=false "$@" 2>"$log.pkgs") &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ "$(date +%s)" -ge "$next" ]; then
+      say "  $name: $(wc -l <"$log.pkgs") packages compiled, $(( $(date +%s) - t0 )) s"
+      next=$((next + 30))
+    fi
+  done
+  if ! wait "$pid"; then
+    cat "$log.pkgs" >>"$log"
+    tail -20 "$log.pkgs" >&2
+    die "building $name failed (full output in $log)"
+  fi
+  cat "$log.pkgs" >>"$log"
+  say "  $name built in $(( $(date +%s) - t0 )) s"
+}
+
+# containerd as its Makefile builds it: the version stamps, no cgo (so no btrfs snapshotter,
+# which needs libbtrfs; the nodes use overlayfs), and neither devmapper nor zfs (unused). The
+# shim is static and without gRPC, as upstream ships it.
+cpkg=github.com/containerd/containerd/v2
+cldf="-s -w -X $cpkg/version.Version=$containerd -X $cpkg/version.Revision=module -X $cpkg/version.Package=$cpkg"
+ctags=urfave_cli_no_docs,no_btrfs,no_devmapper,no_zfs
+missing=()
+for b in containerd ctr; do [ -x "$dir/bin/$b" ] || missing+=("$cpkg/cmd/$b"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  build "containerd, ctr $containerd" containerd CGO_ENABLED=0 -tags="$ctags" -ldflags "$cldf" -o "$dir/bin/" "${missing[@]}"
+fi
+if [ ! -x "$dir/bin/containerd-shim-runc-v2" ]; then
+  build "containerd-shim-runc-v2 $containerd" containerd CGO_ENABLED=0 -tags="$ctags,no_grpc" -ldflags "$cldf" \
+    -o "$dir/bin/containerd-shim-runc-v2" "$cpkg/cmd/containerd-shim-runc-v2"
+fi
+# runc as its Makefile builds it (cgo, seccomp), except the libpathrs tag: that library (Rust,
+# C ABI) is not packaged by Debian 12; without the tag runc uses its Go fallback (pathrs-lite).
+if [ ! -x "$dir/bin/runc" ]; then
+  command -v gcc >/dev/null || die "gcc is not installed (runc builds with cgo): apt-get install gcc"
+  pkg-config --exists libseccomp 2>/dev/null ||
+    die "libseccomp's headers are missing (runc's seccomp support): apt-get install libseccomp-dev pkg-config (or scripts/install-deps.sh)"
+  build "runc $runc" runc CGO_ENABLED=1 -tags=seccomp,urfave_cli_no_docs -ldflags "-s -w -X main.gitCommit=module" \
+    -o "$dir/bin/runc" github.com/opencontainers/runc
+fi
+# The reference CNI plugins the nodes and the tests use (static, as upstream releases them).
+ppkg=github.com/containernetworking/plugins/plugins
+pldf="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$plugins"
+pkgs=()
+for p in main/bridge ipam/host-local main/loopback meta/portmap; do
+  [ -x "$dir/cni/${p#*/}" ] || pkgs+=("$ppkg/$p")
+done
+if [ ${#pkgs[@]} -gt 0 ]; then
+  build "CNI plugins $plugins" cni-plugins CGO_ENABLED=0 -ldflags "$pldf" -o "$dir/cni/" "${pkgs[@]}"
+fi
+if [ ! -x "$dir/bin/cnitool" ]; then
+  build "cnitool $cni" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/cnitool" github.com/containernetworking/cni/cnitool
+fi
+rm -f "$log.pkgs"
+say "ready in $(( $(date +%s) - started )) s: $dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
+if [ "$print_dir" = 1 ]; then
+  echo "$dir"
+fi
