@@ -2,7 +2,7 @@
 # A real Kubernetes cluster on this machine, with ipkeep installed from deploy/.
 #
 #   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
-#                         [--without-ipkeep] [--without-extender] [--release]
+#                         [--k8s-version V] [--without-ipkeep] [--without-extender] [--release]
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #                         [--webhook-client-auth] [--node-runtime built|debian]
 #   scripts/cluster.sh status [--state DIR]
@@ -15,8 +15,12 @@
 # authorization, service-account token signing, default admission plugins);
 # kube-controller-manager (each controller with its own service account, node pod CIDRs from
 # 10.244.0.0/16, node-loss timeouts of seconds); kube-scheduler. kube-apiserver and
-# kube-controller-manager run with the feature gate MaxUnavailableStatefulSet (beta, off by
-# default in 1.35) on.
+# kube-controller-manager run with the feature gate MaxUnavailableStatefulSet on (beta in 1.35
+# and 1.36 but off by default there; on by default from 1.37).
+#
+# --k8s-version V picks the Kubernetes release (default $IPKEEP_K8S_VERSION, else v1.37.2;
+# `scripts/k8s-build.sh --list` lists those with a wrapper module: v1.35.4, v1.36.3, v1.37.2). It
+# is written to DIR/k8s-version, the directory of its binaries to DIR/bin.
 #
 # --nodes N (default 2; needs root) adds N real nodes node-0..node-N-1 (scripts/lib/nodes.sh):
 # each its own network and mount namespaces and cgroup, with containerd and runc, kubelet and
@@ -81,9 +85,10 @@ state=${IPKEEP_CLUSTER_STATE:-/tmp/ipkeep-cluster}
 port_base=16440
 kwok_nodes=0
 nodes=2
-# Beta but off by default in 1.35: StatefulSet rollingUpdate.maxUnavailable, which rebuilds
-# several ordinals at once (docs/retention.md); kube-apiserver keeps the field, the StatefulSet
-# controller honours it.
+k8s_version=${IPKEEP_K8S_VERSION:-v1.37.2}
+# Beta but off by default in 1.35 and 1.36 (on from 1.37): StatefulSet
+# rollingUpdate.maxUnavailable, which rebuilds several ordinals at once (docs/retention.md);
+# kube-apiserver keeps the field, the StatefulSet controller honours it.
 feature_gates=MaxUnavailableStatefulSet=true
 ipkeep=1
 extender=1
@@ -112,6 +117,7 @@ while [ $# -gt 0 ]; do
     --nodes) nodes=${2:?--nodes needs a number}; shift 2 ;;
     --state) state=${2:?--state needs a directory}; shift 2 ;;
     --port-base) port_base=${2:?--port-base needs a number}; shift 2 ;;
+    --k8s-version) k8s_version=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
     --kwok-nodes) kwok_nodes=${2:?--kwok-nodes needs a number}; shift 2 ;;
     --without-ipkeep) ipkeep=0; shift ;;
     --without-extender) extender=0; shift ;;
@@ -127,6 +133,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
+[[ $k8s_version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "--k8s-version takes a release such as v1.37.2, got '$k8s_version'"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
@@ -291,9 +298,9 @@ up() {
   command -v curl >/dev/null || die "curl is not installed (apt-get install curl)"
   [ "$nodes" -gt 0 ] && nodes_preflight "$node_runtime"
   local t0; t0=$(date +%s)
-  say "building or reusing the Kubernetes binaries (scripts/k8s-build.sh)"
+  say "building or reusing the Kubernetes $k8s_version binaries (scripts/k8s-build.sh)"
   local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
-  bin=$("$repo/scripts/k8s-build.sh" "${without_node[@]}" --print-dir | tail -1)
+  bin=$("$repo/scripts/k8s-build.sh" --k8s-version "$k8s_version" "${without_node[@]}" --print-dir | tail -1)
   if [ "$nodes" -gt 0 ] && [ "$node_runtime" = built ]; then
     say "building or reusing the node runtime (scripts/runtime-build.sh)"
     runtime_use built "$("$repo/scripts/runtime-build.sh" --print-dir | tail -1)"
@@ -316,6 +323,7 @@ up() {
   trap 'exit 130' INT TERM
   echo "$bin" >"$state/bin"
   runtime_save
+  echo "$k8s_version" >"$state/k8s-version"
   if [ "$nodes" -gt 0 ]; then
     say "building the images for the nodes (scripts/images.py)"
     python3 "$repo/scripts/images.py" --release-dir "$ib" --plugin "$plugin" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||

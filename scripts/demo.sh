@@ -14,6 +14,8 @@
 #   scripts/demo.sh --keep-running       # leave the cluster up and poke at it with kubectl
 #   scripts/demo.sh --simulated          # the simulation, even as root
 #   scripts/demo.sh --kubeconfig FILE    # the story (API only) on another cluster with ipkeep
+# The cluster runs Kubernetes v1.37.2; IPKEEP_K8S_VERSION=v1.35.4 (or v1.36.3) picks another
+# supported release (scripts/cluster.sh --k8s-version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

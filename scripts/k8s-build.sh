@@ -1,38 +1,51 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the cluster tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok) from their published Go
-# modules, into a cache outside the repository, and skips whatever is already cached.
+# kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, kwok) from their
+# published Go modules, into a cache outside the repository, and skips whatever is already cached.
 #
-#   scripts/k8s-build.sh [--cache DIR] [--without-kubelet] [--print-dir]
-#   scripts/k8s-build.sh gen VERSION     regenerate tests/k8s/tools/k8s/go.mod for a release
+#   scripts/k8s-build.sh [--k8s-version V] [--cache DIR] [--without-kubelet] [--print-dir]
+#   scripts/k8s-build.sh --list                 the Kubernetes versions that can be built
+#   scripts/k8s-build.sh gen VERSION            write tests/k8s/tools/k8s/VERSION/ for a release
 #
-# The versions are those pinned by the wrapper modules in tests/k8s/tools/ (go.mod + go.sum,
-# committed; nothing of Kubernetes' source is in this repository). The cache is
-# $IPKEEP_K8S_CACHE or --cache (default /var/cache/ipkeep-k8s); each build goes in a directory
-# named by the component's version and the Go version, so changing either rebuilds and the old
-# build stays until deleted. --print-dir prints the directory holding every binary (last line).
-# Go (>= 1.25) and gcc (kubelet uses cgo) are needed; a cold build takes 15-30 minutes on two
-# cores, a warm one (all cached) under a second.
+# --k8s-version picks the Kubernetes release (default v1.37.2, or $IPKEEP_K8S_VERSION); every
+# supported release has its own wrapper module tests/k8s/tools/k8s/VERSION/ (go.mod + go.sum,
+# committed; nothing of Kubernetes' source is in this repository), and etcd and kwok are pinned
+# by tests/k8s/tools/etcd and tests/k8s/tools/kwok. The cache is $IPKEEP_K8S_CACHE or --cache
+# (default /var/cache/ipkeep-k8s); each build goes in a directory named by the Kubernetes, etcd,
+# kwok and Go versions, so versions coexist, changing one rebuilds, and an old build stays until
+# deleted. --print-dir prints the directory holding every binary (last line).
+# Go (>= 1.26 for v1.37) and gcc (kubelet uses cgo) are needed; a cold build takes 20-40 minutes
+# on two cores, a warm one (all cached) under a second.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=$repo/tests/k8s/tools
 cache=${IPKEEP_K8S_CACHE:-/var/cache/ipkeep-k8s}
+k8s=${IPKEEP_K8S_VERSION:-v1.37.2}
 kubelet=1
 print_dir=0
 
 say() { echo "k8s-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+versions() { # the releases with a wrapper module, oldest first
+  local d
+  for d in "$tools"/k8s/v*/; do
+    [ -f "$d/go.mod" ] && basename "$d"
+  done | sort -V
+}
+
 gen() {
-  local version=$1 mod staging
-  [[ $version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "gen wants a Kubernetes release such as v1.35.4, got '$version'"
+  local version=$1 mod staging out
+  [[ $version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "gen wants a Kubernetes release such as v1.37.2, got '$version'"
   staging=v0.${version#v1.}
+  out=$tools/k8s/$version
+  mkdir -p "$out"
   mod=$(go mod download -json "k8s.io/kubernetes@$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   # The program comes from the here-document, so the module's JSON goes through a file.
   local json; json=$(mktemp)
   go mod edit -json "$mod" >"$json"
-  python3 - "$version" "$staging" "$mod" "$json" >"$tools/k8s/go.mod" <<'EOF'
+  python3 - "$version" "$staging" "$mod" "$json" >"$out/go.mod" <<'EOF'
 import json, re, sys
 version, staging, path, data = sys.argv[1:]
 d = json.load(open(data))
@@ -58,27 +71,34 @@ for m in mods:
 print(")")
 EOF
   rm -f "$json"
-  (cd "$tools/k8s" && GOFLAGS=-mod=mod go mod tidy)
-  say "regenerated $tools/k8s/go.mod for $version; commit go.mod and go.sum"
+  printf '%s\n' "// Package tools exists so that this module has a package; the binaries it builds are named by" \
+    "// the \`tool\` lines of go.mod." "package tools" >"$out/tools.go"
+  (cd "$out" && GOFLAGS=-mod=mod go mod tidy)
+  say "wrote $out (go.mod, go.sum, tools.go) for $version; commit them"
 }
 
 while [ $# -gt 0 ]; do
   case $1 in
     gen) shift; [ $# -eq 1 ] || die "usage: $0 gen VERSION"; gen "$1"; exit 0 ;;
+    --k8s-version) k8s=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
+    --list) versions; exit 0 ;;
     --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
     --without-kubelet) kubelet=0; shift ;;
     --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 
-command -v go >/dev/null || die "Go is not installed (needed to build Kubernetes from its modules; https://go.dev/dl, >= 1.25)"
+command -v go >/dev/null || die "Go is not installed (needed to build Kubernetes from its modules; https://go.dev/dl, >= 1.26)"
 gover=$(go env GOVERSION)
 version_of() { # module path, wrapper dir -> the version its go.mod requires
   (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
 }
-k8s=$(version_of k8s.io/kubernetes k8s)
+[ -f "$tools/k8s/$k8s/go.mod" ] ||
+  die "no wrapper module for Kubernetes '$k8s' (supported: $(versions | paste -sd ' ')); add one with: $0 gen $k8s"
+pinned=$(version_of k8s.io/kubernetes "k8s/$k8s")
+[ "$pinned" = "$k8s" ] || die "tests/k8s/tools/k8s/$k8s/go.mod requires k8s.io/kubernetes $pinned, not $k8s (regenerate it: $0 gen $k8s)"
 etcd=$(version_of go.etcd.io/etcd/server/v3 etcd)
 kwok=$(version_of sigs.k8s.io/kwok kwok)
 dir=$cache/$k8s-etcd$etcd-kwok$kwok-$gover
@@ -126,15 +146,15 @@ for b in "${static[@]}"; do [ -x "$dir/$b" ] || missing+=("$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
   for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-  build "${missing[*]} $k8s" k8s CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/" "${pkgs[@]}"
+  build "${missing[*]} $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/" "${pkgs[@]}"
 fi
 # The node components (real nodes: scripts/cluster.sh --nodes): kubelet (cgo) and kube-proxy.
 if [ "$kubelet" = 1 ] && [ ! -x "$dir/kubelet" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (kubelet builds with cgo): apt-get install gcc"
-  build "kubelet $k8s" k8s CGO_ENABLED=1 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet
+  build "kubelet $k8s" "k8s/$k8s" CGO_ENABLED=1 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet
 fi
 if [ "$kubelet" = 1 ] && [ ! -x "$dir/kube-proxy" ]; then
-  build "kube-proxy $k8s" k8s CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
+  build "kube-proxy $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
 fi
 if [ ! -x "$dir/etcd" ]; then
   build "etcd $etcd" etcd CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/etcd" go.etcd.io/etcd/server/v3

@@ -3,13 +3,19 @@
 # clippy with warnings as errors, and all tests, including the network-namespace tests (which
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
-# tests/tests/nodes.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
+# tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
 # images). The Kubernetes components and the node runtime (containerd, runc, CNI plugins) are
 # built from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes
 # run ipkeep's release build.
+#
+# Kubernetes: everything runs on the default release (scripts/cluster.sh: v1.37.2, the newest
+# supported); the control-plane suite (--test cluster) runs again on each release in
+# $IPKEEP_K8S_ALSO (default v1.35.4, the oldest supported), so both ends of the window are
+# tested. IPKEEP_K8S_ALSO= (empty) skips that second run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+also=${IPKEEP_K8S_ALSO-v1.35.4}
 scripts/install-deps.sh
 kubectl_bin=
 runtime_dir=
@@ -19,6 +25,9 @@ if command -v go >/dev/null; then
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
   # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
   if [ "$(id -u)" -eq 0 ]; then runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1); fi
+  for v in $also; do
+    scripts/k8s-build.sh --k8s-version "$v" --without-kubelet >/dev/null
+  done
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi
@@ -37,3 +46,7 @@ if [ -n "$runtime_dir" ]; then
   # (1.10.0) rather than Debian's 1.1.1 (docs/cni-plugin.md).
   IPKEEP_REFERENCE_CNI_DIR=$runtime_dir/cni cargo test --locked -p ipkeep-tests --test differential --test differential_via_agent
 fi
+for v in $also; do
+  echo "test.sh: the control-plane suite on Kubernetes $v" >&2
+  IPKEEP_K8S_VERSION=$v cargo test --locked -p ipkeep-tests --test cluster
+done

@@ -1,6 +1,8 @@
 //! A real Kubernetes control plane for tests: `scripts/cluster.sh up` (etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler and kwok built from their upstream modules, ipkeep
 //! installed from `deploy/`), driven with the kubectl built beside them, and `down` on drop.
+//! `IPKEEP_K8S_VERSION` (e.g. `v1.35.4`) picks the Kubernetes release; unset, the script's
+//! default.
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,24 @@ pub fn require_go(test: &str) -> bool {
     assert!(std::env::var_os("CI").is_none(), "{msg}");
     eprintln!("{msg}");
     false
+}
+
+/// The Kubernetes release the tests were asked to run (`IPKEEP_K8S_VERSION`), if any; unset,
+/// `scripts/cluster.sh` runs its default. The script reads the variable too (so do the real-node
+/// clusters `ipkeep-demo` starts); the control-plane clusters also pass it as `--k8s-version`.
+pub fn k8s_version_wanted() -> Option<String> {
+    std::env::var("IPKEEP_K8S_VERSION")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// The Kubernetes release of the cluster whose state is in `state` (`scripts/cluster.sh` writes
+/// it to `k8s-version`).
+pub fn k8s_version_of(state: &Path) -> String {
+    std::fs::read_to_string(state.join("k8s-version"))
+        .expect("the state names its Kubernetes release")
+        .trim()
+        .to_string()
 }
 
 /// The repository's root.
@@ -69,6 +89,11 @@ impl Cluster {
             .arg(&state)
             .args(["--port-base", &base.to_string()])
             .args(["--nodes", "0", "--kwok-nodes", &nodes.to_string()])
+            .args(
+                k8s_version_wanted()
+                    .iter()
+                    .flat_map(|v| ["--k8s-version", v.as_str()]),
+            )
             .args(options)
             .stderr(Stdio::inherit())
             .output()
@@ -89,6 +114,11 @@ impl Cluster {
             state,
             _dir: dir,
         }
+    }
+
+    /// The Kubernetes release it runs (`v1.37.2`, …).
+    pub fn k8s_version(&self) -> String {
+        k8s_version_of(&self.state)
     }
 
     /// The cluster's state directory (logs in `logs/`, pids in `pids/`).

@@ -26,7 +26,7 @@ mod restarts;
 
 use std::time::Duration;
 
-use ipkeep_tests::cluster::{Cluster, require_go, wait_until};
+use ipkeep_tests::cluster::{Cluster, k8s_version_wanted, require_go, wait_until};
 use serde_json::Value;
 
 /// Enough for placement to mean something: a rebuilt pod finds its node among 50.
@@ -79,6 +79,7 @@ fn ipkeep_on_a_real_control_plane() {
         return;
     }
     let cluster = Cluster::up_with(NODES, &["--webhook-client-auth"]);
+    the_chosen_kubernetes_runs(&cluster);
     crd_is_structural_and_validates(&cluster);
     conventions::apisim_agrees_with_kube_apiserver(&cluster);
     cluster.run(&["create", "namespace", "db"]);
@@ -109,6 +110,24 @@ fn ipkeep_on_a_real_control_plane() {
             refused[..refused.len().min(5)].join("\n")
         );
     }
+}
+
+/// kube-apiserver, and the kubectl the steps drive, are the release asked for
+/// (`IPKEEP_K8S_VERSION`; CI runs this suite on the newest and the oldest supported release).
+fn the_chosen_kubernetes_runs(cluster: &Cluster) {
+    let chosen = cluster.k8s_version();
+    if let Some(wanted) = k8s_version_wanted() {
+        assert_eq!(chosen, wanted, "version: the cluster runs another release");
+    }
+    let version: Value =
+        serde_json::from_str(&cluster.run(&["version", "-o", "json"])).expect("kubectl's JSON");
+    for side in ["serverVersion", "clientVersion"] {
+        assert_eq!(
+            version[side]["gitVersion"], chosen,
+            "version: {side} is not {chosen}: {version}"
+        );
+    }
+    eprintln!("the control plane runs Kubernetes {chosen}");
 }
 
 fn leader(cluster: &Cluster) -> Option<String> {

@@ -124,6 +124,7 @@ fn story_on_real_nodes() {
     );
     assert!(expectations_held(&api) >= 8, "{api}");
     assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
+    the_nodes_run_the_chosen_kubernetes(&state);
     a_static_pod_keeps_its_address(&state);
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
@@ -164,6 +165,37 @@ fn lifecycle_cost_on_a_running_cluster() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
     lifecycle_cost::measure(std::path::Path::new(&state), rounds);
+}
+
+/// Every real node's kubelet is the release asked for (`IPKEEP_K8S_VERSION`,
+/// else `scripts/cluster.sh`'s default), as is kube-apiserver.
+fn the_nodes_run_the_chosen_kubernetes(state: &std::path::Path) {
+    let chosen = ipkeep_tests::cluster::k8s_version_of(state);
+    if let Some(wanted) = ipkeep_tests::cluster::k8s_version_wanted() {
+        assert_eq!(chosen, wanted, "the cluster runs another release");
+    }
+    let bin = std::fs::read_to_string(state.join("bin")).unwrap();
+    let kubectl = ipkeep_tests::kubectl::Kubectl::new(
+        &std::path::Path::new(bin.trim()).join("kubectl"),
+        &state.join("admin.kubeconfig"),
+    );
+    let version: serde_json::Value =
+        serde_json::from_str(&kubectl.run(&["version", "-o", "json"])).unwrap();
+    assert_eq!(version["serverVersion"]["gitVersion"], chosen, "{version}");
+    let nodes = kubectl
+        .get(&["nodes", "-l", "ipkeep.dev/test-node=real"])
+        .unwrap();
+    let infos: Vec<&serde_json::Value> = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| &n["status"]["nodeInfo"])
+        .collect();
+    assert!(!infos.is_empty(), "no real nodes");
+    for info in infos {
+        assert_eq!(info["kubeletVersion"], chosen, "{info}");
+    }
+    eprintln!("the real nodes run Kubernetes {chosen}");
 }
 
 /// A static pod's mirror Pod has a UID of its own; the runtime knows the pod by the static
