@@ -14,7 +14,9 @@ ipkeep_build() {
   for p in "$@"; do pkgs+=(-p "$p"); done
   local release=(); [ "$profile" = release ] && release=(--release)
   say "building $* ($profile)"
-  (cd "$repo" && cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
+  # Started from `cargo test`, the environment carries the test crate's CARGO_MANIFEST_DIR; a
+  # build script (ring's) tracks it, so passing it on would rebuild half the tree every time.
+  (cd "$repo" && env -u CARGO_MANIFEST_DIR cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
   echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
 }
 
