@@ -5,6 +5,7 @@
 #                         [--k8s-version V] [--without-ipkeep] [--without-extender] [--release]
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #                         [--webhook-client-auth] [--node-runtime built|debian]
+#                         [--cni-data-size SIZE]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -35,6 +36,11 @@
 # certificate by deploy/scheduler-ext/make-certificate.sh, and kube-scheduler configured with
 # deploy/scheduler-ext/scheduler-config.yaml (the extender at the Service's cluster IP). A
 # kube-proxy on the host gives kube-apiserver and kube-scheduler the Service IPs.
+#
+# --cni-data-size SIZE (default $IPKEEP_CNI_DATA_SIZE, else none) gives each real node's
+# /var/lib/cni/ipkeep (ipkeep's stores) a file system of its own of SIZE (a tmpfs, e.g. 64m,
+# mounted from the host: it survives node power-offs, and a test fills it from
+# DIR/nodes/NODE/root/var/lib/cni/ipkeep to see what a full disk does to the node).
 #
 # --kwok-nodes N adds N fake nodes kwok-0..kwok-N-1 (kwok; labels kubernetes.io/hostname and
 # topology.kubernetes.io/zone zone-0..zone-2; tainted NoSchedule when real nodes exist). With
@@ -97,6 +103,7 @@ keep_logs=0
 pin_cpus=
 client_auth=0
 node_runtime=built
+cni_data_size=${IPKEEP_CNI_DATA_SIZE:-}
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -127,6 +134,7 @@ while [ $# -gt 0 ]; do
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     --webhook-client-auth) client_auth=1; shift ;;
     --node-runtime) node_runtime=${2:?--node-runtime needs built or debian}; shift 2 ;;
+    --cni-data-size) cni_data_size=${2:?--cni-data-size needs a size such as 64m}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -136,6 +144,7 @@ done
 [[ $k8s_version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "--k8s-version takes a release such as v1.37.2, got '$k8s_version'"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
+[ -z "$cni_data_size" ] || [[ $cni_data_size =~ ^[0-9]+[kmg]$ ]] || die "--cni-data-size takes a size such as 64m, got '$cni_data_size'"
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
 fi

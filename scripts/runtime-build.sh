@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the node runtime the real nodes of scripts/cluster.sh run (containerd, its runc shim and
-# ctr; runc; the reference CNI plugins and cnitool) from their published Go modules, into a cache
+# ctr; runc; the reference CNI plugins, cnitool and our libcni driver) from their published Go modules, into a cache
 # outside the repository, and skips whatever is already cached.
 #
 #   scripts/runtime-build.sh [--cache DIR] [--print-dir]
@@ -9,8 +9,8 @@
 # cni-plugins (go.mod + go.sum, committed; nothing of their source is in this repository). The
 # cache is $IPKEEP_RUNTIME_CACHE or --cache (default /var/cache/ipkeep-runtime); the build goes
 # in a directory named by the three versions and the Go version, so changing any rebuilds and the
-# old build stays until deleted: DIR/bin holds containerd, containerd-shim-runc-v2, ctr, runc and
-# cnitool, DIR/cni the CNI plugins. --print-dir prints DIR (last line).
+# old build stays until deleted: DIR/bin holds containerd, containerd-shim-runc-v2, ctr, runc,
+# cnitool and libcni-driver, DIR/cni the CNI plugins. --print-dir prints DIR (last line).
 # Go (>= 1.26), gcc, pkg-config and libseccomp's headers (runc uses cgo; Debian: libseccomp-dev)
 # are needed; a cold build takes about 5 minutes on two cores, a warm one (all cached) a second.
 set -euo pipefail
@@ -110,6 +110,12 @@ fi
 if [ ! -x "$dir/bin/cnitool" ]; then
   build "cnitool $cni" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/cnitool" github.com/containernetworking/cni/cnitool
 fi
+# Our libcni driver (the wrapper module's libcni-driver/): CNI operations through libcni as a
+# runtime makes them, GC with valid attachments included (cnitool passes none). Our own source,
+# so built every time (a second, from Go's build cache): never a stale copy. Renamed into place,
+# so that a test running it meanwhile never sees half a binary.
+build "libcni-driver (libcni $cni)" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/.libcni-driver.$$" ./libcni-driver
+mv -f "$dir/bin/.libcni-driver.$$" "$dir/bin/libcni-driver"
 rm -f "$log.pkgs"
 say "ready in $(( $(date +%s) - started )) s: $dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
 if [ "$print_dir" = 1 ]; then

@@ -144,9 +144,22 @@ node_create() {
       done
     fi
   done
+  node_data_disk "$node"
   node_power_on "$node"
   node_config "$node"
   node_daemons_start "$node"
+}
+
+# node_data_disk NODE: with --cni-data-size, the node's /var/lib/cni/ipkeep (ipkeep's stores)
+# is a file system of its own of that size, as a dedicated volume would be: a tmpfs mounted in
+# the host's namespace, so it outlives node power-offs (like the rest of the node's disk) and a
+# test can fill it from the host. Unmounted by nodes_down.
+node_data_disk() {
+  [ -n "$cni_data_size" ] || return 0
+  local d
+  d=$(node_dir "$1")/root/var/lib/cni/ipkeep
+  mkdir -p "$d"
+  mountpoint -q "$d" || mount -t tmpfs -o "size=$cni_data_size,mode=0755" ipkeep-data "$d"
 }
 
 # The holder: the node's mount namespace (tmpfs /run, the node's own directories), in its
@@ -161,7 +174,7 @@ node_power_on() {
       set -e
       mount -t tmpfs -o mode=0755 tmpfs /run
       for d in var/lib/kubelet var/lib/containerd var/lib/cni var/log etc/cni/net.d opt/cni/bin; do
-        mkdir -p /\$d; mount --bind '"$root"'/\$d /\$d
+        mkdir -p /\$d; mount --rbind '"$root"'/\$d /\$d
       done
       mount --make-rshared /
       echo mounted
@@ -436,6 +449,8 @@ nodes_down() {
   local node h cidr
   for node in $(node_names); do
     node_kill "$node"
+    mountpoint -q "$(node_dir "$node")/root/var/lib/cni/ipkeep" &&
+      umount "$(node_dir "$node")/root/var/lib/cni/ipkeep"
     cidr=$(cat "$(node_dir "$node")/pod-cidr" 2>/dev/null) && ip route del "$cidr" 2>/dev/null
     ip netns del "$(node_ns "$node")" 2>/dev/null || true
     # The namespace can outlive its processes for a while; its end of the link must go now.

@@ -4,7 +4,8 @@
 //! - `story_on_real_nodes`: the default, on a real cluster with real nodes on this machine
 //!   (`scripts/cluster.sh`: kubelet, containerd, ipkeep installed from deploy/ as images), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
-//!   then a static pod and what users of IP retention ask for most (`e2e/retention.rs`).
+//!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
+//!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`).
 //! - `simulated_scenario_survives_restarts_of_every_component`: `--simulated`, the fallback
 //!   where the real cluster cannot run; kept because it SIGKILLs every component mid-scenario,
 //!   which the real cluster's pods (replaced, so SIGTERM) do not show.
@@ -18,6 +19,8 @@ use ipkeep_tests::{demo_bin, require_root};
 mod lifecycle;
 #[path = "e2e/lifecycle_cost.rs"]
 mod lifecycle_cost;
+#[path = "e2e/network_ready.rs"]
+mod network_ready;
 #[path = "e2e/retention.rs"]
 mod retention;
 
@@ -35,7 +38,13 @@ fn demo(args: &[&str]) -> String {
         status,
         stdout,
         stderr,
-    } = Command::new(demo_bin()).args(args).output().unwrap();
+    } = Command::new(demo_bin())
+        .args(args)
+        // The real nodes' ipkeep data on file systems of their own, which `network_ready`
+        // fills (scripts/cluster.sh --cni-data-size).
+        .env("IPKEEP_CNI_DATA_SIZE", "256m")
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&stdout),
@@ -128,6 +137,7 @@ fn story_on_real_nodes() {
     a_static_pod_keeps_its_address(&state);
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
+    network_ready::follows_the_store(&state);
     drop(down);
 }
 
@@ -135,7 +145,8 @@ fn story_on_real_nodes() {
 /// yourself (`scripts/cluster.sh up`; `IPKEEP_CLUSTER_STATE` names its state directory): for
 /// working on them without the whole story. `cargo test -p ipkeep-tests --test e2e --
 /// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two, `first-rebuild` the
-/// last retention step alone.
+/// last retention step alone, `network-ready` the full-disk step (which needs a cluster brought
+/// up with `--cni-data-size`).
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -150,6 +161,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "first-rebuild" {
         retention::first_rebuilds_on_real_nodes(state);
+    }
+    if steps == "network-ready" {
+        network_ready::follows_the_store(state);
     }
 }
 

@@ -11,10 +11,11 @@ tool (
 	github.com/containernetworking/plugins/plugins/meta/portmap
 )
 
+require github.com/containernetworking/cni v1.3.1
+
 require (
 	github.com/alexflint/go-filemutex v1.3.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/containernetworking/cni v1.3.1 // indirect
 	github.com/containernetworking/plugins v1.10.0 // indirect
 	github.com/coreos/go-iptables v0.8.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
