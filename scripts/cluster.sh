@@ -5,6 +5,7 @@
 #                         [--k8s-version V] [--without-ipkeep] [--without-extender] [--release]
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #                         [--webhook-client-auth] [--node-runtime built|debian]
+#                         [--network bridge|flannel]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -35,6 +36,11 @@
 # certificate by deploy/scheduler-ext/make-certificate.sh, and kube-scheduler configured with
 # deploy/scheduler-ext/scheduler-config.yaml (the extender at the Service's cluster IP). A
 # kube-proxy on the host gives kube-apiserver and kube-scheduler the Service IPs.
+#
+# --network flannel (real nodes) runs flannel instead of the bridge the agent configures:
+# flanneld (kube subnet manager, vxlan) on every node and the CNI configuration
+# deploy/cni/10-ipkeep-flannel.conflist, as docs/install.md tells users (scripts/lib/flannel.sh);
+# flannel is built from its Go modules by scripts/flannel-build.sh. The default is bridge.
 #
 # --kwok-nodes N adds N fake nodes kwok-0..kwok-N-1 (kwok; labels kubernetes.io/hostname and
 # topology.kubernetes.io/zone zone-0..zone-2; tainted NoSchedule when real nodes exist). With
@@ -97,6 +103,7 @@ keep_logs=0
 pin_cpus=
 client_auth=0
 node_runtime=built
+network=bridge
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -127,6 +134,7 @@ while [ $# -gt 0 ]; do
     --upstream-node-timeouts) node_grace=50s lease_seconds=40 toleration_seconds=300; shift ;;
     --webhook-client-auth) client_auth=1; shift ;;
     --node-runtime) node_runtime=${2:?--node-runtime needs built or debian}; shift 2 ;;
+    --network) network=${2:?--network needs bridge or flannel}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -136,6 +144,10 @@ done
 [[ $k8s_version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "--k8s-version takes a release such as v1.37.2, got '$k8s_version'"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
+[[ $network =~ ^(bridge|flannel)$ ]] || die "--network takes bridge or flannel"
+if [ "$network" = flannel ] && { [ "$nodes" -eq 0 ] || [ "$ipkeep" = 0 ]; }; then
+  die "--network flannel needs real nodes (--nodes 1 or more) and ipkeep"
+fi
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
 fi
@@ -159,6 +171,8 @@ up_done=
 . "$repo/scripts/lib/nodes.sh"
 # shellcheck source=scripts/lib/install.sh
 . "$repo/scripts/lib/install.sh"
+# shellcheck source=scripts/lib/flannel.sh
+. "$repo/scripts/lib/flannel.sh"
 
 # --- processes -------------------------------------------------------------------------------
 
@@ -307,6 +321,7 @@ up() {
   else
     runtime_use debian
   fi
+  [ "$network" = flannel ] && flannel_build
   local ib=""
   local plugin=""
   if [ "$nodes" -gt 0 ]; then
@@ -389,6 +404,7 @@ up() {
   fi
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
 
+  [ "$network" = flannel ] && flannel_setup
   [ "$nodes" -gt 0 ] && nodes_up "$nodes"
   [ "$kwok_nodes" -gt 0 ] && kwok_up
   if [ "$nodes" -gt 0 ]; then
