@@ -6,6 +6,7 @@
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #                         [--webhook-client-auth] [--node-runtime built|debian]
 #                         [--cni-data-size SIZE]
+#                         [--network bridge|flannel]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -41,6 +42,11 @@
 # /var/lib/cni/ipkeep (ipkeep's stores) a file system of its own of SIZE (a tmpfs, e.g. 64m,
 # mounted from the host: it survives node power-offs, and a test fills it from
 # DIR/nodes/NODE/root/var/lib/cni/ipkeep to see what a full disk does to the node).
+#
+# --network flannel (real nodes) runs flannel instead of the bridge the agent configures:
+# flanneld (kube subnet manager, vxlan) on every node and the CNI configuration
+# deploy/cni/10-ipkeep-flannel.conflist, as docs/install.md tells users (scripts/lib/flannel.sh);
+# flannel is built from its Go modules by scripts/flannel-build.sh. The default is bridge.
 #
 # --kwok-nodes N adds N fake nodes kwok-0..kwok-N-1 (kwok; labels kubernetes.io/hostname and
 # topology.kubernetes.io/zone zone-0..zone-2; tainted NoSchedule when real nodes exist). With
@@ -104,6 +110,7 @@ pin_cpus=
 client_auth=0
 node_runtime=built
 cni_data_size=${IPKEEP_CNI_DATA_SIZE:-}
+network=bridge
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -135,6 +142,7 @@ while [ $# -gt 0 ]; do
     --webhook-client-auth) client_auth=1; shift ;;
     --node-runtime) node_runtime=${2:?--node-runtime needs built or debian}; shift 2 ;;
     --cni-data-size) cni_data_size=${2:?--cni-data-size needs a size such as 64m}; shift 2 ;;
+    --network) network=${2:?--network needs bridge or flannel}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -145,6 +153,10 @@ done
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
 [ -z "$cni_data_size" ] || [[ $cni_data_size =~ ^[0-9]+[kmg]$ ]] || die "--cni-data-size takes a size such as 64m, got '$cni_data_size'"
+[[ $network =~ ^(bridge|flannel)$ ]] || die "--network takes bridge or flannel"
+if [ "$network" = flannel ] && { [ "$nodes" -eq 0 ] || [ "$ipkeep" = 0 ]; }; then
+  die "--network flannel needs real nodes (--nodes 1 or more) and ipkeep"
+fi
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
 fi
@@ -168,6 +180,8 @@ up_done=
 . "$repo/scripts/lib/nodes.sh"
 # shellcheck source=scripts/lib/install.sh
 . "$repo/scripts/lib/install.sh"
+# shellcheck source=scripts/lib/flannel.sh
+. "$repo/scripts/lib/flannel.sh"
 
 # --- processes -------------------------------------------------------------------------------
 
@@ -316,6 +330,7 @@ up() {
   else
     runtime_use debian
   fi
+  [ "$network" = flannel ] && flannel_build
   local ib=""
   local plugin=""
   if [ "$nodes" -gt 0 ]; then
@@ -398,6 +413,7 @@ up() {
   fi
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
 
+  [ "$network" = flannel ] && flannel_setup
   [ "$nodes" -gt 0 ] && nodes_up "$nodes"
   [ "$kwok_nodes" -gt 0 ] && kwok_up
   if [ "$nodes" -gt 0 ]; then

@@ -106,31 +106,8 @@ mkdir -p "$dir" || die "cannot create the cache directory $dir (set IPKEEP_K8S_C
 log=$dir/build.log
 started=$(date +%s)
 
-# Runs `go build` with a line every 30 s saying how far it got (packages compiled so far).
-build() { # name, wrapper dir, env, go build args...
-  local name=$1 wrapper=$2 env=$3; shift 3
-  say "building $name (log: $log)"
-  local t0 pid next
-  t0=$(date +%s)
-  next=$((t0 + 30))
-  : >"$log.pkgs"
-  (cd "$tools/$wrapper" && env $env go build -v -trimpath -buildvcs=false "$@" 2>"$log.pkgs") &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if [ "$(date +%s)" -ge "$next" ]; then
-      say "  $name: $(wc -l <"$log.pkgs") packages compiled, $(( $(date +%s) - t0 )) s"
-      next=$((next + 30))
-    fi
-  done
-  if ! wait "$pid"; then
-    cat "$log.pkgs" >>"$log"
-    tail -20 "$log.pkgs" >&2
-    die "building $name failed (full output in $log)"
-  fi
-  cat "$log.pkgs" >>"$log"
-  say "  $name built in $(( $(date +%s) - t0 )) s"
-}
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
 # Version stamps as upstream's hack/lib/golang.sh sets them, so `kubectl version` and a Node's
 # kubeletVersion say the release rather than v0.0.0-master.
@@ -146,21 +123,21 @@ for b in "${static[@]}"; do [ -x "$dir/$b" ] || missing+=("$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
   for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
-  build "${missing[*]} $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/" "${pkgs[@]}"
+  go_build "${missing[*]} $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/" "${pkgs[@]}"
 fi
 # The node components (real nodes: scripts/cluster.sh --nodes): kubelet (cgo) and kube-proxy.
 if [ "$kubelet" = 1 ] && [ ! -x "$dir/kubelet" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (kubelet builds with cgo): apt-get install gcc"
-  build "kubelet $k8s" "k8s/$k8s" CGO_ENABLED=1 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet
+  go_build "kubelet $k8s" "k8s/$k8s" CGO_ENABLED=1 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet
 fi
 if [ "$kubelet" = 1 ] && [ ! -x "$dir/kube-proxy" ]; then
-  build "kube-proxy $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
+  go_build "kube-proxy $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
 fi
 if [ ! -x "$dir/etcd" ]; then
-  build "etcd $etcd" etcd CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/etcd" go.etcd.io/etcd/server/v3
+  go_build "etcd $etcd" etcd CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/etcd" go.etcd.io/etcd/server/v3
 fi
 if [ ! -x "$dir/kwok" ]; then
-  build "kwok $kwok" kwok CGO_ENABLED=0 -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok" -o "$dir/kwok" sigs.k8s.io/kwok/cmd/kwok
+  go_build "kwok $kwok" kwok CGO_ENABLED=0 -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok" -o "$dir/kwok" sigs.k8s.io/kwok/cmd/kwok
 fi
 # kwok needs its stage definitions at run time; they ship in its module, not in this repository.
 if [ ! -d "$dir/kwok-stages" ]; then
@@ -170,7 +147,6 @@ if [ ! -d "$dir/kwok-stages" ]; then
   chmod -R u+w "$dir/kwok-stages.tmp"
   mv "$dir/kwok-stages.tmp" "$dir/kwok-stages"
 fi
-rm -f "$log.pkgs"
 say "ready in $(( $(date +%s) - started )) s: $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"
 if [ "$print_dir" = 1 ]; then
   echo "$dir"

@@ -46,32 +46,8 @@ mkdir -p "$dir/bin" "$dir/cni" || die "cannot create the cache directory $dir (s
 log=$dir/build.log
 started=$(date +%s)
 
-# Runs `go build` with a line every 30 s saying how far it got (packages compiled so far).
-build() { # name, wrapper dir, env, go build args...
-  local name=$1 wrapper=$2 env=$3; shift 3
-  say "building $name (log: $log)"
-  local t0 pid next
-  t0=$(date +%s)
-  next=$((t0 + 30))
-  : >"$log.pkgs"
-  # shellcheck disable=SC2086 # env is a list of VAR=value words
-  (cd "$tools/$wrapper" && env $env go build -v -trimpath -buildvcs=false "$@" 2>"$log.pkgs") &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if [ "$(date +%s)" -ge "$next" ]; then
-      say "  $name: $(wc -l <"$log.pkgs") packages compiled, $(( $(date +%s) - t0 )) s"
-      next=$((next + 30))
-    fi
-  done
-  if ! wait "$pid"; then
-    cat "$log.pkgs" >>"$log"
-    tail -20 "$log.pkgs" >&2
-    die "building $name failed (full output in $log)"
-  fi
-  cat "$log.pkgs" >>"$log"
-  say "  $name built in $(( $(date +%s) - t0 )) s"
-}
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
 # containerd as its Makefile builds it: the version stamps, no cgo (so no btrfs snapshotter,
 # which needs libbtrfs; the nodes use overlayfs), and neither devmapper nor zfs (unused). The
@@ -82,10 +58,10 @@ ctags=urfave_cli_no_docs,no_btrfs,no_devmapper,no_zfs
 missing=()
 for b in containerd ctr; do [ -x "$dir/bin/$b" ] || missing+=("$cpkg/cmd/$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  build "containerd, ctr $containerd" containerd CGO_ENABLED=0 -tags="$ctags" -ldflags "$cldf" -o "$dir/bin/" "${missing[@]}"
+  go_build "containerd, ctr $containerd" containerd CGO_ENABLED=0 -tags="$ctags" -ldflags "$cldf" -o "$dir/bin/" "${missing[@]}"
 fi
 if [ ! -x "$dir/bin/containerd-shim-runc-v2" ]; then
-  build "containerd-shim-runc-v2 $containerd" containerd CGO_ENABLED=0 -tags="$ctags,no_grpc" -ldflags "$cldf" \
+  go_build "containerd-shim-runc-v2 $containerd" containerd CGO_ENABLED=0 -tags="$ctags,no_grpc" -ldflags "$cldf" \
     -o "$dir/bin/containerd-shim-runc-v2" "$cpkg/cmd/containerd-shim-runc-v2"
 fi
 # runc as its Makefile builds it (cgo, seccomp), except the libpathrs tag: that library (Rust,
@@ -94,7 +70,7 @@ if [ ! -x "$dir/bin/runc" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (runc builds with cgo): apt-get install gcc"
   pkg-config --exists libseccomp 2>/dev/null ||
     die "libseccomp's headers are missing (runc's seccomp support): apt-get install libseccomp-dev pkg-config (or scripts/install-deps.sh)"
-  build "runc $runc" runc CGO_ENABLED=1 -tags=seccomp,urfave_cli_no_docs -ldflags "-s -w -X main.gitCommit=module" \
+  go_build "runc $runc" runc CGO_ENABLED=1 -tags=seccomp,urfave_cli_no_docs -ldflags "-s -w -X main.gitCommit=module" \
     -o "$dir/bin/runc" github.com/opencontainers/runc
 fi
 # The reference CNI plugins the nodes and the tests use (static, as upstream releases them).
@@ -105,18 +81,17 @@ for p in main/bridge ipam/host-local main/loopback meta/portmap; do
   [ -x "$dir/cni/${p#*/}" ] || pkgs+=("$ppkg/$p")
 done
 if [ ${#pkgs[@]} -gt 0 ]; then
-  build "CNI plugins $plugins" cni-plugins CGO_ENABLED=0 -ldflags "$pldf" -o "$dir/cni/" "${pkgs[@]}"
+  go_build "CNI plugins $plugins" cni-plugins CGO_ENABLED=0 -ldflags "$pldf" -o "$dir/cni/" "${pkgs[@]}"
 fi
 if [ ! -x "$dir/bin/cnitool" ]; then
-  build "cnitool $cni" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/cnitool" github.com/containernetworking/cni/cnitool
+  go_build "cnitool $cni" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/cnitool" github.com/containernetworking/cni/cnitool
 fi
 # Our libcni driver (the wrapper module's libcni-driver/): CNI operations through libcni as a
 # runtime makes them, GC with valid attachments included (cnitool passes none). Our own source,
 # so built every time (a second, from Go's build cache): never a stale copy. Renamed into place,
 # so that a test running it meanwhile never sees half a binary.
-build "libcni-driver (libcni $cni)" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/.libcni-driver.$$" ./libcni-driver
+go_build "libcni-driver (libcni $cni)" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/.libcni-driver.$$" ./libcni-driver
 mv -f "$dir/bin/.libcni-driver.$$" "$dir/bin/libcni-driver"
-rm -f "$log.pkgs"
 say "ready in $(( $(date +%s) - started )) s: $dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
 if [ "$print_dir" = 1 ]; then
   echo "$dir"

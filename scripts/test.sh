@@ -4,9 +4,10 @@
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
-# images). The Kubernetes components and the node runtime (containerd, runc, CNI plugins) are
-# built from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes
-# run ipkeep's release build.
+# images; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM). The
+# Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
+# from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
+# ipkeep's release build.
 #
 # Kubernetes: everything runs on the default release (scripts/cluster.sh: v1.37.2, the newest
 # supported); the control-plane suite (--test cluster) runs again on each release in
@@ -24,7 +25,10 @@ if command -v go >/dev/null; then
   node=(--without-kubelet); [ "$(id -u)" -eq 0 ] && node=()
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
   # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
-  if [ "$(id -u)" -eq 0 ]; then runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1); fi
+  if [ "$(id -u)" -eq 0 ]; then
+    runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1)
+    scripts/flannel-build.sh >/dev/null # flanneld and its CNI plugin (tests/tests/flannel.rs)
+  fi
   for v in $also; do
     scripts/k8s-build.sh --k8s-version "$v" --without-kubelet >/dev/null
   done

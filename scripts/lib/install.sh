@@ -42,14 +42,17 @@ ipkeep_install() {
         value: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["cniVersion"]=sys.argv[2]; print(json.dumps(json.dumps(d)))' "$template" "$cni_version")
 "
   fi
+  # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh): no component.
+  local components="components:
+  - $rel/cni"
+  flannel_enabled && components="" cni_patch=""
   cat >"$overlay/kustomization.yaml" <<EOF
 # Made by scripts/cluster.sh: what a user of this cluster would write.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - $rel
-components:
-  - $rel/cni
+$components
 images:
   - name: ghcr.io/ipkeep/ipkeep
     newName: localhost/ipkeep/ipkeep

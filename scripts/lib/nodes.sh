@@ -337,6 +337,7 @@ nodes_up() {
   done
   for ((i = 0; i < n; i++)); do
     wait_for "node-$i registered with a pod CIDR" 90 "node-$i-kubelet" node_route "node-$i"
+    if flannel_enabled; then flannel_node_start "node-$i"; fi
   done
 }
 
@@ -426,6 +427,7 @@ node_start() {
   fi
   node_daemons_start "$node"
   wait_for "$node registered with a pod CIDR" 120 "$node-kubelet" node_route "$node"
+  if flannel_enabled; then flannel_node_start "$node"; fi
   say "$node: containerd and kubelet started"
 }
 
@@ -441,7 +443,7 @@ node_kill() {
     kill -KILL $pids 2>/dev/null || true
     sleep 0.2
   done
-  rm -f "$state/pids/$node-"{holder,containerd,kubelet,kube-proxy}
+  rm -f "$state/pids/$node-"{holder,containerd,kubelet,kube-proxy,flanneld}
 }
 
 # nodes_down: powers every node off and removes what the nodes added to the machine.

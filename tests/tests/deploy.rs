@@ -157,7 +157,8 @@ fn example_conflist_is_a_valid_ipkeep_configuration() {
     assert_plugin_accepts(&conf);
 }
 
-/// flannel's CNI plugin (flannel-io/cni-plugin) refuses `delegate.ipam`, takes its IPAM from its
+/// flannel's CNI plugin (flannel-io/cni-plugin, and its previous home, the reference plugins'
+/// meta/flannel up to v0.9.1) refuses `delegate.ipam`, takes its IPAM from its
 /// own `ipam`, replaces `ranges` with the node's subnets from /run/flannel/subnet.env, appends a
 /// route to the flannel network, and passes `runtimeConfig` (the pod annotations) on to the
 /// delegate, which hands its whole configuration to the IPAM plugin.
@@ -201,6 +202,11 @@ fn flannel_conflist_renders_a_configuration_ipkeep_accepts() {
     delegate["ipMasq"] = false.into();
     delegate["mtu"] = 1450.into();
     delegate["isGateway"] = true.into();
+    // flannel gives its delegate the list's cniVersion (0.4.0); STATUS needs 1.1.0 (above).
+    assert_eq!(
+        list["cniVersion"], "0.4.0",
+        "flannel's plugin speaks CNI up to 0.4.0"
+    );
     delegate["cniVersion"] = "1.1.0".into();
     delegate["ipam"] = ipam;
     delegate["runtimeConfig"] =

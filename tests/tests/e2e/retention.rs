@@ -17,14 +17,14 @@ use serde_json::Value;
 
 mod first_rebuild;
 
-const NS: &str = "keep";
+pub const NS: &str = "keep";
 /// Pod → (node, IPv4).
-type Places = BTreeMap<String, (String, String)>;
+pub type Places = BTreeMap<String, (String, String)>;
 
 /// The cluster the story left up, and how to reach it.
 pub struct Real {
-    state: PathBuf,
-    kubectl: Kubectl,
+    pub state: PathBuf,
+    pub kubectl: Kubectl,
 }
 
 impl Real {
@@ -39,7 +39,7 @@ impl Real {
         }
     }
 
-    fn script(&self, args: &[&str]) -> String {
+    pub fn script(&self, args: &[&str]) -> String {
         let out = Command::new(repo_root().join("scripts/cluster.sh"))
             .args(args)
             .arg("--state")
@@ -55,7 +55,7 @@ impl Real {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn on_node(&self, node: &str, command: &[&str]) -> String {
+    pub fn on_node(&self, node: &str, command: &[&str]) -> String {
         let out = Command::new(repo_root().join("scripts/cluster.sh"))
             .args(["node", "exec", node, "--state"])
             .arg(&self.state)
@@ -101,7 +101,7 @@ impl Real {
             .collect()
     }
 
-    fn pods(&self, selector: &str) -> Vec<Value> {
+    pub fn pods(&self, selector: &str) -> Vec<Value> {
         let list = self
             .kubectl
             .get(&["pods", "-n", NS, "-l", selector])
@@ -110,7 +110,7 @@ impl Real {
     }
 
     /// Ready pods matching `selector`, by name, with their node and IP.
-    fn ready_places(&self, selector: &str) -> Places {
+    pub fn ready_places(&self, selector: &str) -> Places {
         self.pods(selector)
             .iter()
             .filter(|p| p["metadata"]["deletionTimestamp"].is_null() && ready(p))
@@ -133,7 +133,7 @@ impl Real {
     }
 
     /// Waits until exactly the pods `names` of `selector` are Ready, and returns where.
-    fn wait_ready(&self, what: &str, selector: &str, names: &[String]) -> Places {
+    pub fn wait_ready(&self, what: &str, selector: &str, names: &[String]) -> Places {
         wait_until(what, Duration::from_secs(300), || {
             let places = self.ready_places(selector);
             (places.keys().cloned().collect::<Vec<_>>() == names
@@ -178,7 +178,7 @@ impl Real {
     }
 }
 
-fn ready(pod: &Value) -> bool {
+pub fn ready(pod: &Value) -> bool {
     pod["status"]["conditions"].as_array().is_some_and(|cs| {
         cs.iter()
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
