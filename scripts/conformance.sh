@@ -106,12 +106,13 @@ python3 "$repo/scripts/e2e-images.py" --agnhost "$e2e_dir/agnhost" --agnhost-src
 for node in "${nodes[@]}"; do
   say "  importing ${#refs[@]} images into $node"
   while read -r file _; do
+    # (containerd 2.x warns about cgroup v1 on every call: kept out of sight unless it fails.)
     "$repo/scripts/cluster.sh" node exec "$node" --state "$state" -- \
-      ctr -a /run/containerd/containerd.sock -n k8s.io images import "$file" >/dev/null ||
-      die "importing $file into $node failed"
+      ctr -a /run/containerd/containerd.sock -n k8s.io images import "$file" >/dev/null 2>"$out/import.err" ||
+      { cat "$out/import.err" >&2; die "importing $file into $node failed"; }
   done <"$out/images.txt"
 done
-rm -rf "$out/images"
+rm -rf "$out/images" "$out/import.err"
 
 # Watches: every PersistentPodState, and every pod a StatefulSet owns, as they change.
 "${kubectl[@]}" get persistentpodstates.ipkeep.dev -A --watch --no-headers \

@@ -12,9 +12,10 @@ Writes DIR/<n>.tar per reference and prints `<file> <reference>` per image. A re
                    use: the porter's localhost.crt and localhost.key in / (the StatefulSet tests'
                    readiness probe fetches /localhost.crt), /agnhost-2, /uploads, the user 1000 and
                    group 50000, ENTRYPOINT /agnhost and CMD pause. Upstream's base is Alpine with
-                   curl, netcat-openbsd and more; here /bin/sh and the coreutils the tests exec (mv,
-                   test, dd, ...) are busybox, and curl and nc (netcat-openbsd: the node-pod UDP
-                   checks run `nc -w 1 -u`) are the host's Debian binaries with their libraries.
+                   curl, netcat-openbsd and more; here the coreutils the tests exec (mv,
+                   test, dd, ...) are busybox, and /bin/sh (dash), curl and nc (netcat-openbsd: the
+                   node-pod UDP checks run `nc -w 1 -u`) are the host's Debian binaries with their
+                   libraries.
                    Every agnhost tag gets this same build (the tests' previous agnhost, 2.55 in
                    v1.37, is a name the rolling-update tests switch from, not a different program).
   .../busybox:TAG  busybox with every applet (scripts/images.py's workload image).
@@ -33,6 +34,7 @@ import images  # noqa: E402  (scripts/images.py: the layer and OCI writers)
 
 NC = "/usr/bin/nc.openbsd"
 CURL = "/usr/bin/curl"
+DASH = "/bin/dash"
 
 
 def agnhost_image(agnhost, src):
@@ -42,16 +44,19 @@ def agnhost_image(agnhost, src):
     for name in ("localhost.crt", "localhost.key"):
         layer.copy(os.path.join(src, "porter", name), "/" + name, 0o644)
     images.add_busybox(layer)
-    tools = []
-    for path, dest in ((CURL, "/usr/bin/curl"), (NC, "/usr/bin/nc")):
+    tools = [CURL, NC, DASH]
+    for path in tools:
         if not os.access(path, os.X_OK):
-            images.die(f"{path} is missing (apt-get install curl netcat-openbsd; scripts/install-deps.sh)")
-        tools.append(path)
+            images.die(f"{path} is missing (apt-get install curl netcat-openbsd dash; scripts/install-deps.sh)")
     # busybox's own nc has no -u; netcat-openbsd replaces it wherever busybox put it.
     for entry in [p for p in layer.entries if os.path.basename(p) == "nc"]:
         del layer.entries[entry]
     layer.copy(CURL, "/usr/bin/curl", 0o755)
     layer.copy(NC, "/usr/bin/nc", 0o755)
+    # Debian's busybox runs its own applet for a command it has one for, whatever PATH says
+    # (FEATURE_SH_STANDALONE, through /proc/self/exe), so under busybox's sh `nc` would still be
+    # busybox's: /bin/sh is dash, which looks commands up in PATH.
+    layer.copy(DASH, "/bin/sh", 0o755)
     for lib in images.shared_libraries(tools):
         layer.copy(os.path.realpath(lib), lib, 0o755)
     certs = "/etc/ssl/certs/ca-certificates.crt"

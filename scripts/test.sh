@@ -25,6 +25,8 @@ if command -v go >/dev/null; then
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
   # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
   if [ "$(id -u)" -eq 0 ]; then runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1); fi
+  # Kubernetes' e2e.test and agnhost for the conformance subset on real nodes (tests/tests/conformance.rs).
+  if [ "$(id -u)" -eq 0 ]; then scripts/e2e-build.sh >/dev/null; fi
   for v in $also; do
     scripts/k8s-build.sh --k8s-version "$v" --without-kubelet >/dev/null
   done
