@@ -3,8 +3,9 @@
 # plugins (bridge, host-local) the tests run beside ipkeep, iproute2 for network namespaces,
 # ping and arping for traffic, strace for the durability test, Python's venv for
 # scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv), and as root
-# what real nodes need (busybox, gcc, iptables, conntrack, and libseccomp's headers and
-# pkg-config for building runc). Skips apt entirely when everything is already there.
+# what real nodes need (busybox, gcc, iptables, conntrack, netcat-openbsd for the conformance
+# images, and libseccomp's headers and pkg-config for building runc). Skips apt entirely when
+# everything is already there.
 set -euo pipefail
 
 need=()
@@ -29,6 +30,8 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v gcc >/dev/null || need+=(gcc libc6-dev)
   command -v iptables >/dev/null || need+=(iptables)
   command -v conntrack >/dev/null || need+=(conntrack)
+  # netcat-openbsd: the conformance tests' agnhost image runs `nc -u` (scripts/e2e-images.py).
+  [ -x /usr/bin/nc.openbsd ] || need+=(netcat-openbsd)
 fi
 # Debian's python3 creates virtualenvs only with python3-venv (ensurepip); other Pythons (pyenv)
 # have it built in.

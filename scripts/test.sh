@@ -28,6 +28,8 @@ if command -v go >/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
     runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1)
     scripts/flannel-build.sh >/dev/null # flanneld and its CNI plugin (tests/tests/flannel.rs)
+    # Kubernetes' e2e.test and agnhost for the conformance subset (tests/tests/conformance.rs).
+    scripts/e2e-build.sh >/dev/null
   fi
   for v in $also; do
     scripts/k8s-build.sh --k8s-version "$v" --without-kubelet >/dev/null

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds Kubernetes' own end-to-end suite, e2e.test (the sig-apps and sig-network tests only), and
+# agnhost (the image most of those tests run), from k8s.io/kubernetes of the cluster's release, into
+# the same cache as scripts/k8s-build.sh, and skips whatever is already built.
+#
+#   scripts/e2e-build.sh [--k8s-version V] [--cache DIR] [--print-dir]
+#
+# The wrapper module is tests/k8s/tools/e2e/VERSION/ (go.mod + go.sum + e2e_test.go, committed;
+# nothing of Kubernetes' source is in this repository). The binaries go in
+# CACHE/e2e-VERSION-GOVERSION/ (e2e.test, agnhost); --print-dir prints that directory (last line).
+# The build shares Go's build cache with scripts/k8s-build.sh (same flags), so after the cluster's
+# binaries it compiles only the test framework and tests: about 10 minutes cold on two cores, under
+# two seconds warm.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tools=$repo/tests/k8s/tools
+cache=${IPKEEP_K8S_CACHE:-/var/cache/ipkeep-k8s}
+k8s=${IPKEEP_K8S_VERSION:-v1.37.2}
+print_dir=0
+
+say() { echo "e2e-build: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --k8s-version) k8s=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
+    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
+    --print-dir) print_dir=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+command -v go >/dev/null || die "Go is not installed (needed to build e2e.test from k8s.io/kubernetes; https://go.dev/dl, >= 1.26)"
+wrapper=$tools/e2e/$k8s
+[ -f "$wrapper/go.mod" ] ||
+  die "no e2e wrapper module for Kubernetes '$k8s' (have: $(for d in "$tools"/e2e/v*/; do basename "$d"; done | paste -sd ' ')); copy tests/k8s/tools/e2e/v1.37.2 and run go mod tidy in it"
+pinned=$(cd "$wrapper" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+[ "$pinned" = "$k8s" ] || die "tests/k8s/tools/e2e/$k8s/go.mod requires k8s.io/kubernetes $pinned, not $k8s"
+dir=$cache/e2e-$k8s-$(go env GOVERSION)
+mkdir -p "$dir" || die "cannot create the cache directory $dir (set IPKEEP_K8S_CACHE or --cache)"
+log=$dir/build.log
+started=$(date +%s)
+
+# The flags and version stamps of scripts/k8s-build.sh, so both share Go's build cache and the
+# suite reports the release it was built from.
+minor=${k8s#v1.}; minor=${minor%%.*}
+ldf="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldf="$ldf -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  ldf="$ldf -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+flags=(-trimpath -buildvcs=false "-tags=selinux,notest" -ldflags "$ldf")
+
+# Runs a go command with a line every 30 s saying how far it got.
+run() { # name, go args...
+  local name=$1 t0 pid next; shift
+  say "building $name (log: $log)"
+  t0=$(date +%s); next=$((t0 + 30))
+  : >"$log.pkgs"
+  (cd "$wrapper" && CGO_ENABLED=0 go "$@" 2>"$log.pkgs") &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ "$(date +%s)" -ge "$next" ]; then
+      say "  $name: $(wc -l <"$log.pkgs") packages compiled, $(( $(date +%s) - t0 )) s"
+      next=$((next + 30))
+    fi
+  done
+  if ! wait "$pid"; then
+    cat "$log.pkgs" >>"$log"
+    tail -20 "$log.pkgs" >&2
+    die "building $name failed (full output in $log)"
+  fi
+  cat "$log.pkgs" >>"$log"
+  say "  $name built in $(( $(date +%s) - t0 )) s"
+}
+
+if [ ! -x "$dir/e2e.test" ]; then
+  # `go test -c` prints nothing while it compiles; `go build -v` of the same packages first shows
+  # progress and leaves every package in the build cache, so the test link that follows is quick.
+  mapfile -t deps < <(cd "$wrapper" && go list -f '{{join .Imports "\n"}}' -test . 2>/dev/null | grep '^k8s.io/kubernetes/test/' | sort -u)
+  [ ${#deps[@]} -gt 0 ] || die "go list found no test packages in $wrapper"
+  run "e2e test packages $k8s" build -v "${flags[@]}" "${deps[@]}"
+  run "e2e.test $k8s" test -c -vet=off "${flags[@]}" -o "$dir/e2e.test.tmp" .
+  mv "$dir/e2e.test.tmp" "$dir/e2e.test"
+fi
+if [ ! -x "$dir/agnhost" ]; then
+  run "agnhost $k8s" build -v "${flags[@]}" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
+  mv "$dir/agnhost.tmp" "$dir/agnhost"
+fi
+rm -f "$log.pkgs"
+say "ready in $(( $(date +%s) - started )) s: $dir (e2e.test and agnhost of kubernetes $k8s)"
+if [ "$print_dir" = 1 ]; then
+  echo "$dir"
+fi
