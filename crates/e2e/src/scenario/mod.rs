@@ -615,7 +615,7 @@ impl Run<'_, '_> {
             after.place.ip != before.place.ip,
             format!("{name} has a new IP (node-local IPAM cannot move it)"),
         );
-        self.wait_recorded(&name, &after.place).await?;
+        self.wait_recorded(&name, &after).await?;
         self.report.say(&format!(
             "the record of {name} moved to {}",
             show(&after.place.node)
@@ -764,7 +764,7 @@ impl Run<'_, '_> {
         ));
         self.scale(replicas + 1).await?;
         let after = self.wait_ready(&name, None).await?;
-        self.wait_recorded(&name, &after.place).await?;
+        self.wait_recorded(&name, &after).await?;
         self.report.say(&format!(
             "{name} Ready on {} with {}; recorded",
             show(&after.place.node),
