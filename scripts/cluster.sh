@@ -7,6 +7,7 @@
 #                         [--webhook-client-auth] [--node-runtime built|debian]
 #                         [--cni-data-size SIZE]
 #                         [--network bridge|flannel]
+#                         [--ip-family ipv4|dual]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -30,6 +31,9 @@
 # runtime is built from its Go modules by scripts/runtime-build.sh (containerd 2.3, runc 1.5, the
 # CNI plugins 1.10; CNI configurations at cniVersion 1.1.0); --node-runtime debian runs Debian's
 # containerd 1.6, runc 1.1 and CNI plugins 1.1 instead (cniVersion 1.0.0; not run by CI).
+# --ip-family dual (default ipv4) makes the cluster dual-stack, IPv4 first: Service and pod ranges
+# of both families, IPv6 on the nodes' underlay and routes to their IPv6 pod CIDRs, and the CNI
+# configuration with a second (IPv6) range set (scripts/lib/dualstack.sh says what exactly).
 # ipkeep is then installed as a user installs it: its image (and a busybox and a pause image)
 # built by scripts/images.py from the release build and imported into every node (there is no
 # registry), `kubectl apply -k` of an overlay of deploy/ that sets the image names and adds the
@@ -111,6 +115,7 @@ client_auth=0
 node_runtime=built
 cni_data_size=${IPKEEP_CNI_DATA_SIZE:-}
 network=bridge
+ip_family=ipv4
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -143,6 +148,7 @@ while [ $# -gt 0 ]; do
     --node-runtime) node_runtime=${2:?--node-runtime needs built or debian}; shift 2 ;;
     --cni-data-size) cni_data_size=${2:?--cni-data-size needs a size such as 64m}; shift 2 ;;
     --network) network=${2:?--network needs bridge or flannel}; shift 2 ;;
+    --ip-family) ip_family=${2:?--ip-family needs ipv4 or dual}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -157,6 +163,8 @@ done
 if [ "$network" = flannel ] && { [ "$nodes" -eq 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--network flannel needs real nodes (--nodes 1 or more) and ipkeep"
 fi
+# flanneld would need EnableIPv6 and an IPv6 network in its net-conf.json: not wired here yet.
+[ "$network" = flannel ] && [ "${ip_family:-ipv4}" = dual ] && die "--network flannel runs IPv4 only here; --ip-family dual needs --network bridge"
 if [ "$client_auth" = 1 ] && { [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--webhook-client-auth needs --nodes 0 and ipkeep (the webhook runs as a local process)"
 fi
@@ -182,6 +190,9 @@ up_done=
 . "$repo/scripts/lib/install.sh"
 # shellcheck source=scripts/lib/flannel.sh
 . "$repo/scripts/lib/flannel.sh"
+# shellcheck source=scripts/lib/dualstack.sh
+. "$repo/scripts/lib/dualstack.sh"
+ip_family_use "$ip_family"
 
 # --- processes -------------------------------------------------------------------------------
 
@@ -320,6 +331,7 @@ up() {
   command -v openssl >/dev/null || die "openssl is not installed (apt-get install openssl)"
   command -v curl >/dev/null || die "curl is not installed (apt-get install curl)"
   [ "$nodes" -gt 0 ] && nodes_preflight "$node_runtime"
+  dual_preflight
   local t0; t0=$(date +%s)
   say "building or reusing the Kubernetes $k8s_version binaries (scripts/k8s-build.sh)"
   local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
@@ -348,11 +360,13 @@ up() {
   echo "$bin" >"$state/bin"
   runtime_save
   echo "$k8s_version" >"$state/k8s-version"
+  echo "$ip_family" >"$state/ip-family"
   if [ "$nodes" -gt 0 ]; then
     say "building the images for the nodes (scripts/images.py)"
     python3 "$repo/scripts/images.py" --release-dir "$ib" --plugin "$plugin" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
       die "building the images failed"
     underlay_up
+    dual_underlay_up
   fi
   pki
   kubeconfig "$state/admin.kubeconfig" cert admin
@@ -387,7 +401,7 @@ up() {
     --kubelet-preferred-address-types=InternalIP,Hostname \
     --service-account-issuer=https://kubernetes.default.svc \
     --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
-    --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=Node,RBAC --allow-privileged=true \
+    --service-cluster-ip-range="$service_cidrs" --authorization-mode=Node,RBAC --allow-privileged=true \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds" \
     "${admission[@]}" --feature-gates="$feature_gates"
@@ -400,7 +414,7 @@ up() {
     --service-account-private-key-file="$state/pki/sa.key" --root-ca-file="$state/pki/ca.crt" \
     --use-service-account-credentials=true --leader-elect=false \
     --bind-address=127.0.0.1 --secure-port="$p_kcm" \
-    --allocate-node-cidrs=true --cluster-cidr=10.244.0.0/16 --node-cidr-mask-size=24 \
+    --allocate-node-cidrs=true --cluster-cidr="$pod_cidrs" "${kcm_cidr_args[@]}" \
     --node-monitor-period=1s --node-monitor-grace-period="$node_grace" \
     --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000 \
     --feature-gates="$feature_gates"
@@ -558,6 +572,7 @@ status() {
 # teardown: stops everything up started (nodes first: their pods, daemons and namespaces).
 teardown() {
   [ -f "$state/bin" ] && bin=$(cat "$state/bin")
+  ip_family_load
   nodes_down
   stop_all
   rm -rf "$state/pids"
@@ -590,6 +605,7 @@ node() {
   [ -d "$state/pids" ] || die "no cluster in $state"
   bin=$(cat "$state/bin")
   runtime_load
+  ip_family_load
   kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
   [ -d "$(node_dir "$node_name")" ] || die "no real node $node_name in $state (nodes: $(node_names | tr '\n' ' '))"
   case $node_cmd in

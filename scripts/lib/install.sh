@@ -31,15 +31,18 @@ ipkeep_install() {
   say "installing ipkeep: kubectl apply -k (deploy/ with the images localhost/ipkeep/ipkeep:$image_tag and the cni component)"
   mkdir -p "$overlay"
   rel=$(realpath --relative-to="$overlay" "$repo/deploy")
-  # The agent's template at the cniVersion the nodes' runtime runs: deploy/cni's is 1.1.0, which
-  # Debian's containerd 1.6 and CNI plugins 1.1 (--node-runtime debian) cannot run.
-  local template=$repo/deploy/cni/10-ipkeep-bridge.conflist cni_patch=""
-  if [ "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cniVersion"])' "$template")" != "$cni_version" ]; then
+  # The agent's template at the cniVersion the nodes' runtime runs (deploy/cni's is 1.1.0, which
+  # Debian's containerd 1.6 and CNI plugins 1.1 (--node-runtime debian) cannot run) and, for
+  # dual-stack, with the IPv6 range set docs/install.md tells users to add
+  # (cni_template_for_cluster).
+  local template cni_patch=""
+  template=$(cni_template_for_cluster "$repo/deploy/cni/10-ipkeep-bridge.conflist" "$cni_version")
+  if [ -n "$template" ]; then
     cni_patch="  - target: {kind: ConfigMap, name: ipkeep-cni-config}
     patch: |-
       - op: replace
         path: /data/10-ipkeep.conflist
-        value: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["cniVersion"]=sys.argv[2]; print(json.dumps(json.dumps(d)))' "$template" "$cni_version")
+        value: $(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$template")
 "
   fi
   # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh): no component.

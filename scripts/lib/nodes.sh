@@ -132,6 +132,7 @@ node_create() {
   ip -n "$ns" link set lo up
   ip -n "$ns" route add default via "$underlay_ip"
   ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
+  dual_node_net "$node"
   # kube-proxy's Service rules must see bridged pod-to-pod packets (br_netfilter).
   ip netns exec "$ns" sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null ||
     say "  $node: net.bridge.bridge-nf-call-iptables unavailable (Services to a pod on the same node may fail)"
@@ -322,7 +323,7 @@ node_daemons_start() {
       die "$node: importing $f into containerd failed"
   done
   alive "$node-kubelet" || start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
-    --kubeconfig="$dir/kubelet.kubeconfig" --hostname-override="$node" --node-ip="$ip" \
+    --kubeconfig="$dir/kubelet.kubeconfig" --hostname-override="$node" --node-ip="$(node_ips "$node")" \
     --node-labels="topology.kubernetes.io/zone=$zone,ipkeep.dev/test-node=real"
   if ! alive "$node-kube-proxy"; then
     start_in_node "$node-kube-proxy" "$node" "$bin/kube-proxy" --config="$dir/kube-proxy.yaml"
@@ -368,7 +369,7 @@ clientConnection: {kubeconfig: $state/kube-proxy.kubeconfig}
 hostnameOverride: $1
 bindAddress: $2
 mode: iptables
-clusterCIDR: 10.244.0.0/16
+clusterCIDR: $pod_cidrs
 healthzBindAddress: $3
 metricsBindAddress: $4
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
@@ -385,18 +386,18 @@ node_route() {
   [ -n "$old" ] && [ "$old" != "$cidr" ] && ip route del "$old" 2>/dev/null
   ip route replace "$cidr" via "$(node_ip "$1")"
   echo "$cidr" >"$(node_dir "$1")/pod-cidr"
+  dual_node_route "$1"
 }
 
 # The CNI configuration of the baseline (--without-ipkeep): the runtime's bridge with host-local,
 # the node's pod CIDR, what a cluster without ipkeep would run.
 nodes_host_local_conf() {
-  local node cidr
+  local node
   for node in $(node_names); do
-    cidr=$(cat "$(node_dir "$node")/pod-cidr")
     cat >"$(node_dir "$node")/root/etc/cni/net.d/10-host-local.conflist" <<EOF
 {"cniVersion": "$cni_version", "name": "k8s-pod-network", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+   "ipam": $(host_local_ipam "$node")},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
   done
@@ -454,6 +455,7 @@ nodes_down() {
     mountpoint -q "$(node_dir "$node")/root/var/lib/cni/ipkeep" &&
       umount "$(node_dir "$node")/root/var/lib/cni/ipkeep"
     cidr=$(cat "$(node_dir "$node")/pod-cidr" 2>/dev/null) && ip route del "$cidr" 2>/dev/null
+    dual_node_route_del "$node"
     ip netns del "$(node_ns "$node")" 2>/dev/null || true
     # The namespace can outlive its processes for a while; its end of the link must go now.
     ip link del "ipkv-$node" 2>/dev/null || true
@@ -473,6 +475,7 @@ nodes_down() {
   fi
   if [ "$(cat /run/ipkeep-nodes.owner 2>/dev/null)" = "$state" ]; then
     ip link del "$underlay" 2>/dev/null || true
+    dual_underlay_down
     rm -f /run/ipkeep-nodes.owner
   fi
 }

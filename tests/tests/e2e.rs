@@ -1,8 +1,9 @@
 //! The whole system end to end: `ipkeep-demo` (the README's first command) run as a user runs
 //! it, and its verdict checked. The scenario itself, with its expectations, is `crates/e2e`.
 //!
-//! - `story_on_real_nodes`: the default, on a real cluster with real nodes on this machine
-//!   (`scripts/cluster.sh`: kubelet, containerd, ipkeep installed from deploy/ as images), then
+//! - `story_on_real_nodes`: the default, on a real dual-stack cluster with real nodes on this
+//!   machine (`scripts/cluster.sh --ip-family dual`: kubelet, containerd, ipkeep installed from
+//!   deploy/ as images), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
 //!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`).
@@ -97,8 +98,12 @@ fn story_on_real_nodes() {
     // Ports of their own below the ephemeral range, as for the other cluster tests.
     let port_base = (21000 + (std::process::id() % 900) * 10).to_string();
     let down = Down(state.clone());
+    // Dual-stack: every step below then runs with pods of two families, the audit checks both,
+    // and the retention steps add a rebuilt pod keeping both (e2e/dual_stack.rs).
     let out = demo(&[
         "--keep-running",
+        "--ip-family",
+        "dual",
         "--port-base",
         &port_base,
         "--work-dir",
@@ -107,6 +112,11 @@ fn story_on_real_nodes() {
     assert!(
         out.contains("ipkeep end to end on a real Kubernetes cluster"),
         "{out}"
+    );
+    assert!(
+        out.contains("has an IPv4 and an IPv6 address")
+            && out.contains("every pod on the pod network has an IPv4 and an IPv6 address"),
+        "the story did not check both families:\n{out}"
     );
     // start (3) + restarts (1) + delete pod (4) + node loss (4) + scale down (1) + scale up
     // (1) + audit (4 + 2 per node).
@@ -146,7 +156,8 @@ fn story_on_real_nodes() {
 /// working on them without the whole story. `cargo test -p ipkeep-tests --test e2e --
 /// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two, `first-rebuild` the
 /// last retention step alone, `network-ready` the full-disk step (which needs a cluster brought
-/// up with `--cni-data-size`).
+/// up with `--cni-data-size`), `dual-stack` the dual-stack one (on a cluster up with
+/// `--ip-family dual`).
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -164,6 +175,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "network-ready" {
         network_ready::follows_the_store(state);
+    }
+    if steps == "dual-stack" {
+        retention::dual_stack_on_real_nodes(state);
     }
 }
 

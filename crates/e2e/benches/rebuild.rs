@@ -214,6 +214,7 @@ async fn main() -> Result<()> {
             nodes: 2,
             port_base: 16440,
             without_ipkeep: !with_ipkeep,
+            dual_stack: false,
         };
         let cluster = RealCluster::up(&setup).await?;
         let samples = run_mode(&cluster.client(), with_ipkeep, rebuilds).await?;

@@ -27,6 +27,7 @@ pub struct RealCluster {
     client: Client,
     keep: bool,
     keep_logs: bool,
+    dual_stack: bool,
 }
 
 impl std::fmt::Debug for RealCluster {
@@ -50,6 +51,9 @@ pub struct Setup {
     pub port_base: u16,
     /// Without ipkeep: Debian's bridge with host-local on every node (a baseline).
     pub without_ipkeep: bool,
+    /// Dual-stack (`scripts/cluster.sh --ip-family dual`): IPv4 and IPv6 pod and Service
+    /// ranges; else IPv4 only.
+    pub dual_stack: bool,
 }
 
 impl RealCluster {
@@ -61,6 +65,10 @@ impl RealCluster {
             .args(["--nodes", &setup.nodes.to_string()])
             .args(["--port-base", &setup.port_base.to_string()])
             .args(setup.without_ipkeep.then_some("--without-ipkeep"))
+            .args([
+                "--ip-family",
+                if setup.dual_stack { "dual" } else { "ipv4" },
+            ])
             .arg("--state")
             .arg(&setup.state)
             .stdout(Stdio::null())
@@ -105,6 +113,8 @@ impl RealCluster {
             client: Client::try_from(config)?,
             keep: true,
             keep_logs: false,
+            dual_stack: std::fs::read_to_string(state.join("ip-family"))
+                .is_ok_and(|f| f.trim() == "dual"),
         })
     }
 
@@ -127,6 +137,12 @@ impl RealCluster {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.state.join("admin.kubeconfig")
+    }
+
+    /// Whether the cluster is dual-stack (`scripts/cluster.sh --ip-family dual`): every pod on
+    /// the pod network has an IPv4 and an IPv6 address.
+    pub fn dual_stack(&self) -> bool {
+        self.dual_stack
     }
 
     /// The cluster's state directory (logs in `logs/`).
@@ -281,29 +297,32 @@ impl RealCluster {
 }
 
 impl RealCluster {
-    /// The IPv4 address on eth0 inside the pod's network namespace (`ip` in its container).
-    pub async fn pod_ipv4(&self, namespace: &str, pod: &str) -> Result<String> {
+    /// The global addresses (IPv4, and IPv6 of global scope) on eth0 inside the pod's network
+    /// namespace (`ip` in its container), sorted.
+    pub async fn pod_addresses(&self, namespace: &str, pod: &str) -> Result<Vec<String>> {
         let out = self
             .kubectl(&[
-                "-n", namespace, "exec", pod, "--", "ip", "-4", "-o", "addr", "show", "dev", "eth0",
+                "-n", namespace, "exec", pod, "--", "ip", "-o", "addr", "show", "dev", "eth0",
+                "scope", "global",
             ])
             .await?;
-        out.split_whitespace()
-            .skip_while(|w| *w != "inet")
-            .nth(1)
-            .and_then(|cidr| cidr.split('/').next())
-            .map(str::to_string)
-            .with_context(|| format!("no IPv4 address on eth0 in {pod}: {out}"))
+        let mut ips = pod_addresses_of(&out);
+        if ips.is_empty() {
+            bail!("no address on eth0 in {pod}: {out}");
+        }
+        ips.sort();
+        Ok(ips)
     }
 
-    /// Pings `ip` once from a pod on another node than `node` (a busybox pod `probe-<node>`,
-    /// created and deleted here); which node it ran on, and whether the ping was answered.
+    /// Pings each of `ips` once from a pod on another node than `node` (a busybox pod
+    /// `probe-<node>`, created and deleted here); which node it ran on, and whether each ping
+    /// was answered.
     pub async fn ping_from_another_node(
         &self,
         namespace: &str,
         node: &str,
-        ip: &str,
-    ) -> Result<(String, bool)> {
+        ips: &[&str],
+    ) -> Result<(String, Vec<bool>)> {
         let nodes = crate::sim::node_names(&self.client).await?;
         let from = nodes
             .into_iter()
@@ -335,12 +354,16 @@ impl RealCluster {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        let reached = self
-            .kubectl(&[
-                "-n", namespace, "exec", &name, "--", "ping", "-c", "1", "-W", "3", ip,
-            ])
-            .await
-            .is_ok();
+        let mut reached = Vec::new();
+        for ip in ips {
+            reached.push(
+                self.kubectl(&[
+                    "-n", namespace, "exec", &name, "--", "ping", "-c", "1", "-W", "3", ip,
+                ])
+                .await
+                .is_ok(),
+            );
+        }
         pods.delete(&name, &DeleteParams::default().grace_period(0))
             .await?;
         Ok((from, reached))
@@ -385,6 +408,17 @@ impl Drop for RealCluster {
     }
 }
 
+/// The addresses of `ip -o addr` lines (`inet A/N` and `inet6 A/N`).
+pub fn pod_addresses_of(text: &str) -> Vec<String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == "inet" || w[0] == "inet6")
+        .filter_map(|w| w[1].split('/').next())
+        .map(str::to_string)
+        .collect()
+}
+
 /// `ipkeep list --json` → (IP, pod name, "active" | "held").
 pub fn parse_leases(text: &str) -> Result<Vec<(String, String, String)>> {
     let list: Value = serde_json::from_str(text).context("ipkeep list --json printed no JSON")?;
@@ -405,4 +439,17 @@ pub fn parse_leases(text: &str) -> Result<Vec<(String, String, String)>> {
             )
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pod_addresses_of;
+
+    #[test]
+    fn addresses_of_both_families_from_ip_addr() {
+        let text = "2: eth0    inet 10.244.1.5/24 brd 10.244.1.255 scope global eth0\\       valid_lft forever preferred_lft forever\n\
+                    2: eth0    inet6 fd00:10:244:1::5/64 scope global \\       valid_lft forever preferred_lft forever\n";
+        assert_eq!(pod_addresses_of(text), ["10.244.1.5", "fd00:10:244:1::5"]);
+        assert!(pod_addresses_of("").is_empty());
+    }
 }

@@ -3,8 +3,9 @@
 //! a scale down and up, the records at a glance, in-place resize, a re-created StatefulSet that
 //! adopts what the old one left, a node rebooted with its runtime's state wiped, a node
 //! re-registered with another pod CIDR, and every pod keeping its IP from its first rebuild
-//! however its StatefulSet came to be managed (`first_rebuild.rs`). Each step checks the outcome
-//! on the nodes' stores too.
+//! however its StatefulSet came to be managed (`first_rebuild.rs`); on a dual-stack cluster,
+//! a rebuilt pod keeping both its addresses (`dual_stack.rs`). Each step checks the outcome on
+//! the nodes' stores too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use ipkeep_tests::cluster::{repo_root, wait_until};
 use ipkeep_tests::kubectl::Kubectl;
 use serde_json::Value;
 
+mod dual_stack;
 mod first_rebuild;
 
 pub const NS: &str = "keep";
@@ -246,6 +248,9 @@ pub fn on_real_nodes(state: &Path) {
     real.kubectl
         .run(&[&["rollout", "status", "--timeout=180s"][..], &agent].concat());
     real.kubectl.run(&["create", "namespace", NS]);
+    if dual_stack::is_dual_stack(state) {
+        dual_stack::a_rebuilt_pod_keeps_both_families(&real);
+    }
     let kv = several_ordinals_rebuilt_at_once(&real);
     ordinal_stable_across_scale_down_and_up(&real, &kv);
     in_place_resize_keeps_the_sandbox(&real);
@@ -253,6 +258,19 @@ pub fn on_real_nodes(state: &Path) {
     a_reboot_without_del(&real);
     a_new_pod_cidr(&real);
     first_rebuild::first_rebuilds_keep_every_ip(&real);
+}
+
+/// The dual-stack step alone (`IPKEEP_STEPS=dual-stack`).
+pub fn dual_stack_on_real_nodes(state: &Path) {
+    assert!(
+        dual_stack::is_dual_stack(state),
+        "the cluster is not dual-stack (scripts/cluster.sh up --ip-family dual)"
+    );
+    let real = Real::new(state);
+    if real.kubectl.get(&["namespace", NS]).is_none() {
+        real.kubectl.run(&["create", "namespace", NS]);
+    }
+    dual_stack::a_rebuilt_pod_keeps_both_families(&real);
 }
 
 /// The first-rebuild step alone (`IPKEEP_STEPS=first-rebuild`).
@@ -361,7 +379,12 @@ fn ordinal_stable_across_scale_down_and_up(real: &Real, kv: &Places) {
         assert!(
             table
                 .lines()
-                .any(|l| l.trim_end() == format!("{pod} {node} {ip}")),
+                // The pod, its node, its IPv4 address (then its IPv6 one on a dual-stack cluster).
+                .any(|l| l.split_whitespace().take(3).eq([
+                    pod.as_str(),
+                    node.as_str(),
+                    ip.as_str()
+                ])),
             "{pod} {node} {ip} missing from:\n{table}"
         );
     }
@@ -467,17 +490,28 @@ fn a_recreated_statefulset_adopts_what_the_old_one_left(real: &Real) {
     let (node, ip) = before["ad-1"].clone();
     real.kubectl
         .run(&["delete", "pod", "ad-1", "-n", NS, "--wait=true"]);
+    // Every address of it held (one a family): its IP among them.
+    let families = if dual_stack::is_dual_stack(&real.state) {
+        2
+    } else {
+        1
+    };
+    let held = |leases: &[(String, String)]| {
+        leases.len() == families
+            && leases.iter().all(|(_, state)| state == "held")
+            && leases.iter().any(|(i, _)| *i == ip)
+    };
     wait_until(
         &format!("ad-1's {ip} held"),
         Duration::from_secs(60),
-        || (real.leases_of(&node, "ad-1") == [(ip.clone(), "held".to_string())]).then_some(()),
+        || held(&real.leases_of(&node, "ad-1")).then_some(()),
     );
     // The agents' release grace (5 s) and a sweep pass: the hold stays, the records say so.
     std::thread::sleep(Duration::from_secs(15));
-    assert_eq!(
-        real.leases_of(&node, "ad-1"),
-        [(ip.clone(), "held".to_string())],
-        "the hold of a pod whose records wait for adoption stays"
+    let leases = real.leases_of(&node, "ad-1");
+    assert!(
+        held(&leases),
+        "the hold of a pod whose records wait for adoption stays: {leases:?}"
     );
     assert_eq!(real.records("ad"), before);
     real.kubectl.apply(&manifest);
@@ -583,11 +617,15 @@ spec:
                 .as_array()?
                 .iter()
                 .filter(|p| p["spec"]["hostNetwork"] != true)
-                .filter_map(|p| {
-                    Some((
-                        p["metadata"]["name"].as_str()?.to_string(),
-                        p["status"]["podIP"].as_str()?.to_string(),
-                    ))
+                .flat_map(|p| {
+                    // Every address (both families on a dual-stack cluster).
+                    let name = p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    dual_stack::pod_ips(p)
+                        .into_iter()
+                        .map(move |ip| (name.clone(), ip))
                 })
                 .collect();
             let active: Vec<(String, String)> = real
@@ -625,6 +663,8 @@ fn a_new_pod_cidr(real: &Real) {
         .as_str()
         .unwrap()
         .to_string();
+    // Every family's (a dual-stack Node has an IPv6 one too).
+    let old_cidrs = real.kubectl.get(&["node", &node]).unwrap()["spec"]["podCIDRs"].to_string();
     // The node's daemons stop (its pods run on), its Node goes; pod GC deletes its pods and the
     // StatefulSet re-creates them, pinned to the node, Pending.
     let uids = |pods: &[Value]| -> BTreeMap<String, Value> {
@@ -676,7 +716,7 @@ fn a_new_pod_cidr(real: &Real) {
     // the freed CIDR straight back.
     real.kubectl.apply(&format!(
         "apiVersion: v1\nkind: Node\nmetadata: {{name: cidr-holder}}\n\
-         spec:\n  podCIDR: {old_cidr}\n  podCIDRs: [{old_cidr}]\n  unschedulable: true\n"
+         spec:\n  podCIDR: {old_cidr}\n  podCIDRs: {old_cidrs}\n  unschedulable: true\n"
     ));
     // The bridge keeps its old gateway address, and the bridge plugin refuses a new one ("cni0
     // already has an IP address different from …"): as after a reboot, it goes.
@@ -704,12 +744,20 @@ fn a_new_pod_cidr(real: &Real) {
         let (n, ip) = &after[pod];
         assert_eq!(n, &node, "{pod} stays pinned to {node}");
         assert_ne!(ip, old_ip, "{pod} cannot keep {old_ip} outside {new_cidr}");
-        let leases = real.leases_of(&node, pod);
-        assert_eq!(
-            leases,
-            [(ip.clone(), "active".to_string())],
-            "{pod}: the old hold is gone"
+        // Its addresses (one a family) active, nothing else: the old holds are gone.
+        let mut leases = real.leases_of(&node, pod);
+        leases.sort();
+        let mut want: Vec<(String, String)> =
+            dual_stack::pod_ips(&real.kubectl.get(&["pod", pod, "-n", NS]).unwrap())
+                .into_iter()
+                .map(|ip| (ip, "active".to_string()))
+                .collect();
+        want.sort();
+        assert!(
+            want.iter().any(|(i, _)| i == ip),
+            "{pod}: {ip} not in its podIPs {want:?}"
         );
+        assert_eq!(leases, want, "{pod}: the old hold is gone");
         assert!(
             events
                 .iter()

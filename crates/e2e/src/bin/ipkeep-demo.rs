@@ -54,6 +54,11 @@ struct Cli {
     /// lost).
     #[arg(long, env = "IPKEEP_DEMO_NODES", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=8))]
     nodes: u16,
+    /// The real cluster's IP families (scripts/cluster.sh --ip-family): `dual` gives every pod
+    /// an IPv4 and an IPv6 address, and the story then checks that a rebuilt pod gets both back
+    /// and answers on both.
+    #[arg(long, env = "IPKEEP_DEMO_IP_FAMILY", default_value = "ipv4", value_parser = ["ipv4", "dual"])]
+    ip_family: String,
     /// The real cluster's first port (scripts/cluster.sh --port-base).
     #[arg(long, env = "IPKEEP_DEMO_PORT_BASE", default_value_t = 16440)]
     port_base: u16,
@@ -143,8 +148,8 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
     let mut report = Report::new(Box::new(std::io::stdout()));
     report.note("ipkeep end to end on a real Kubernetes cluster on this machine");
     report.note(&format!(
-        "starting it (scripts/cluster.sh up --nodes {}): the first run builds Kubernetes from its Go modules (about 10 minutes) and ipkeep's release build; progress below",
-        cli.nodes
+        "starting it (scripts/cluster.sh up --nodes {} --ip-family {}): the first run builds Kubernetes from its Go modules (about 10 minutes) and ipkeep's release build; progress below",
+        cli.nodes, cli.ip_family
     ));
     let setup = Setup {
         repo,
@@ -152,6 +157,7 @@ async fn real_nodes(cli: &Cli) -> Result<bool> {
         nodes: usize::from(cli.nodes),
         port_base: cli.port_base,
         without_ipkeep: false,
+        dual_stack: cli.ip_family == "dual",
     };
     let started = std::time::Instant::now();
     let cluster = match RealCluster::up(&setup).await {

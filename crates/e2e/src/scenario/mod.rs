@@ -12,8 +12,10 @@
 //! 5. scale up → a new pod, a new record.
 //!
 //! With [`Options::restarts`] every ipkeep component is restarted twice mid-scenario (SIGKILL
-//! before step 2, SIGTERM before step 4), and the story must still hold. On the local system the
-//! end state is audited: every node's store holds exactly its pods' addresses, nothing held.
+//! before step 2, SIGTERM before step 4), and the story must still hold. Where the scenario sees
+//! the nodes, the end state is audited: every node's store holds exactly its pods' addresses
+//! (every family's: on a dual-stack cluster each pod has an IPv4 and an IPv6 address, and a
+//! rebuilt pod must get both back), nothing held, no address with two owners.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -81,6 +83,8 @@ struct PodSnap {
     ready: bool,
     pending_why: Option<String>,
     pinned_by: Option<String>,
+    /// Every address of the pod (status.podIPs; the first is `place.ip`).
+    ips: Vec<String>,
 }
 
 impl PodSnap {
@@ -102,8 +106,31 @@ impl PodSnap {
             ready: is_ready(pod) && pod.metadata.deletion_timestamp.is_none(),
             pending_why,
             pinned_by: pod.annotations().get(PINNED_BY).cloned(),
+            ips: pod_ips(pod),
         }
     }
+}
+
+/// Every address of `pod`: status.podIPs, else status.podIP.
+fn pod_ips(pod: &Pod) -> Vec<String> {
+    let status = pod.status.as_ref();
+    let ips: Vec<String> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.clone())
+        .collect();
+    if ips.is_empty() {
+        status.and_then(|s| s.pod_ip.clone()).into_iter().collect()
+    } else {
+        ips
+    }
+}
+
+/// Whether `ips` has exactly one IPv4 and one IPv6 address.
+fn both_families(ips: &[String]) -> bool {
+    let v6 = ips.iter().filter(|ip| ip.contains(':')).count();
+    ips.len() == 2 && v6 == 1
 }
 
 /// Runs the scenario on `target`, narrating to `report`. An `Err` is a step that could not be
@@ -157,6 +184,15 @@ impl Run<'_, '_> {
         }
     }
 
+    /// How many IP families every pod on the pod network has: 2 on a dual-stack cluster of
+    /// this machine's, else 1 (the scenario does not guess another cluster's).
+    fn families(&self) -> usize {
+        match self.target {
+            Target::Nodes(cluster) if cluster.dual_stack() => 2,
+            _ => 1,
+        }
+    }
+
     fn pod_name(&self, ordinal: i32) -> String {
         format!("{}-{ordinal}", self.sts)
     }
@@ -188,12 +224,13 @@ impl Run<'_, '_> {
     async fn wait_ready(&mut self, name: &str, not_uid: Option<&str>) -> Result<PodSnap> {
         let name = name.to_string();
         let not_uid = not_uid.map(str::to_string);
-        self.wait(&format!("pod {name} Ready"), |client, ns| {
+        let families = self.families();
+        self.wait(&format!("pod {name} Ready"), move |client, ns| {
             let (name, not_uid) = (name.clone(), not_uid.clone());
             async move {
                 let pod = Api::<Pod>::namespaced(client, &ns).get_opt(&name).await?;
                 Ok(pod.map(|p| PodSnap::of(&p)).filter(|s| {
-                    s.ready && s.place.ip.is_some() && not_uid.as_deref() != Some(s.uid.as_str())
+                    s.ready && s.ips.len() >= families && not_uid.as_deref() != Some(s.uid.as_str())
                 }))
             }
         })
@@ -214,10 +251,10 @@ impl Run<'_, '_> {
             .collect())
     }
 
-    async fn wait_recorded(&mut self, name: &str, place: &Place) -> Result<()> {
+    async fn wait_recorded(&mut self, name: &str, snap: &PodSnap) -> Result<()> {
         let want = (
-            place.node.clone().unwrap_or_default(),
-            place.ip.clone().into_iter().collect::<Vec<_>>(),
+            snap.place.node.clone().unwrap_or_default(),
+            snap.ips.clone(),
         );
         let (sts, name) = (self.sts.clone(), name.to_string());
         self.wait(
@@ -316,21 +353,32 @@ impl Run<'_, '_> {
         for ordinal in 0..replicas {
             let name = self.pod_name(ordinal);
             let snap = self.wait_ready(&name, None).await?;
-            self.wait_recorded(&name, &snap.place).await?;
+            self.wait_recorded(&name, &snap).await?;
             let (node, ip) = (
                 snap.place.node.clone().unwrap_or_default(),
-                snap.place.ip.clone().unwrap_or_default(),
+                snap.ips.join(", "),
             );
             self.report.say(&format!(
                 "{name} Ready on {node} with {ip}; recorded in PersistentPodState {}",
                 self.sts
             ));
             if let Target::Nodes(cluster) = &self.target {
-                let inside = cluster.pod_ipv4(&self.namespace, &name).await?;
+                let inside = cluster.pod_addresses(&self.namespace, &name).await?;
+                let mut want = snap.ips.clone();
+                want.sort();
                 self.report.expect(
-                    Some(&inside) == snap.place.ip.as_ref(),
-                    format!("{name}: status.podIP {ip} is the address inside its network namespace ({inside})"),
+                    inside == want,
+                    format!(
+                        "{name}: status.podIPs {ip} are the addresses inside its network namespace ({})",
+                        inside.join(", ")
+                    ),
                 );
+                if self.families() == 2 {
+                    self.report.expect(
+                        both_families(&snap.ips),
+                        format!("{name} has an IPv4 and an IPv6 address ({ip})"),
+                    );
+                }
             }
             nodes.insert(node);
             self.report.row(
@@ -435,19 +483,24 @@ impl Run<'_, '_> {
             format!("{name} is back on {}", show(&before.place.node)),
         );
         self.report.expect(
-            after.place.ip == before.place.ip,
-            format!("{name} has its IP {} again", show(&before.place.ip)),
+            after.ips == before.ips,
+            if before.ips.len() > 1 {
+                format!("{name} has its IPs {} again", before.ips.join(", "))
+            } else {
+                format!("{name} has its IP {} again", show(&before.place.ip))
+            },
         );
-        if let (Target::Nodes(cluster), Some(node), Some(ip)) =
-            (&self.target, &after.place.node, &after.place.ip)
-        {
+        if let (Target::Nodes(cluster), Some(node)) = (&self.target, &after.place.node) {
+            let ips: Vec<&str> = after.ips.iter().map(String::as_str).collect();
             let (from, reached) = cluster
-                .ping_from_another_node(&self.namespace, node, ip)
+                .ping_from_another_node(&self.namespace, node, &ips)
                 .await?;
-            self.report.expect(
-                reached,
-                format!("{name} at {ip} answers a ping from a pod on {from}"),
-            );
+            for (ip, reached) in ips.iter().zip(reached) {
+                self.report.expect(
+                    reached,
+                    format!("{name} at {ip} answers a ping from a pod on {from}"),
+                );
+            }
         }
         self.report.row(
             "delete pod",
@@ -562,7 +615,7 @@ impl Run<'_, '_> {
             after.place.ip != before.place.ip,
             format!("{name} has a new IP (node-local IPAM cannot move it)"),
         );
-        self.wait_recorded(&name, &after.place).await?;
+        self.wait_recorded(&name, &after).await?;
         self.report.say(&format!(
             "the record of {name} moved to {}",
             show(&after.place.node)
@@ -711,7 +764,7 @@ impl Run<'_, '_> {
         ));
         self.scale(replicas + 1).await?;
         let after = self.wait_ready(&name, None).await?;
-        self.wait_recorded(&name, &after.place).await?;
+        self.wait_recorded(&name, &after).await?;
         self.report.say(&format!(
             "{name} Ready on {} with {}; recorded",
             show(&after.place.node),
@@ -740,10 +793,7 @@ impl Run<'_, '_> {
         let records = self.records().await?;
         for pod in &pods {
             let s = PodSnap::of(pod);
-            let want = (
-                s.place.node.clone().unwrap_or_default(),
-                s.place.ip.clone().into_iter().collect::<Vec<_>>(),
-            );
+            let want = (s.place.node.clone().unwrap_or_default(), s.ips.clone());
             let name = pod.name_any();
             let got = records.get(&name);
             self.report.expect(
@@ -764,9 +814,11 @@ impl Run<'_, '_> {
         if !self.target.has_nodes() {
             return Ok(());
         }
-        // Every pod on the pod network has its address in its node's store, ipkeep's own
-        // included (on real nodes they run there too); host-network pods have none.
+        // Every pod on the pod network has its addresses (each family's) in its node's store,
+        // ipkeep's own included (on real nodes they run there too); host-network pods have none.
         let mut by_node: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut owners: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut one_family = Vec::new();
         for pod in Api::<Pod>::all(self.client.clone())
             .list(&ListParams::default())
             .await?
@@ -776,9 +828,46 @@ impl Run<'_, '_> {
                 continue;
             }
             let s = PodSnap::of(&pod);
-            if let (Some(n), Some(ip)) = (s.place.node, s.place.ip) {
-                by_node.entry(n).or_default().insert(ip);
+            let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            if let Some(n) = s.place.node {
+                if self.families() == 2 && !both_families(&s.ips) {
+                    one_family.push(format!("{who} {:?}", s.ips));
+                }
+                for ip in s.ips {
+                    owners.entry(ip.clone()).or_default().push(who.clone());
+                    by_node.entry(n.clone()).or_default().insert(ip);
+                }
             }
+        }
+        let shared: Vec<String> = owners
+            .iter()
+            .filter(|(_, pods)| pods.len() > 1)
+            .map(|(ip, pods)| format!("{ip}: {}", pods.join(", ")))
+            .collect();
+        self.report.expect(
+            shared.is_empty(),
+            format!(
+                "no address belongs to two pods ({} addresses){}",
+                owners.len(),
+                if shared.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", shared.join("; "))
+                }
+            ),
+        );
+        if self.families() == 2 {
+            self.report.expect(
+                one_family.is_empty(),
+                format!(
+                    "every pod on the pod network has an IPv4 and an IPv6 address{}",
+                    if one_family.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (not: {})", one_family.join("; "))
+                    }
+                ),
+            );
         }
         let live_nodes = crate::sim::node_names(&self.client).await?;
         // A node that just came back may still be freeing what its deleted pods held: give the
