@@ -30,9 +30,11 @@ case $profile in release) dir=release ;; dev) dir=debug ;; *) echo "build-plugin
 
 triple=$(rustc -vV | sed -n 's/^host: //p')
 [ -n "$triple" ] || { echo "build-plugin: cannot tell the host's target triple (rustc -vV)" >&2; exit 1; }
-# Without the CARGO_MANIFEST_DIR of a `cargo test` that runs this script: ring's build script
-# tracks it, and passing it on would rebuild the plugin's dependencies every time.
-RUSTFLAGS="-C target-feature=+crt-static" env -u CARGO_MANIFEST_DIR cargo build --quiet --locked --profile "$profile" \
+# Without the variables of a `cargo test` that runs this script (scripts/lib/cargo-env.sh).
+# shellcheck source=scripts/lib/cargo-env.sh
+. scripts/lib/cargo-env.sh
+drop_test_cargo_env
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --locked --profile "$profile" \
   --target "$triple" -p ipkeep-cni --bin ipkeep >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 bin=$target_dir/$triple/$dir/ipkeep

@@ -8,15 +8,18 @@
 # - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
 #   processes, each with its own ServiceAccount's token; the webhooks with a url on loopback.
 
+# shellcheck source=scripts/lib/cargo-env.sh
+. "$repo/scripts/lib/cargo-env.sh"
+
 # ipkeep_build PROFILE PACKAGE...: builds the packages' binaries; prints their directory.
 ipkeep_build() {
   local profile=$1 pkgs=() p; shift
   for p in "$@"; do pkgs+=(-p "$p"); done
   local release=(); [ "$profile" = release ] && release=(--release)
   say "building $* ($profile)"
-  # Started from `cargo test`, the environment carries the test crate's CARGO_MANIFEST_DIR; a
-  # build script (ring's) tracks it, so passing it on would rebuild half the tree every time.
-  (cd "$repo" && env -u CARGO_MANIFEST_DIR cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
+  # Started from `cargo test`, the environment carries the test crate's variables
+  # (scripts/lib/cargo-env.sh).
+  (cd "$repo" && drop_test_cargo_env && cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
   echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
 }
 
