@@ -1,4 +1,5 @@
-//! The watches the controller runs and how their events map to PersistentPodStates.
+//! What the controller's caches keep of each object, what of it decides a reconcile, and how
+//! events map to PersistentPodStates (the watches themselves are opened in [`crate::watches`]).
 //!
 //! Objects are trimmed before they are cached (only the fields decisions read are kept). Pods,
 //! the most numerous, are not even decoded into k8s-openapi's `Pod` (2 KiB of struct before
