@@ -1,5 +1,6 @@
-//! What the pin decision ([`crate::pin::decide`]) answers for a managed pod, and what a pin
-//! is: the types both the decision and the pod's affinity ([`crate::affinity`]) read.
+//! What the pin decision (`pin::decide`) answers for a managed pod, and what a pin is: the
+//! types both the decision and the pod's affinity (`affinity`) read. They live apart from both
+//! so that neither module imports the other's types back.
 
 use std::collections::BTreeMap;
 use std::fmt;

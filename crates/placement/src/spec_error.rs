@@ -1,6 +1,6 @@
 //! Why a PersistentPodState spec cannot be acted on, in words that say what to fix. Its own
-//! module because both [`crate::spec`] and [`crate::lifecycle`] (which reads `spec.lifecycle`)
-//! return it.
+//! module because both `spec` and `lifecycle` (which reads `spec.lifecycle` for `spec`) return
+//! it, and `lifecycle` must not import `spec` back.
 
 use ipkeep_api::ipkeep_values::RetentionError;
 
