@@ -1,4 +1,5 @@
-//! The watches the controller runs and how their events map to PersistentPodStates.
+//! What the controller's caches keep of each object, what of it decides a reconcile, and how
+//! events map to PersistentPodStates (the watches themselves are opened in [`crate::watches`]).
 //!
 //! Objects are trimmed before they are cached (only the fields decisions read are kept). Pods,
 //! the most numerous, are not even decoded into k8s-openapi's `Pod` (2 KiB of struct before
@@ -18,11 +19,9 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_api::annotations::{AUTO_GENERATE, STATEFULSET_POD_NAME_LABEL};
 use ipkeep_placement::ipkeep_lifecycle::STATE_LABEL;
 use ipkeep_placement::lifecycle::{POD_INDEX_LABEL, REVISION_LABEL};
-use ipkeep_placement::view::{NodeHealth, NodeView, PodView};
+use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec, PodStatus,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -33,7 +32,8 @@ use tokio::sync::mpsc;
 use crate::synced::Synced;
 
 /// A pod as the controller caches it: what recording reads, decoded straight from the watch
-/// (serde skips every other field). A `Pod` for the API (`kind: Pod`), see [`CachedPod::to_pod`].
+/// (serde skips every other field). A `Pod` for the API (`kind: Pod`); the decisions read it as
+/// a [`PodView`] (`PodView::from(&pod)`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, kube::Resource)]
 #[resource(inherit = Pod)]
 pub struct CachedPod {
@@ -60,6 +60,9 @@ pub struct CachedPodSpec {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CachedPodStatus {
+    /// `status.phase`: a finished pod is terminating ([`terminating`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
     /// Conditions (only Ready is kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<PodCondition>,
@@ -71,22 +74,46 @@ pub struct CachedPodStatus {
     pub pod_ips: Vec<PodIP>,
 }
 
-impl CachedPod {
-    /// The pod as k8s-openapi's type, with the cached fields only (for the pure decisions).
-    pub fn to_pod(&self) -> Pod {
-        Pod {
-            metadata: self.metadata.clone(),
-            spec: Some(PodSpec {
-                node_name: self.spec.node_name.clone(),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                conditions: Some(self.status.conditions.clone()),
-                pod_ip: self.status.pod_ip.clone(),
-                pod_ips: Some(self.status.pod_ips.clone()).filter(|ips| !ips.is_empty()),
-                ..PodStatus::default()
-            }),
+impl From<&CachedPod> for PodView {
+    /// The one place a cached pod becomes what the decisions read (the same view
+    /// [`PodView::from_pod`] reads from a whole pod).
+    fn from(pod: &CachedPod) -> Self {
+        let meta = &pod.metadata;
+        let mut ips: Vec<String> = pod.status.pod_ips.iter().map(|ip| ip.ip.clone()).collect();
+        if ips.is_empty() {
+            ips.extend(pod.status.pod_ip.clone());
         }
+        PodView {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            controller_uid: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone()),
+            node_name: pod.spec.node_name.clone().filter(|n| !n.is_empty()),
+            ready: pod.status.ready(),
+            terminating: terminating(
+                meta.deletion_timestamp.is_some(),
+                pod.status.phase.as_deref(),
+            ),
+            ips,
+            annotations: meta.annotations.clone().unwrap_or_default(),
+            created_ms: meta
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_millisecond()),
+        }
+    }
+}
+
+impl CachedPodStatus {
+    /// The `Ready` condition is `True`.
+    pub fn ready(&self) -> bool {
+        self.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     }
 }
 
@@ -320,7 +347,7 @@ pub fn namespace_fingerprint(ns: &Namespace) -> u64 {
 
 /// What of a pod decides recording: a change elsewhere triggers nothing.
 pub fn pod_fingerprint(pod: &CachedPod) -> u64 {
-    fingerprint(&PodView::from_pod(&pod.to_pod()))
+    fingerprint(&PodView::from(pod))
 }
 
 /// What of a StatefulSet decides recording: identity, replicas, ordinals, deletion.
@@ -492,9 +519,16 @@ mod tests {
         let whole: Pod = serde_json::from_value(json.clone()).unwrap();
         let mut cached: CachedPod = serde_json::from_value(json).unwrap();
         trim_pod(&mut cached);
+        assert_eq!(PodView::from(&cached), PodView::from_pod(&whole));
+        let mut finished = whole.clone();
+        finished.status.as_mut().unwrap().phase = Some("Failed".into());
+        let mut cached_finished: CachedPod =
+            serde_json::from_value(serde_json::to_value(&finished).unwrap()).unwrap();
+        trim_pod(&mut cached_finished);
+        assert!(PodView::from(&cached_finished).terminating);
         assert_eq!(
-            PodView::from_pod(&cached.to_pod()),
-            PodView::from_pod(&whole)
+            PodView::from(&cached_finished),
+            PodView::from_pod(&finished)
         );
         assert!(cached.metadata.managed_fields.is_none());
         assert_eq!(

@@ -22,6 +22,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// An API request that failed: `action` (`delete`, `apply the status of`, ...) on `what`
+    /// (the object, as `namespace/name` or with its kind).
+    pub fn api(action: &'static str, what: String, source: kube::Error) -> Self {
+        Error::Api {
+            action,
+            what,
+            source,
+        }
+    }
+
     /// A short label for metrics: `conflict`, `throttled`, `server`, `not_found`, `api`, ...
     pub fn kind(&self) -> &'static str {
         match self {

@@ -66,24 +66,10 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         Ok(None) => {
             if owned {
                 info!("auto-generation is off; deleting the generated PersistentPodState");
-                delete(
-                    &api,
-                    &name,
-                    &namespace,
-                    existing.as_ref().and_then(|p| p.uid()),
-                )
-                .await?;
                 let note = format!(
                     "auto-generation is off; deleted the generated PersistentPodState {name}"
                 );
-                publish(
-                    &sts,
-                    &ctx,
-                    EventType::Normal,
-                    "PersistentPodStateDeleted",
-                    &note,
-                )
-                .await;
+                delete_generated(&sts, &ctx, &api, existing.as_deref(), &note).await?;
             }
             return Ok(Action::await_change());
         }
@@ -125,24 +111,10 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         if let Some(theirs) = theirs {
             if owned {
                 info!(pps = ?theirs, "a PersistentPodState written for this StatefulSet manages it; deleting the generated one");
-                delete(
-                    &api,
-                    &name,
-                    &namespace,
-                    existing.as_ref().and_then(|p| p.uid()),
-                )
-                .await?;
                 let note = format!(
                     "PersistentPodState {theirs} was written for this StatefulSet and manages it; deleted the one generated for the namespace's label, {name}"
                 );
-                publish(
-                    &sts,
-                    &ctx,
-                    EventType::Normal,
-                    "PersistentPodStateDeleted",
-                    &note,
-                )
-                .await;
+                delete_generated(&sts, &ctx, &api, existing.as_deref(), &note).await?;
             }
             return Ok(Action::await_change());
         }
@@ -207,10 +179,12 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         &Patch::Apply(&body),
     )
     .await
-    .map_err(|source| Error::Api {
-        action: "apply the generated",
-        what: format!("persistentpodstate {namespace}/{name}"),
-        source,
+    .map_err(|e| {
+        Error::api(
+            "apply the generated",
+            format!("persistentpodstate {namespace}/{name}"),
+            e,
+        )
     })?;
     let (reason, verb) = if adopting {
         ("PersistentPodStateAdopted", "adopted")
@@ -271,6 +245,34 @@ fn is_stale_generated(pps: &PersistentPodState, name: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.name == name)
 }
 
+/// Deletes the PersistentPodState generated for `sts` (`existing`, with its UID as a
+/// precondition) and says why in a `PersistentPodStateDeleted` Event on the StatefulSet.
+async fn delete_generated(
+    sts: &StatefulSet,
+    ctx: &Context,
+    api: &Api<PersistentPodState>,
+    existing: Option<&PersistentPodState>,
+    why: &str,
+) -> Result<(), Error> {
+    let namespace = sts.namespace().unwrap_or_default();
+    delete(
+        api,
+        &sts.name_any(),
+        &namespace,
+        existing.and_then(|p| p.uid()),
+    )
+    .await?;
+    publish(
+        sts,
+        ctx,
+        EventType::Normal,
+        "PersistentPodStateDeleted",
+        why,
+    )
+    .await;
+    Ok(())
+}
+
 async fn delete(
     api: &Api<PersistentPodState>,
     name: &str,
@@ -287,11 +289,11 @@ async fn delete(
     match api.delete(name, &params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(Error::Api {
-            action: "delete",
-            what: format!("persistentpodstate {namespace}/{name}"),
-            source,
-        }),
+        Err(e) => Err(Error::api(
+            "delete",
+            format!("persistentpodstate {namespace}/{name}"),
+            e,
+        )),
     }
 }
 

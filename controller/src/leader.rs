@@ -29,6 +29,24 @@ pub struct LeaderSettings {
     pub renew_before_seconds: u64,
 }
 
+/// Leader election that could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// The Lease could not be set up.
+    #[error("failed to set up leader election on Lease {namespace}/{name}: {source}")]
+    Setup {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        name: String,
+        /// Why.
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// The election task ended.
+    #[error("leader election stopped")]
+    Stopped,
+}
+
 /// A running election: a watch of "am I the leader".
 #[derive(Debug)]
 pub struct Election {
@@ -40,7 +58,7 @@ pub struct Election {
 
 impl Election {
     /// Starts campaigning.
-    pub async fn start(client: Client, settings: &LeaderSettings) -> anyhow::Result<Self> {
+    pub async fn start(client: Client, settings: &LeaderSettings) -> Result<Self, LeaderError> {
         let manager = LeaseManagerBuilder::new(client, &settings.lease_name)
             .with_namespace(&settings.namespace)
             .with_parameters(
@@ -53,23 +71,21 @@ impl Election {
             )
             .build()
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "failed to set up leader election on Lease {}/{}: {e}",
-                    settings.namespace,
-                    settings.lease_name
-                )
+            .map_err(|source| LeaderError::Setup {
+                namespace: settings.namespace.clone(),
+                name: settings.lease_name.clone(),
+                source,
             })?;
         let (leader, task) = manager.watch().await;
         Ok(Self { leader, task })
     }
 
     /// Waits until this replica is the leader.
-    pub async fn acquired(&mut self) -> anyhow::Result<()> {
+    pub async fn acquired(&mut self) -> Result<(), LeaderError> {
         self.leader
             .wait_for(|leader| *leader)
             .await
-            .map_err(|_| anyhow::anyhow!("leader election stopped"))?;
+            .map_err(|_| LeaderError::Stopped)?;
         Ok(())
     }
 

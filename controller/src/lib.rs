@@ -5,8 +5,11 @@
 //! Decisions are pure functions in `ipkeep-placement`; this crate feeds them from watch caches and
 //! writes their answers back (status by server-side apply, Events, metrics).
 //!
-//! - [`run`]: wiring: preflight, leader election, the three controllers, shutdown.
-//! - [`caches`]: the watches (trimmed objects, change filters) and the event → PPS mapping.
+//! - [`args`]: the command line and the start (logging, API client, health server).
+//! - [`run`]: preflight, leader election, the three loops, shutdown.
+//! - [`watches`]: every watch, its cache and change filter, for the three loops.
+//! - [`caches`]: what the caches keep of each object, change fingerprints, and the event → PPS
+//!   mapping.
 //! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss).
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
 //! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
@@ -14,6 +17,7 @@
 //! - [`synced`]: when every watch cache had its first full list, for any number of waiters.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
+pub mod args;
 pub mod caches;
 pub mod context;
 pub mod error;
@@ -26,15 +30,17 @@ pub mod pin_skipped;
 pub mod record;
 pub mod run;
 pub mod synced;
+pub mod watches;
 
+pub use args::{Args, StartError};
 pub use error::Error;
-pub use run::{Settings, run};
+pub use run::{RunError, Settings, run};
 
 /// The field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "ipkeep-controller";
 
 /// The PersistentPodState CRD as YAML, exactly as committed in `deploy/crd.yaml`.
-pub fn crd_yaml() -> anyhow::Result<String> {
+pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
     let crd = ipkeep_api::PersistentPodState::crd();
     let yaml = serde_saphyr::to_string(&crd)?;

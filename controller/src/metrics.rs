@@ -11,7 +11,7 @@ use std::time::Instant;
 /// Which controller loop.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoopLabel {
-    /// `record` (PersistentPodState) or `generate` (StatefulSet).
+    /// `record` (PersistentPodState), `generate` (StatefulSet) or `lifecycle` (pod).
     pub controller: &'static str,
 }
 

@@ -62,7 +62,7 @@ fn now_ms() -> i64 {
 
 /// Passes on the pods worth announcing (called on every changed pod of the pod watch).
 pub fn forward(pod: &CachedPod, to: &mpsc::UnboundedSender<CachedPod>) {
-    if worth_announcing(&PodView::from_pod(&pod.to_pod()), now_ms()) {
+    if worth_announcing(&PodView::from(pod), now_ms()) {
         // Closed only when the announcer stopped, with the controllers.
         let _ = to.send(pod.clone());
     }
@@ -76,7 +76,7 @@ pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<Cache
     }
     let mut announced = Announced::default();
     while let Some(pod) = pods.recv().await {
-        let view = PodView::from_pod(&pod.to_pod());
+        let view = PodView::from(&pod);
         let namespace = pod.namespace().unwrap_or_default();
         // Only a pod that exists now, not one deleted since.
         let exists = ctx

@@ -1,6 +1,6 @@
-//! Reconciling a PersistentPodState: check the spec, find the StatefulSet, plan the records
-//! (`ipkeep_placement::record`), write the status by server-side apply if it changed, then
-//! publish Events for what changed.
+//! Reconciling a PersistentPodState: read the caches, decide the whole status in one pure
+//! function (`ipkeep_placement::status`), write it by server-side apply if it changed, then
+//! publish Events and metrics for what changed and delete the pods a fallen-back pin stranded.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
-use ipkeep_placement::condition::{self, DesiredCondition, READY};
-use ipkeep_placement::record::{self, RecordChange, RecordInput};
-use ipkeep_placement::spec;
+use ipkeep_placement::condition::{self, READY};
+use ipkeep_placement::record::{self, RecordChange};
+use ipkeep_placement::status::{self, StatusInput, Verdict};
 use ipkeep_placement::view::{NodeView, PodView, TargetView, adopts};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -27,7 +27,8 @@ use crate::{Error, FIELD_MANAGER};
 /// The metric label of this loop.
 pub const LOOP: &str = "record";
 
-/// Reconciles one PersistentPodState.
+/// Reconciles one PersistentPodState: reads the caches, decides the status
+/// ([`status::reconcile`]), writes it, publishes what changed and deletes stranded pods.
 #[instrument(skip_all, fields(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default()))]
 pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
@@ -35,87 +36,79 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     if pps.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    let name = pps.name_any();
     let namespace = pps.namespace().ok_or(Error::MissingMeta("namespace"))?;
     let uid = pps.uid().ok_or(Error::MissingMeta("uid"))?;
     let previous = ctx.newest_status(&uid, pps.status.as_ref());
-    // Whole seconds, as the API server stores `metav1.Time`: our remembered copy of the status
-    // must compare equal to what the cache later shows, or `newest_status` would keep using the
-    // copy and overwrite any change made to the status since (a record removed by hand).
-    let now = Time(
-        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now()),
-    );
-    let generation = pps.meta().generation;
-
-    let config = match spec::check(&pps.spec) {
-        Ok(config) => config,
-        Err(e) => {
-            // The spec's text is anyone's with write access to it: logged escaped (`?`).
-            warn!(error = ?e.to_string(), "invalid spec");
-            let ready = not_ready("InvalidSpec", format!("{e}; fix the spec"));
-            return not_ready_keeping_records(&pps, &ctx, &previous, ready, generation, &now).await;
-        }
-    };
-
-    let target_name = &pps.spec.target_ref.name;
-    let sts = ctx
+    let now = now_in_whole_seconds();
+    let target = ctx
         .caches
         .statefulsets
-        .get(&ObjectRef::new(target_name).within(&namespace))
-        .filter(|s| s.meta().deletion_timestamp.is_none());
-    let adoption = adopts(pps.metadata.annotations.as_ref());
-    if sts.is_none() && adoption {
-        // Kept for the next StatefulSet of this name, which takes them over (`RecordsAdopted`).
-        let ready = not_ready(
-            "WaitingForAdoption",
-            format!(
-                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
-                previous.pod_states.len()
-            ),
-        );
-        return not_ready_keeping_records(&pps, &ctx, &previous, ready, generation, &now).await;
-    }
-    let Some(sts) = sts else {
-        // No StatefulSet (or it is being deleted): its records die with it, whatever the policy;
-        // a new StatefulSet with this name starts from nothing.
-        let ready = not_ready(
-            "TargetNotFound",
-            format!(
-                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists"
-            ),
-        );
-        if !previous.pod_states.is_empty() {
+        .get(&ObjectRef::new(&pps.spec.target_ref.name).within(&namespace))
+        .filter(|s| s.meta().deletion_timestamp.is_none())
+        .map(|sts| TargetView::from_statefulset(&sts));
+    let (pods, nodes) = gather(&ctx, &namespace, target.as_ref(), &previous);
+    let decided = status::reconcile(&StatusInput {
+        name: &name,
+        namespace: &namespace,
+        spec: &pps.spec,
+        adopts: adopts(pps.metadata.annotations.as_ref()),
+        generation: pps.meta().generation,
+        previous: &previous,
+        target: target.as_ref(),
+        pods: &pods,
+        nodes: &nodes,
+        now: &now,
+    });
+    match &decided.verdict {
+        // The spec's text is anyone's with write access to it: logged escaped (`?`).
+        Verdict::InvalidSpec(e) => warn!(error = ?e.to_string(), "invalid spec"),
+        Verdict::TargetNotFound if !previous.pod_states.is_empty() => {
             info!(
                 dropped = previous.pod_states.len(),
                 "target gone; clearing records"
             );
         }
-        let status = next_status(
-            &previous,
-            BTreeMap::new(),
-            None,
-            &[ready],
-            generation,
-            &now,
-            None,
-        );
-        write_status(&pps, &ctx, &previous, status.clone()).await?;
-        announce_conditions(&pps, &ctx, &previous, &status).await;
-        return Ok(Action::await_change());
-    };
-    let target = TargetView {
-        adopts_records: adoption,
-        ..TargetView::from_statefulset(&sts)
-    };
+        _ => {}
+    }
+    write_status(&pps, &ctx, &previous, &decided.status).await?;
+    publish_changes(&pps, &ctx, &decided.changes).await;
+    announce_conditions(&pps, &ctx, &previous, &decided.status).await;
+    for pod in &decided.stranded {
+        delete_stranded(&pps, &ctx, &namespace, pod).await?;
+    }
+    Ok(decided.requeue.map_or_else(Action::await_change, |after| {
+        Action::requeue(after + Duration::from_millis(100))
+    }))
+}
 
+/// Whole seconds, as the API server stores `metav1.Time`: our remembered copy of the status
+/// must compare equal to what the cache later shows, or `newest_status` would keep using the
+/// copy and overwrite any change made to the status since (a record removed by hand).
+fn now_in_whole_seconds() -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// The pods the status is decided from (the StatefulSet's wanted ones and the recorded ones)
+/// and the nodes they and the records name, from the caches.
+fn gather(
+    ctx: &Context,
+    namespace: &str,
+    target: Option<&TargetView>,
+    previous: &PersistentPodStateStatus,
+) -> (BTreeMap<String, PodView>, BTreeMap<String, NodeView>) {
     let mut pods = BTreeMap::new();
-    for name in record::candidate_pod_names(&target, &previous) {
+    for name in target
+        .map(|t| record::candidate_pod_names(t, previous))
+        .unwrap_or_default()
+    {
         if let Some(pod) = ctx
             .caches
             .pods
-            .get(&ObjectRef::new(&name).within(&namespace))
+            .get(&ObjectRef::new(&name).within(namespace))
         {
-            pods.insert(name, PodView::from_pod(&pod.to_pod()));
+            pods.insert(name, PodView::from(pod.as_ref()));
         }
     }
     let mut nodes = BTreeMap::new();
@@ -128,54 +121,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
             nodes.insert(name, NodeView::from_node(&node));
         }
     }
-    let plan = record::plan(&RecordInput {
-        config: &config,
-        target: &target,
-        previous: &previous,
-        pods: &pods,
-        nodes: &nodes,
-        now: &now,
-    });
-    let ready = DesiredCondition {
-        type_: READY,
-        status: true,
-        reason: "Recording".into(),
-        message: format!("recording the pods of StatefulSet {target_name}"),
-    };
-    let lost = record::node_lost_condition(&plan.lost, config.node_loss_after);
-    let status = next_status(
-        &previous,
-        plan.pod_states,
-        Some(&lost),
-        &[ready],
-        generation,
-        &now,
-        Some(target.uid.clone()),
-    );
-    write_status(&pps, &ctx, &previous, status.clone()).await?;
-    publish_changes(&pps, &ctx, &plan.changes).await;
-    announce_conditions(&pps, &ctx, &previous, &status).await;
-    let has_required = pps
-        .spec
-        .required_persistent_topology
-        .as_ref()
-        .is_some_and(|t| !t.node_topology_keys.is_empty());
-    let pps_name = pps.name_any();
-    let stranded = record::stranded_pods(
-        &pps_name,
-        has_required,
-        config.node_loss_after,
-        &status.pod_states,
-        &pods,
-    );
-    for pod in stranded {
-        delete_stranded(&pps, &ctx, &namespace, pod).await?;
-    }
-    Ok(plan
-        .requeue_after
-        .map_or_else(Action::await_change, |after| {
-            Action::requeue(after + Duration::from_millis(100))
-        }))
+    (pods, nodes)
 }
 
 /// Deletes a pod left Pending by a pin that has fallen back (see
@@ -200,11 +146,11 @@ async fn delete_stranded(
         // Gone already, or replaced by a pod with another UID: nothing stranded is left.
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
         Err(source) => {
-            return Err(Error::Api {
-                action: "delete",
-                what: format!("stranded pod {namespace}/{}", pod.name),
+            return Err(Error::api(
+                "delete",
+                format!("stranded pod {namespace}/{}", pod.name),
                 source,
-            });
+            ));
         }
     }
     ctx.metrics.stranded_pods_deleted.inc();
@@ -245,70 +191,14 @@ async fn announce_conditions(
     }
 }
 
-/// Writes `ready` (a False `Ready`) and leaves the records and the target as they are.
-async fn not_ready_keeping_records(
-    pps: &PersistentPodState,
-    ctx: &Context,
-    previous: &PersistentPodStateStatus,
-    ready: DesiredCondition,
-    generation: Option<i64>,
-    now: &Time,
-) -> Result<Action, Error> {
-    let status = next_status(
-        previous,
-        previous.pod_states.clone(),
-        None,
-        &[ready],
-        generation,
-        now,
-        previous.target_uid.clone(),
-    );
-    write_status(pps, ctx, previous, status.clone()).await?;
-    announce_conditions(pps, ctx, previous, &status).await;
-    Ok(Action::await_change())
-}
-
-fn not_ready(reason: &str, message: String) -> DesiredCondition {
-    DesiredCondition {
-        type_: READY,
-        status: false,
-        reason: reason.into(),
-        message,
-    }
-}
-
-fn next_status(
-    previous: &PersistentPodStateStatus,
-    pod_states: BTreeMap<String, ipkeep_api::PodState>,
-    node_lost: Option<&DesiredCondition>,
-    desired: &[DesiredCondition],
-    generation: Option<i64>,
-    now: &Time,
-    target_uid: Option<String>,
-) -> PersistentPodStateStatus {
-    let mut conditions: Vec<DesiredCondition> = desired.to_vec();
-    conditions.extend(node_lost.cloned());
-    let mut current = previous.conditions.clone();
-    if node_lost.is_none() {
-        current.retain(|c| c.type_ != condition::NODE_LOST);
-    }
-    PersistentPodStateStatus {
-        observed_generation: generation,
-        target_uid,
-        recorded_pods: i32::try_from(pod_states.len()).unwrap_or(i32::MAX),
-        pod_states,
-        conditions: condition::merge(&current, &conditions, generation, now),
-    }
-}
-
 /// Applies `status` unless it equals what is there.
 async fn write_status(
     pps: &PersistentPodState,
     ctx: &Context,
     previous: &PersistentPodStateStatus,
-    status: PersistentPodStateStatus,
+    status: &PersistentPodStateStatus,
 ) -> Result<(), Error> {
-    if &status == previous {
+    if status == previous {
         debug!("status unchanged");
         return Ok(());
     }
@@ -326,13 +216,9 @@ async fn write_status(
         &Patch::Apply(&body),
     )
     .await
-    .map_err(|source| Error::Api {
-        action: "apply the status of",
-        what: format!("{namespace}/{name}"),
-        source,
-    })?;
+    .map_err(|e| Error::api("apply the status of", format!("{namespace}/{name}"), e))?;
     if let Some(uid) = pps.uid() {
-        ctx.wrote_status(&uid, status);
+        ctx.wrote_status(&uid, status.clone());
     }
     Ok(())
 }

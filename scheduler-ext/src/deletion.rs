@@ -15,10 +15,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Admission, DeleteRequest, Going, HELD_ANNOTATION, PodFacts, READINESS_GATE,
-    SINCE_ANNOTATION,
-};
+use ipkeep_placement::ipkeep_lifecycle::{self as lifecycle, Admission, DeleteRequest};
 use ipkeep_placement::pin;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
@@ -122,28 +119,12 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
     else {
         return Ok(out);
     };
-    let empty = Default::default();
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
-    let facts = PodFacts {
-        labels,
-        since: annotation(&pod, SINCE_ANNOTATION).and_then(|s| s.trim().parse().ok()),
-        terminating: pod.metadata.deletion_timestamp.is_some()
-            || matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ),
-        node_ready: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_some_and(|n| caches.node_ready(n)),
-        gated: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.readiness_gates.as_ref())
-            .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE)),
-        held: annotation(&pod, HELD_ANNOTATION).map(Going::parse),
-    };
+    let node_ready = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| caches.node_ready(n));
+    let facts = ipkeep_placement::lifecycle::pod_facts(&pod, node_ready);
     let delete = DeleteRequest {
         force: options.grace_period_seconds == Some(0),
         eviction,
@@ -180,12 +161,4 @@ fn malformed_pod(e: &pod::PodError) -> RequestError {
         "admission.k8s.io/v1 AdmissionReview",
         format!("request.oldObject (a Pod): {e}"),
     )
-}
-
-fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ipkeep_placement::ipkeep_lifecycle::Fate;
 use ipkeep_placement::ipkeep_lifecycle::going::{self, Going, Member};
 use ipkeep_placement::lifecycle::{member, set_facts};
+use ipkeep_placement::view::terminating;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -41,11 +42,10 @@ pub async fn owner(
         return Ok(Some(sts));
     }
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
-    let live = api.get_opt(name).await.map_err(|source| Error::Api {
-        action: "read the StatefulSet",
-        what: format!("{namespace}/{name}"),
-        source,
-    })?;
+    let live = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::api("read the StatefulSet", format!("{namespace}/{name}"), e))?;
     Ok(live
         .filter(|s| s.uid().as_deref() == Some(uid))
         .map(|mut s| {
@@ -95,16 +95,14 @@ pub fn of(pod: &Pod, statefulset: Option<&StatefulSet>, caches: &Caches) -> Fate
 }
 
 fn member_of(pod: &CachedPod, statefulset: &str) -> Option<Member> {
-    let ready = pod
-        .status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
     member(
         &pod.name_any(),
         statefulset,
         pod.metadata.labels.as_ref(),
-        pod.metadata.deletion_timestamp.is_some(),
-        ready,
+        terminating(
+            pod.metadata.deletion_timestamp.is_some(),
+            pod.status.phase.as_deref(),
+        ),
+        pod.status.ready(),
     )
 }

@@ -22,7 +22,6 @@
 pub mod fate;
 pub mod triggers;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,12 +31,15 @@ use ipkeep_placement::ipkeep_lifecycle::{
     self as lifecycle, Fate, Going, HELD_ANNOTATION, Lifecycle, PodFacts, READINESS_GATE,
     SINCE_ANNOTATION, STATE_LABEL, State, Wanted,
 };
+use ipkeep_placement::lifecycle::{gated, pod_facts};
 use ipkeep_placement::spec;
+use ipkeep_placement::view::{NodeHealth, NodeView};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tracing::{info, warn};
 
@@ -92,7 +94,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         None => Fate::Staying,
     };
     let now = unix_now();
-    let facts = facts(&pod);
+    let facts = facts(&pod, &ctx.caches);
     let wanted = lifecycle::reconcile(&hooks, &facts, fate, now);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = PatchParams {
@@ -108,10 +110,12 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         let patch = serde_json::json!({"status": {"conditions": [condition]}});
         api.patch_status(&name, &params, &Patch::Strategic(&patch))
             .await
-            .map_err(|source| Error::Api {
-                action: "set the readiness gate of",
-                what: format!("{namespace}/{name}"),
-                source,
+            .map_err(|e| {
+                Error::api(
+                    "set the readiness gate of",
+                    format!("{namespace}/{name}"),
+                    e,
+                )
             })?;
         info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
             "readiness gate {READINESS_GATE} set");
@@ -132,10 +136,12 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         }});
         api.patch(&name, &params, &Patch::Merge(&patch))
             .await
-            .map_err(|source| Error::Api {
-                action: "set the lifecycle state of",
-                what: format!("{namespace}/{name}"),
-                source,
+            .map_err(|e| {
+                Error::api(
+                    "set the lifecycle state of",
+                    format!("{namespace}/{name}"),
+                    e,
+                )
             })?;
         info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
             to = state, held = ?wanted.held.map(Going::as_str), "lifecycle state changed");
@@ -168,18 +174,14 @@ async fn complete_deletion(
     let statefulset = live
         .get_opt(&sts)
         .await
-        .map_err(|source| Error::Api {
-            action: "read the StatefulSet",
-            what: format!("{namespace}/{sts}"),
-            source,
-        })?
+        .map_err(|e| Error::api("read the StatefulSet", format!("{namespace}/{sts}"), e))?
         .filter(|s| s.uid().as_deref() == Some(uid.as_str()))
         .map(|mut s| {
             crate::caches::trim_statefulset(&mut s);
             s
         });
     let fate = fate::of(pod, statefulset.as_ref(), &ctx.caches);
-    let again = lifecycle::reconcile(hooks, &facts(pod), fate, unix_now());
+    let again = lifecycle::reconcile(hooks, &facts(pod, &ctx.caches), fate, unix_now());
     let why = match fate {
         Fate::Going(why) if again.delete && why.completes() => why,
         _ => {
@@ -195,13 +197,13 @@ async fn complete_deletion(
         }),
         ..DeleteParams::default()
     };
-    api.delete(&name, &params)
-        .await
-        .map_err(|source| Error::Api {
-            action: "complete the held deletion of",
-            what: format!("{namespace}/{name}"),
-            source,
-        })?;
+    api.delete(&name, &params).await.map_err(|e| {
+        Error::api(
+            "complete the held deletion of",
+            format!("{namespace}/{name}"),
+            e,
+        )
+    })?;
     info!(namespace = ?namespace, pod = ?name, held = why.as_str(),
         "the preDelete hook let the pod go; deleted it for its StatefulSet ({})", why.describe());
     Ok(Action::await_change())
@@ -213,27 +215,15 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What the decisions read of a pod.
-fn facts(pod: &Pod) -> PodFacts<'_> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    PodFacts {
-        labels: pod.metadata.labels.as_ref().unwrap_or(&EMPTY),
-        since: pod
-            .annotations()
-            .get(SINCE_ANNOTATION)
-            .and_then(|s| s.trim().parse().ok()),
-        terminating: pod.metadata.deletion_timestamp.is_some()
-            || matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            ),
-        node_ready: true, // read by admission only
-        gated: gated(pod),
-        held: pod
-            .annotations()
-            .get(HELD_ANNOTATION)
-            .map(|h| Going::parse(h)),
-    }
+/// What the decisions read of a pod ([`pod_facts`], shared with the webhook's deletion review).
+fn facts<'p>(pod: &'p Pod, caches: &Caches) -> PodFacts<'p> {
+    let node_ready = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .and_then(|n| caches.nodes.get(&ObjectRef::new(n)))
+        .is_some_and(|n| NodeView::from_node(&n).health == NodeHealth::Ready);
+    pod_facts(pod, node_ready)
 }
 
 /// Retries a failed reconcile with backoff; a pod that is gone needs nothing.
@@ -274,13 +264,6 @@ fn hooks_of(pod: &Pod, caches: &Caches) -> Lifecycle {
         .and_then(|p| spec::check(&p.spec).ok())
         .map(|c| c.lifecycle)
         .unwrap_or_default()
-}
-
-fn gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.readiness_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE))
 }
 
 fn gate_status(pod: &Pod) -> Option<&str> {

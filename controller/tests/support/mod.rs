@@ -83,7 +83,7 @@ pub fn now() -> String {
 /// A running controller.
 pub struct Running {
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), ipkeep_controller::RunError>>,
     pub health: Arc<Health>,
 }
 
@@ -117,10 +117,10 @@ pub fn start_controller(
 impl Running {
     pub async fn stop(mut self) -> anyhow::Result<()> {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(20), self.task)
+        Ok(tokio::time::timeout(Duration::from_secs(20), self.task)
             .await
             .expect("controller did not stop within 20 s")
-            .unwrap()
+            .unwrap()?)
     }
 
     pub fn is_finished(&self) -> bool {

@@ -15,7 +15,7 @@ use ipkeep_api::k8s_openapi::api::core::v1::{
     PreferredSchedulingTerm,
 };
 
-use crate::pin::{HOSTNAME_LABEL, Managed, PinOutcome, Pinned, Requirement};
+use crate::pinned::{HOSTNAME_LABEL, Managed, PinOutcome, Pinned, Requirement};
 
 /// Why pinning `spec` to `pinned` would leave the pod no node by construction, if it would.
 /// Only the required pin can conflict; preferences never make a pod unschedulable.
@@ -239,7 +239,7 @@ fn inject(spec: &mut PodSpec, pinned: &Pinned) {
 #[cfg(test)]
 mod retention_tests {
     use super::*;
-    use crate::pin::{Managed, PinOutcome, UnrecordedReason};
+    use crate::pinned::{Managed, PinOutcome, UnrecordedReason};
 
     fn stamped(own: Option<&str>) -> Option<String> {
         let mut pod = Pod::default();

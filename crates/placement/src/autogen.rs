@@ -16,7 +16,7 @@ use ipkeep_api::{
     PreferredTopologyTerm, RetentionPolicy, TargetReference,
 };
 
-use crate::keys::split_keys;
+use crate::label_syntax::split_keys;
 use crate::spec::{self, SpecError};
 
 /// The weight of the preferred term generated from the preferred-topology annotation.

@@ -11,12 +11,13 @@ use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodSpec, Pod
 use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ipkeep_lifecycle::going::{MaxUnavailable, Member, Rolling, SetFacts, resolve_max_unavailable};
 use ipkeep_lifecycle::{
-    HELD_ANNOTATION, Hook, Lifecycle, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL, State,
-    at_create,
+    Going, HELD_ANNOTATION, Hook, Lifecycle, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
+    STATE_LABEL, State, at_create,
 };
 
-use crate::keys::{check_label_key, check_label_value};
-use crate::spec::SpecError;
+use crate::label_syntax::{check_label_key, check_label_value};
+use crate::spec_error::SpecError;
+use crate::view::terminating;
 
 /// The hooks of `spec` (none when `spec.lifecycle` is absent).
 pub fn read(spec: Option<&LifecycleSpec>) -> Result<Lifecycle, SpecError> {
@@ -97,6 +98,40 @@ pub fn apply_at_create(lifecycle: &Lifecycle, pod: &mut Pod) {
             });
         }
     }
+}
+
+/// What the hooks' decisions read of `pod`, for the controller's loop and the webhook's
+/// deletion review alike; `node_ready` is whether its node is Ready (false when unbound,
+/// NotReady or gone), from the caller's node cache.
+pub fn pod_facts(pod: &Pod, node_ready: bool) -> PodFacts<'_> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    let annotation = |key: &str| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    PodFacts {
+        labels: pod.metadata.labels.as_ref().unwrap_or(&EMPTY),
+        since: annotation(SINCE_ANNOTATION).and_then(|s| s.trim().parse().ok()),
+        terminating: terminating(
+            pod.metadata.deletion_timestamp.is_some(),
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        ),
+        node_ready,
+        gated: gated(pod),
+        held: annotation(HELD_ANNOTATION).map(Going::parse),
+    }
+}
+
+/// Whether `pod`'s spec has the readiness gate [`READINESS_GATE`] (only the webhook adds it,
+/// at CREATE).
+pub fn gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.condition_type == READINESS_GATE))
 }
 
 /// Keeps what the hooks' decisions read of a pod, for the caches of the webhook and the
@@ -389,6 +424,47 @@ mod tests {
             None
         );
         assert_eq!(set_facts(&sts(serde_json::json!({"status": null}))), None);
+    }
+
+    /// The facts the controller's loop and the webhook read of a pod: one definition, with
+    /// "terminating" covering a finished pod as well as one being deleted.
+    #[test]
+    fn pod_facts_read_the_state_annotations_gate_and_end() {
+        let pod = |extra: serde_json::Value| -> Pod {
+            let mut v = serde_json::json!({
+                "metadata": {"name": "db-0", "labels": {STATE_LABEL: "PreparingDelete"},
+                    "annotations": {SINCE_ANNOTATION: " 100 ", HELD_ANNOTATION: "scale-down"}},
+                "spec": {"containers": [], "readinessGates": [{"conditionType": READINESS_GATE}]},
+                "status": {"phase": "Running"}
+            });
+            json_merge(&mut v, extra);
+            serde_json::from_value(v).unwrap()
+        };
+        let running = pod(serde_json::json!({}));
+        let facts = pod_facts(&running, false);
+        assert_eq!(facts.state(), Some(State::PreparingDelete));
+        assert_eq!(facts.since, Some(100));
+        assert_eq!(facts.held, Some(Going::ScaleDown));
+        assert!(facts.gated && !facts.terminating && !facts.node_ready);
+        assert!(pod_facts(&running, true).node_ready);
+        for (case, extra) in [
+            (
+                "deleting",
+                serde_json::json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            ),
+            (
+                "succeeded",
+                serde_json::json!({"status": {"phase": "Succeeded"}}),
+            ),
+            ("failed", serde_json::json!({"status": {"phase": "Failed"}})),
+        ] {
+            assert!(pod_facts(&pod(extra), true).terminating, "{case}");
+        }
+        let bare: Pod =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
+        let facts = pod_facts(&bare, true);
+        assert!(facts.labels.is_empty() && facts.since.is_none() && facts.held.is_none());
+        assert!(!facts.gated && !facts.terminating);
     }
 
     #[test]

@@ -20,14 +20,14 @@ use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RetentionPolicy};
 
 use crate::condition::{DesiredCondition, NODE_LOST};
-use crate::spec::PinConfig;
+use crate::spec::CheckedSpec;
 use crate::view::{NodeHealth, NodeView, PodView, TargetView};
 
 /// What the planner reads.
 #[derive(Debug)]
 pub struct RecordInput<'a> {
     /// The checked spec.
-    pub config: &'a PinConfig,
+    pub config: &'a CheckedSpec,
     /// The StatefulSet.
     pub target: &'a TargetView,
     /// The status as last written.

@@ -8,14 +8,15 @@ fn t(s: i64) -> Time {
     Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
 }
 
-fn config(policy: RetentionPolicy, action: NodeLossAction) -> PinConfig {
-    PinConfig {
+fn config(policy: RetentionPolicy, action: NodeLossAction) -> CheckedSpec {
+    CheckedSpec {
         topology_keys: vec!["kubernetes.io/hostname".into(), "zone".into()],
         annotation_keys: vec![],
         retention_policy: policy,
         node_loss_action: action,
         node_loss_after: Duration::from_secs(300),
         lifecycle: Default::default(),
+        ip_retention: "0".into(),
     }
 }
 
@@ -56,7 +57,7 @@ fn node(name: &str, health: NodeHealth) -> (String, NodeView) {
 }
 
 struct Case {
-    config: PinConfig,
+    config: CheckedSpec,
     target: TargetView,
     previous: PersistentPodStateStatus,
     pods: Vec<PodView>,

@@ -4,65 +4,16 @@
 
 use std::time::Duration;
 
-use ipkeep_api::ipkeep_values::{Retention, RetentionError};
+use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
-
-use crate::keys::check_label_key;
 use ipkeep_lifecycle::Lifecycle;
 
-/// A spec the controller cannot act on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    /// `targetRef` is not an `apps` StatefulSet.
-    #[error(
-        "targetRef must be an apps/v1 StatefulSet, not {api_version} {kind}; ipkeep records native StatefulSets only"
-    )]
-    UnsupportedTarget {
-        /// As given.
-        api_version: String,
-        /// As given.
-        kind: String,
-    },
-    /// `targetRef.name` is empty.
-    #[error("targetRef.name is empty; set it to the StatefulSet's name")]
-    EmptyTargetName,
-    /// Neither required nor preferred topology has a key.
-    #[error(
-        "no topology keys: set requiredPersistentTopology.nodeTopologyKeys or preferredPersistentTopology (for example kubernetes.io/hostname)"
-    )]
-    NoTopology,
-    /// A topology key is not a valid label key.
-    #[error("invalid node topology key {key:?}: {reason}")]
-    InvalidKey {
-        /// As given.
-        key: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A preferred weight outside 1..100.
-    #[error("preferredPersistentTopology weight {0} is outside 1..100")]
-    WeightOutOfRange(i32),
-    /// A duration that does not parse.
-    #[error("{field} {value:?} is not a duration (expected e.g. 30s, 5m, 24h{extra})")]
-    BadDuration {
-        /// The spec field.
-        field: &'static str,
-        /// As given.
-        value: String,
-        /// Additional accepted words.
-        extra: &'static str,
-    },
-    /// `ipRetention` outside the retention grammar.
-    #[error("{0}")]
-    BadRetention(#[from] RetentionError),
-    /// `lifecycle` cannot be applied.
-    #[error("lifecycle: {0}")]
-    InvalidLifecycle(String),
-}
+use crate::label_syntax::check_label_key;
+pub use crate::spec_error::SpecError;
 
 /// A checked spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PinConfig {
+pub struct CheckedSpec {
     /// Required keys, then every preferred key, without duplicates: the labels recorded.
     pub topology_keys: Vec<String>,
     /// Pod annotation keys recorded with each pod.
@@ -75,10 +26,13 @@ pub struct PinConfig {
     pub node_loss_after: Duration,
     /// The lifecycle hooks.
     pub lifecycle: Lifecycle,
+    /// `ipRetention`, trimmed, known to read as a retention: what the webhook stamps on each
+    /// pod as `ipkeep.dev/ip-retention`.
+    pub ip_retention: String,
 }
 
-/// Checks `spec` and reads it into a [`PinConfig`].
-pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
+/// Checks `spec` and reads it into a [`CheckedSpec`].
+pub fn check(spec: &PersistentPodStateSpec) -> Result<CheckedSpec, SpecError> {
     let target = &spec.target_ref;
     let group = target.api_version.split_once('/').map_or("", |(g, _)| g);
     if target.kind != "StatefulSet" || group != "apps" {
@@ -124,7 +78,7 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
             value: after.clone(),
             extra: "",
         })?;
-    Ok(PinConfig {
+    Ok(CheckedSpec {
         topology_keys,
         annotation_keys: spec
             .persistent_pod_annotations
@@ -135,6 +89,7 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
         node_loss_action: spec.node_loss_policy.action,
         node_loss_after,
         lifecycle: crate::lifecycle::read(spec.lifecycle.as_ref())?,
+        ip_retention: spec.ip_retention.trim().to_string(),
     })
 }
 

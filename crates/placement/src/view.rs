@@ -21,7 +21,7 @@ pub struct PodView {
     pub node_name: Option<String>,
     /// The `Ready` condition is `True`.
     pub ready: bool,
-    /// `metadata.deletionTimestamp` is set.
+    /// Being deleted or finished: see [`terminating`].
     pub terminating: bool,
     /// `status.podIPs` (or `status.podIP`).
     pub ips: Vec<String>,
@@ -61,7 +61,10 @@ impl PodView {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             ready,
-            terminating: pod.metadata.deletion_timestamp.is_some(),
+            terminating: terminating(
+                pod.metadata.deletion_timestamp.is_some(),
+                status.and_then(|s| s.phase.as_deref()),
+            ),
             ips,
             annotations: pod.metadata.annotations.clone().unwrap_or_default(),
             created_ms: pod
@@ -76,6 +79,13 @@ impl PodView {
     pub fn is_recordable(&self) -> bool {
         self.ready && !self.terminating && self.node_name.is_some()
     }
+}
+
+/// The one definition of a terminating pod, for recording, the lifecycle hooks and admission:
+/// it has a deletion timestamp, or it has finished (phase `Succeeded` or `Failed`), so its
+/// containers will not run again under this UID.
+pub fn terminating(deletion_timestamp_set: bool, phase: Option<&str>) -> bool {
+    deletion_timestamp_set || matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// A node's health as the node-loss policy sees it.

@@ -1,4 +1,5 @@
-//! Node label keys as users write them in annotations and specs.
+//! The syntax of label keys and values as users write them in annotations and specs (key lists
+//! split, each key and value checked against the API server's rules).
 
 /// Splits a comma-separated key list, trimming whitespace and dropping empty items
 /// (OpenKruise keeps the whitespace, so `"a, b"` silently never matches; we do not).

@@ -1,0 +1,222 @@
+//! The whole status of a PersistentPodState, records and conditions, from what the caches hold:
+//! one pure function, [`reconcile`]. The controller gathers its [`StatusInput`], calls it, and
+//! applies the answer (the status by server-side apply, Events and metrics for the changes, the
+//! deletion of stranded pods).
+//!
+//! `Ready` says whether the PersistentPodState records:
+//! - `InvalidSpec` (False): the spec cannot be acted on; records and target are kept as they are;
+//! - `WaitingForAdoption` (False): the StatefulSet is gone (or being deleted) and the
+//!   PersistentPodState asks to keep its records for the next StatefulSet of the name;
+//! - `TargetNotFound` (False): the StatefulSet is gone (or being deleted); its records are
+//!   cleared, whatever the retention policy;
+//! - `Recording` (True): the records follow the pods ([`crate::record::plan`]).
+//!
+//! `NodeLost` is written only while recording; in the three other cases it is removed, since
+//! nothing watches the recorded nodes then.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
+use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ipkeep_api::{PersistentPodStateSpec, PersistentPodStateStatus, PodState};
+
+use crate::condition::{self, DesiredCondition, NODE_LOST, READY};
+use crate::record::{self, RecordChange, RecordInput};
+use crate::spec::{self, SpecError};
+use crate::view::{NodeView, PodView, TargetView};
+
+/// What the status is decided from.
+#[derive(Debug)]
+pub struct StatusInput<'a> {
+    /// The PersistentPodState's name (the pods it pinned carry it in `ipkeep.dev/pinned-by`).
+    pub name: &'a str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its spec.
+    pub spec: &'a PersistentPodStateSpec,
+    /// Its annotations ask to keep the records for the next StatefulSet of the name
+    /// ([`crate::view::adopts`]).
+    pub adopts: bool,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The status as last written.
+    pub previous: &'a PersistentPodStateStatus,
+    /// The StatefulSet `spec.targetRef` names; `None` when it does not exist or is being deleted.
+    pub target: Option<&'a TargetView>,
+    /// Pods by name: at least those named by [`record::candidate_pod_names`] that exist.
+    pub pods: &'a BTreeMap<String, PodView>,
+    /// Nodes by name: at least those the pods and the records name, if they exist.
+    pub nodes: &'a BTreeMap<String, NodeView>,
+    /// The current time, in whole seconds (as the API server stores it).
+    pub now: &'a Time,
+}
+
+/// Why `Ready` is what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Recording the pods of the StatefulSet.
+    Recording,
+    /// The spec cannot be acted on.
+    InvalidSpec(SpecError),
+    /// No StatefulSet; its records are kept for the next one of the name.
+    WaitingForAdoption,
+    /// No StatefulSet; its records are cleared.
+    TargetNotFound,
+}
+
+/// [`reconcile`]'s answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    /// The status to write (equal to the previous one when nothing changed).
+    pub status: PersistentPodStateStatus,
+    /// Why `Ready` is what it is.
+    pub verdict: Verdict,
+    /// What changed in the records, for Events, logs and metrics.
+    pub changes: Vec<RecordChange>,
+    /// Pods left Pending by a pin that has since fallen back ([`record::stranded_pods`]): to be
+    /// deleted, each with its UID as a precondition.
+    pub stranded: Vec<PodView>,
+    /// When to look again without any event (a grace period ending).
+    pub requeue: Option<Duration>,
+}
+
+/// Decides the status. Pure: same input, same answer.
+pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
+    let checked = match spec::check(input.spec) {
+        Ok(checked) => checked,
+        Err(e) => {
+            let ready = not_ready("InvalidSpec", format!("{e}; fix the spec"));
+            return keeping_records(input, ready, Verdict::InvalidSpec(e));
+        }
+    };
+    let target_name = &input.spec.target_ref.name;
+    let namespace = input.namespace;
+    let Some(target) = input.target else {
+        if input.adopts {
+            let ready = not_ready(
+                "WaitingForAdoption",
+                format!(
+                    "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
+                    input.previous.pod_states.len()
+                ),
+            );
+            return keeping_records(input, ready, Verdict::WaitingForAdoption);
+        }
+        // A new StatefulSet with this name starts from nothing.
+        let ready = not_ready(
+            "TargetNotFound",
+            format!(
+                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists"
+            ),
+        );
+        return Reconciled {
+            status: next_status(input, BTreeMap::new(), None, ready, None),
+            verdict: Verdict::TargetNotFound,
+            changes: Vec::new(),
+            stranded: Vec::new(),
+            requeue: None,
+        };
+    };
+    let target = TargetView {
+        adopts_records: input.adopts,
+        ..target.clone()
+    };
+    let plan = record::plan(&RecordInput {
+        config: &checked,
+        target: &target,
+        previous: input.previous,
+        pods: input.pods,
+        nodes: input.nodes,
+        now: input.now,
+    });
+    let ready = DesiredCondition {
+        type_: READY,
+        status: true,
+        reason: "Recording".into(),
+        message: format!("recording the pods of StatefulSet {target_name}"),
+    };
+    let lost = record::node_lost_condition(&plan.lost, checked.node_loss_after);
+    let status = next_status(
+        input,
+        plan.pod_states,
+        Some(lost),
+        ready,
+        Some(target.uid.clone()),
+    );
+    let has_required = input
+        .spec
+        .required_persistent_topology
+        .as_ref()
+        .is_some_and(|t| !t.node_topology_keys.is_empty());
+    let stranded = record::stranded_pods(
+        input.name,
+        has_required,
+        checked.node_loss_after,
+        &status.pod_states,
+        input.pods,
+    )
+    .into_iter()
+    .cloned()
+    .collect();
+    Reconciled {
+        status,
+        verdict: Verdict::Recording,
+        changes: plan.changes,
+        stranded,
+        requeue: plan.requeue_after,
+    }
+}
+
+/// A False `Ready` over the records and target as they are.
+fn keeping_records(input: &StatusInput<'_>, ready: DesiredCondition, why: Verdict) -> Reconciled {
+    Reconciled {
+        status: next_status(
+            input,
+            input.previous.pod_states.clone(),
+            None,
+            ready,
+            input.previous.target_uid.clone(),
+        ),
+        verdict: why,
+        changes: Vec::new(),
+        stranded: Vec::new(),
+        requeue: None,
+    }
+}
+
+fn not_ready(reason: &str, message: String) -> DesiredCondition {
+    DesiredCondition {
+        type_: READY,
+        status: false,
+        reason: reason.into(),
+        message,
+    }
+}
+
+/// The status with these records and conditions; without a `NodeLost` condition, the previous
+/// one is removed.
+fn next_status(
+    input: &StatusInput<'_>,
+    pod_states: BTreeMap<String, PodState>,
+    node_lost: Option<DesiredCondition>,
+    ready: DesiredCondition,
+    target_uid: Option<String>,
+) -> PersistentPodStateStatus {
+    let mut current = input.previous.conditions.clone();
+    if node_lost.is_none() {
+        current.retain(|c| c.type_ != NODE_LOST);
+    }
+    let desired: Vec<DesiredCondition> = std::iter::once(ready).chain(node_lost).collect();
+    PersistentPodStateStatus {
+        observed_generation: input.generation,
+        target_uid,
+        recorded_pods: i32::try_from(pod_states.len()).unwrap_or(i32::MAX),
+        pod_states,
+        conditions: condition::merge(&current, &desired, input.generation, input.now),
+    }
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

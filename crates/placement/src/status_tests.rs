@@ -1,0 +1,402 @@
+#![allow(clippy::unwrap_used)]
+
+use ipkeep_api::Condition;
+use ipkeep_api::annotations::PINNED_BY;
+use ipkeep_api::k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::*;
+use crate::view::NodeHealth;
+
+fn t(s: i64) -> Time {
+    Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
+}
+
+fn spec(overrides: serde_json::Value) -> PersistentPodStateSpec {
+    let mut v = json!({
+        "targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
+        "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]},
+        "nodeLossPolicy": {"action": "FallbackToPreferred", "after": "5m"},
+    });
+    for (k, val) in overrides.as_object().unwrap() {
+        v[k] = val.clone();
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn target() -> TargetView {
+    TargetView {
+        name: "db".into(),
+        uid: "sts-1".into(),
+        replicas: 2,
+        ordinals_start: 0,
+        adopts_records: false,
+    }
+}
+
+fn record(node: &str) -> PodState {
+    PodState {
+        node_name: node.into(),
+        node_topology_labels: [("kubernetes.io/hostname".to_string(), node.to_string())].into(),
+        ..PodState::default()
+    }
+}
+
+fn ready_pod(name: &str, node: &str) -> PodView {
+    PodView {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        controller_uid: Some("sts-1".into()),
+        node_name: Some(node.into()),
+        ready: true,
+        ips: vec!["10.0.0.1".into()],
+        ..PodView::default()
+    }
+}
+
+fn node(name: &str, health: NodeHealth) -> (String, NodeView) {
+    let labels = [("kubernetes.io/hostname".to_string(), name.to_string())].into();
+    (name.to_string(), NodeView { labels, health })
+}
+
+fn condition(type_: &str, status: &str, reason: &str, since: i64) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: String::new(),
+        last_transition_time: t(since),
+        observed_generation: Some(1),
+    }
+}
+
+/// What one reconcile sees; each test changes what it is about.
+struct World {
+    spec: PersistentPodStateSpec,
+    adopts: bool,
+    previous: PersistentPodStateStatus,
+    target: Option<TargetView>,
+    pods: Vec<PodView>,
+    nodes: BTreeMap<String, NodeView>,
+    now: Time,
+}
+
+impl World {
+    /// Two records on n1 and n2, both Ready; `Ready` and `NodeLost` as recording leaves them.
+    fn new() -> Self {
+        Self {
+            spec: spec(json!({})),
+            adopts: false,
+            previous: PersistentPodStateStatus {
+                target_uid: Some("sts-1".into()),
+                pod_states: [
+                    ("db-0".to_string(), record("n1")),
+                    ("db-1".to_string(), record("n2")),
+                ]
+                .into(),
+                recorded_pods: 2,
+                conditions: vec![
+                    condition(NODE_LOST, "False", "NodesReady", 0),
+                    condition(READY, "True", "Recording", 0),
+                ],
+                observed_generation: Some(1),
+            },
+            target: Some(target()),
+            pods: Vec::new(),
+            nodes: [node("n1", NodeHealth::Ready), node("n2", NodeHealth::Ready)].into(),
+            now: t(100),
+        }
+    }
+
+    fn reconcile(&self) -> Reconciled {
+        let pods = self
+            .pods
+            .iter()
+            .map(|p| (p.name.clone(), p.clone()))
+            .collect();
+        reconcile(&StatusInput {
+            name: "db",
+            namespace: "prod",
+            spec: &self.spec,
+            adopts: self.adopts,
+            generation: Some(2),
+            previous: &self.previous,
+            target: self.target.as_ref(),
+            pods: &pods,
+            nodes: &self.nodes,
+            now: &self.now,
+        })
+    }
+}
+
+fn ready_of(status: &PersistentPodStateStatus) -> (&str, &str, &str) {
+    let c = status.condition(READY).unwrap();
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+/// Each not-Ready case: its reason, what it says, and what happens to the records, the target
+/// UID and `NodeLost`.
+#[test]
+fn ready_says_why_it_does_not_record_and_what_became_of_the_records() {
+    type Change = fn(&mut World);
+    let cases: [(&str, Change, Verdict, &str, &str, usize, bool); 5] = [
+        (
+            "a topology key the API server would refuse",
+            |w| {
+                w.spec =
+                    spec(json!({"requiredPersistentTopology": {"nodeTopologyKeys": ["Not A Key"]}}))
+            },
+            Verdict::InvalidSpec(SpecError::InvalidKey {
+                key: "Not A Key".into(),
+                reason: String::new(),
+            }),
+            "InvalidSpec",
+            "invalid node topology key \"Not A Key\"",
+            2,
+            true,
+        ),
+        (
+            "a Deployment as target",
+            |w| {
+                w.spec = spec(
+                    json!({"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "db"}}),
+                );
+            },
+            Verdict::InvalidSpec(SpecError::UnsupportedTarget {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into(),
+            }),
+            "InvalidSpec",
+            "apps/v1 StatefulSet",
+            2,
+            true,
+        ),
+        (
+            "StatefulSet gone",
+            |w| w.target = None,
+            Verdict::TargetNotFound,
+            "TargetNotFound",
+            "StatefulSet prod/db does not exist (or is being deleted); records are cleared",
+            0,
+            false,
+        ),
+        (
+            "StatefulSet gone, records kept for the next one",
+            |w| {
+                w.target = None;
+                w.adopts = true;
+            },
+            Verdict::WaitingForAdoption,
+            "WaitingForAdoption",
+            "its 2 record(s) and held IPs are kept for the next StatefulSet of this name",
+            2,
+            true,
+        ),
+        (
+            "invalid spec wins over a missing StatefulSet",
+            |w| {
+                w.target = None;
+                w.spec = spec(json!({"ipRetention": "soon"}));
+            },
+            Verdict::InvalidSpec(SpecError::BadRetention(
+                ipkeep_api::ipkeep_values::Retention::parse("ipRetention", "soon").unwrap_err(),
+            )),
+            "InvalidSpec",
+            "ipRetention",
+            2,
+            true,
+        ),
+    ];
+    for (case, change, verdict, reason, text, records, keeps_target) in cases {
+        let mut w = World::new();
+        change(&mut w);
+        let got = w.reconcile();
+        match (&got.verdict, &verdict) {
+            (Verdict::InvalidSpec(a), Verdict::InvalidSpec(b)) => {
+                assert_eq!(
+                    std::mem::discriminant(a),
+                    std::mem::discriminant(b),
+                    "{case}: {a}"
+                );
+            }
+            (a, b) => assert_eq!(a, b, "{case}"),
+        }
+        let (status, why, message) = ready_of(&got.status);
+        assert_eq!((status, why), ("False", reason), "{case}");
+        assert!(message.contains(text), "{case}: {message}");
+        assert_eq!(got.status.pod_states.len(), records, "{case}");
+        assert_eq!(got.status.recorded_pods, records as i32, "{case}");
+        assert_eq!(
+            got.status.target_uid.is_some(),
+            keeps_target,
+            "{case}: target UID"
+        );
+        assert!(
+            got.status.condition(NODE_LOST).is_none(),
+            "{case}: NodeLost is removed while not recording"
+        );
+        assert_eq!(got.status.observed_generation, Some(2), "{case}");
+        let c = got.status.condition(READY).unwrap();
+        assert_eq!(
+            (c.last_transition_time.clone(), c.observed_generation),
+            (t(100), Some(2)),
+            "{case}: Ready turned False now"
+        );
+        assert!(got.changes.is_empty() && got.stranded.is_empty() && got.requeue.is_none());
+    }
+}
+
+#[test]
+fn an_invalid_spec_keeps_its_message_and_transition_time_until_fixed() {
+    let mut w = World::new();
+    w.spec = spec(json!({"nodeLossPolicy": {"after": "x"}}));
+    let first = w.reconcile();
+    w.previous = first.status.clone();
+    w.now = t(200);
+    let again = w.reconcile();
+    assert_eq!(
+        again.status, first.status,
+        "nothing to write the second time"
+    );
+    w.spec = spec(json!({}));
+    w.pods = vec![ready_pod("db-0", "n1")];
+    let fixed = w.reconcile();
+    assert_eq!(fixed.verdict, Verdict::Recording);
+    let c = fixed.status.condition(READY).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "Recording")
+    );
+    assert_eq!(c.last_transition_time, t(200));
+    assert_eq!(
+        fixed.status.condition(NODE_LOST).unwrap().reason,
+        "NodesReady"
+    );
+}
+
+#[test]
+fn recording_keeps_transition_times_and_writes_nothing_new_when_nothing_changed() {
+    let mut w = World::new();
+    w.pods = vec![ready_pod("db-0", "n1"), ready_pod("db-1", "n2")];
+    let first = w.reconcile();
+    assert_eq!(first.verdict, Verdict::Recording);
+    assert_eq!(first.status.target_uid.as_deref(), Some("sts-1"));
+    let (status, reason, message) = ready_of(&first.status);
+    assert_eq!(
+        (status, reason, message),
+        ("True", "Recording", "recording the pods of StatefulSet db")
+    );
+    for c in &first.status.conditions {
+        assert_eq!(c.last_transition_time, t(0), "{}: status held", c.type_);
+    }
+    w.previous = first.status.clone();
+    w.now = t(300);
+    assert_eq!(w.reconcile().status, first.status);
+}
+
+/// `NodeLost` while recording: True for a lost node with the policy's state, False again once
+/// it is back; a grace period asks to be looked at again when it ends.
+#[test]
+fn node_lost_follows_the_recorded_nodes() {
+    let mut w = World::new();
+    w.nodes = [
+        node("n1", NodeHealth::Ready),
+        node("n2", NodeHealth::NotReady { since: Some(t(0)) }),
+    ]
+    .into();
+    let lost = w.reconcile();
+    let c = lost.status.condition(NODE_LOST).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "InGracePeriod")
+    );
+    assert!(
+        c.message.contains("db-1: node n2 is NotReady"),
+        "{}",
+        c.message
+    );
+    assert_eq!(lost.requeue, Some(Duration::from_secs(200)));
+    assert_eq!(
+        lost.status.pod_states["db-1"].node_lost_at,
+        Some(t(0)),
+        "since the node's NotReady"
+    );
+
+    w.previous = lost.status;
+    w.now = t(301);
+    let fell = w.reconcile();
+    assert_eq!(
+        fell.status.condition(NODE_LOST).unwrap().reason,
+        "FellBackToPreferred"
+    );
+    assert!(fell.status.pod_states["db-1"].preferred_only);
+    assert_eq!(
+        fell.changes,
+        vec![RecordChange::FellBack {
+            pod: "db-1".into(),
+            node: "n2".into()
+        }]
+    );
+    assert_eq!(fell.requeue, None);
+
+    w.previous = fell.status;
+    w.nodes = [node("n1", NodeHealth::Ready), node("n2", NodeHealth::Ready)].into();
+    let back = w.reconcile();
+    let c = back.status.condition(NODE_LOST).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NodesReady")
+    );
+    assert!(!back.status.pod_states["db-1"].preferred_only);
+}
+
+/// The records of an earlier StatefulSet of the name: dropped, or adopted when asked.
+#[test]
+fn a_new_statefulset_of_the_name_drops_or_adopts_the_records() {
+    let mut w = World::new();
+    w.target = Some(TargetView {
+        uid: "sts-2".into(),
+        ..target()
+    });
+    let dropped = w.reconcile();
+    assert!(dropped.status.pod_states.is_empty());
+    assert_eq!(dropped.status.target_uid.as_deref(), Some("sts-2"));
+    assert_eq!(
+        dropped.changes,
+        vec![RecordChange::TargetReplaced { dropped: 2 }]
+    );
+    w.adopts = true;
+    let adopted = w.reconcile();
+    assert_eq!(adopted.status.pod_states.len(), 2);
+    assert_eq!(adopted.changes, vec![RecordChange::Adopted { records: 2 }]);
+}
+
+/// A pod created while its pin still required the lost node, left Pending after the fallback:
+/// listed for deletion once, with its UID.
+#[test]
+fn a_pod_stranded_by_a_fallen_back_pin_is_listed() {
+    let mut w = World::new();
+    w.previous.pod_states.get_mut("db-1").unwrap().node_lost_at = Some(t(0));
+    w.previous
+        .pod_states
+        .get_mut("db-1")
+        .unwrap()
+        .preferred_only = true;
+    w.nodes.remove("n2");
+    w.now = t(400);
+    let pending = PodView {
+        name: "db-1".into(),
+        uid: "uid-pending".into(),
+        controller_uid: Some("sts-1".into()),
+        annotations: [(PINNED_BY.to_string(), "db".to_string())].into(),
+        created_ms: Some(t(100).0.as_millisecond()),
+        ..PodView::default()
+    };
+    w.pods = vec![pending.clone()];
+    let got = w.reconcile();
+    assert_eq!(got.stranded, vec![pending.clone()]);
+    // Only with required topology: a preferred-only spec never pinned it hard.
+    w.spec = spec(json!({"requiredPersistentTopology": null,
+        "preferredPersistentTopology": [{"weight": 10, "preference": {"nodeTopologyKeys": ["kubernetes.io/hostname"]}}]}));
+    assert!(w.reconcile().stranded.is_empty());
+}
