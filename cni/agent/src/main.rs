@@ -9,8 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use ipkeep_agent::release::Grace;
 use ipkeep_agent::{Settings, run};
-use ipkeep_cni::netconf::DEFAULT_DATA_DIR;
-use ipkeep_cni::proto::DEFAULT_SOCKET;
+use ipkeep_cni::netconf::{DEFAULT_AGENT_SOCKET, DEFAULT_DATA_DIR, parse_lock_timeout};
 use ipkeep_daemon::{LogArgs, STOP_GRACE, run_until_stopped, shutdown_signal};
 use nix::sys::stat::{Mode, umask};
 
@@ -33,7 +32,7 @@ struct Args {
     #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// The unix socket the plugin connects to (its ipam.agentSocket).
-    #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_SOCKET)]
+    #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     socket: PathBuf,
     /// Serve /healthz, /readyz and /metrics over plain HTTP on this address. Loopback by
     /// default: with hostNetwork, any other address is reachable from every node; to let
@@ -55,7 +54,7 @@ struct Args {
     #[arg(long, env = "IPKEEP_MAX_RELEASES_PER_PASS", default_value_t = 32)]
     max_releases_per_pass: usize,
     /// Longest wait for a store a falling-back plugin holds.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_lock_timeout)]
     lock_timeout: Duration,
     /// Write this node's CNI configuration list to --cni-conf-out from this template, with every
     /// IPAM range subnet "usePodCidr" ("usePodCidrIPv6") replaced by the Node's IPv4 (IPv6) pod
@@ -96,13 +95,6 @@ async fn shutdown(stdin_too: bool) {
         () = shutdown_signal() => {}
         _ = rx => tracing::info!("stdin closed; stopping"),
     }
-}
-
-fn lock_timeout(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .ok()
-        .filter(|d| *d <= ipkeep_cni::netconf::MAX_LOCK_TIMEOUT)
-        .ok_or_else(|| "expected a duration such as 10s, at most 10m".to_string())
 }
 
 #[tokio::main]

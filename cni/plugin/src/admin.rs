@@ -16,7 +16,7 @@ use crate::plugin::Timings;
 use crate::stores::Stores;
 use serde::{Deserialize, Serialize};
 
-use crate::netconf::DEFAULT_DATA_DIR;
+use crate::netconf::{DEFAULT_AGENT_SOCKET, DEFAULT_DATA_DIR, parse_lock_timeout};
 
 /// ipkeep — host-local compatible CNI IPAM that gives a rebuilt StatefulSet pod its address back.
 ///
@@ -28,7 +28,7 @@ pub struct Cli {
     /// The node agent's socket. When the agent answers there, the command runs inside it (it
     /// keeps the store open, so it never has to be stopped); otherwise ipkeep opens the store
     /// itself. Empty: never use the agent.
-    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::proto::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     pub agent_socket: String,
     /// What to do.
     #[command(subcommand)]
@@ -46,15 +46,8 @@ pub struct Target {
     #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// How long to wait for running plugin commands to finish.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_lock_timeout)]
     pub lock_timeout: Duration,
-}
-
-fn lock_timeout(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .ok()
-        .filter(|d| *d <= crate::netconf::MAX_LOCK_TIMEOUT)
-        .ok_or_else(|| "expected a duration such as 10s, at most 10m".to_string())
 }
 
 /// An admin subcommand, as sent to the agent (`Request::Admin`).

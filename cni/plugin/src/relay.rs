@@ -16,7 +16,7 @@ use crate::admin::AdminCommand;
 use crate::error::CniError;
 use crate::files;
 use crate::management::NoApiView;
-use crate::netconf::{Decoded, Settings};
+use crate::netconf::{NetworkConfig, Settings};
 use crate::plugin::{self, Call, Completion, Tally, Timings};
 use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
@@ -33,7 +33,7 @@ const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
 pub fn cni(
     vars: &HashMap<String, String>,
     input: &[u8],
-    config: &Result<Decoded, CniError>,
+    config: &Result<NetworkConfig, CniError>,
     stdout: &mut dyn Write,
     reading: Reading,
 ) -> Completion {

@@ -11,7 +11,7 @@ use ipkeep_ipam::StoreRead;
 
 use super::tests::{ALONE, at, dir, ip_of, logged};
 use super::*;
-use crate::management::{NoApiView, Unavailable};
+use crate::management::{Management, NoApiView, Unavailable};
 use crate::netconf;
 use crate::stores::MemoryStores;
 
