@@ -12,8 +12,8 @@ use ipkeep_ipam::{
     Lease, LeaseCounts, LeaseState, NetworkDir, RangeSet, Reading, StoreError, StoreRead, allocator,
 };
 
-use crate::plugin::Timings;
 use crate::stores::Stores;
+use crate::timings::Timings;
 use serde::{Deserialize, Serialize};
 
 use crate::netconf::{DEFAULT_AGENT_SOCKET, DEFAULT_DATA_DIR, parse_lock_timeout};

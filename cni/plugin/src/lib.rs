@@ -8,6 +8,7 @@ pub mod admin;
 pub mod env;
 pub mod error;
 pub mod files;
+pub mod json;
 pub mod logs;
 pub mod management;
 pub mod netconf;
@@ -16,6 +17,7 @@ pub mod proto;
 pub mod relay;
 pub mod result;
 pub mod stores;
+pub mod timings;
 pub mod version;
 
 pub use error::CniError;

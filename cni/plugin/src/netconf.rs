@@ -106,7 +106,7 @@ pub struct IpamConf {
     #[serde(default)]
     pub log_file: Option<String>,
     /// `error`, `warn`, `info`, `debug` or `trace`; unset: `info` when logging to
-    /// `ipam.logFile`, `warn` on stderr (see [`crate::logs`]).
+    /// `ipam.logFile`, `warn` on stderr (`logs.rs`).
     #[serde(default)]
     pub log_level: Option<String>,
 }

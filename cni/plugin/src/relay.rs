@@ -17,9 +17,10 @@ use crate::error::CniError;
 use crate::files;
 use crate::management::NoApiView;
 use crate::netconf::{NetworkConfig, Settings};
-use crate::plugin::{self, Call, Completion, Tally, Timings};
+use crate::plugin::{self, Call, Completion, Tally};
 use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
+use crate::timings::Timings;
 
 /// How much longer than its budget the plugin waits for the agent's answer: the agent commits
 /// nothing after the budget, and this margin covers writing the answer back.
