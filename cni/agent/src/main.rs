@@ -1,135 +1,13 @@
-//! `ipkeep-agent`: parses flags, sets up logging and the API client, then runs
-//! [`ipkeep_agent::run`].
+//! `ipkeep-agent`: the node agent ([`ipkeep_agent::args::Args`]).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
-
-use anyhow::Context;
 use clap::Parser;
-use ipkeep_agent::release::Grace;
-use ipkeep_agent::{Settings, run};
-use ipkeep_cni::netconf::{DEFAULT_AGENT_SOCKET, DEFAULT_DATA_DIR, parse_lock_timeout};
-use ipkeep_daemon::{LogArgs, STOP_GRACE, run_until_stopped, shutdown_signal};
+use ipkeep_agent::args::Args;
 use nix::sys::stat::{Mode, umask};
-
-/// The ipkeep node agent: owns this node's ipkeep stores and serves the `ipkeep` CNI plugin
-/// over a unix socket, so a plugin call skips opening the database (the plugin falls back to
-/// opening it itself whenever the agent does not answer). Frees holdings nobody will use
-/// again: expired ones on a timer, and at once those of pods whose PersistentPodState record
-/// was pruned (scale-down), moved to another node, or deleted with its StatefulSet.
-///
-/// Runs on every node (DaemonSet, see deploy/agent/). Finds the cluster like kubectl:
-/// $KUBECONFIG (or ~/.kube/config), else the in-cluster service account. Every flag can also be
-/// set by the environment variable shown.
-#[derive(Debug, Parser)]
-#[command(name = "ipkeep-agent", version)]
-struct Args {
-    /// This node's name (pods are watched with spec.nodeName=NAME).
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
-    /// The plugins' ipam.dataDir; every network store under it is opened at start.
-    #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
-    /// The unix socket the plugin connects to (its ipam.agentSocket).
-    #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
-    socket: PathBuf,
-    /// Serve /healthz, /readyz and /metrics over plain HTTP on this address. Loopback by
-    /// default: with hostNetwork, any other address is reachable from every node; to let
-    /// Prometheus scrape, set the node's own IP (status.hostIP) and restrict it by policy.
-    #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = DEFAULT_PROBE_LISTEN)]
-    probe_listen: SocketAddr,
-    /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
-    #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
-    sweep_interval: Duration,
-    /// How long after a holding's last change Kubernetes' word can release it (covers a
-    /// cache that is a moment behind the API server).
-    #[arg(long, env = "IPKEEP_RELEASE_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
-    release_grace: Duration,
-    /// How long after an address's last change a vanished pod counts as having lost its DEL.
-    #[arg(long, env = "IPKEEP_MISSED_DEL_GRACE", default_value = "2m", value_parser = humantime::parse_duration)]
-    missed_del_grace: Duration,
-    /// The most addresses one sweep frees or re-holds on Kubernetes' word; the rest follow in
-    /// later passes (a wrong view of the cluster cannot empty a node at once).
-    #[arg(long, env = "IPKEEP_MAX_RELEASES_PER_PASS", default_value_t = 32)]
-    max_releases_per_pass: usize,
-    /// Longest wait for a store a falling-back plugin holds.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_lock_timeout)]
-    lock_timeout: Duration,
-    /// Write this node's CNI configuration list to --cni-conf-out from this template, with every
-    /// IPAM range subnet "usePodCidr" ("usePodCidrIPv6") replaced by the Node's IPv4 (IPv6) pod
-    /// CIDR from spec.podCIDRs; rewritten when the template or the CIDRs change.
-    #[arg(long, env = "IPKEEP_CNI_CONF_TEMPLATE", requires = "cni_conf_out")]
-    cni_conf_template: Option<PathBuf>,
-    /// Where --cni-conf-template's result goes: a file in the container runtime's CNI
-    /// configuration directory (for example /etc/cni/net.d/10-ipkeep.conflist).
-    #[arg(long, env = "IPKEEP_CNI_CONF_OUT", requires = "cni_conf_template")]
-    cni_conf_out: Option<PathBuf>,
-    /// Serve the stores and sweep expired holdings only, without Kubernetes (no API access).
-    #[arg(long, env = "IPKEEP_NO_KUBERNETES")]
-    no_kubernetes: bool,
-    /// Also stop (gracefully) when stdin reaches end of file: for supervisors and tests that
-    /// hold a pipe to the agent, so it never outlives them.
-    #[arg(long, hide = true)]
-    exit_on_stdin_close: bool,
-    #[command(flatten)]
-    logs: LogArgs,
-}
-
-/// Where the probes listen unless told otherwise.
-const DEFAULT_PROBE_LISTEN: &str = "127.0.0.1:9464";
-
-/// SIGTERM/SIGINT, or with `--exit-on-stdin-close` the end of stdin, whichever comes first.
-async fn shutdown(stdin_too: bool) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    if stdin_too {
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
-            let _ = tx.send(());
-        });
-    } else {
-        std::mem::forget(tx);
-    }
-    tokio::select! {
-        () = shutdown_signal() => {}
-        _ = rx => tracing::info!("stdin closed; stopping"),
-    }
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Every file the agent creates (lock, database, socket) is for root only.
     umask(Mode::from_bits_truncate(0o077));
-    let args = Args::parse();
-    args.logs.init()?;
-    let client = if args.no_kubernetes {
-        None
-    } else {
-        Some(kube::Client::try_default().await.context(
-            "failed to find the cluster (set KUBECONFIG, run in a pod with a service account, or pass --no-kubernetes)",
-        )?)
-    };
-    let settings = Settings {
-        node_name: args.node_name,
-        data_dir: args.data_dir,
-        socket: args.socket,
-        probe_listen: Some(args.probe_listen),
-        sweep_interval: args.sweep_interval,
-        grace: Grace {
-            release: args.release_grace.as_secs(),
-            missed_del: args.missed_del_grace.as_secs(),
-        },
-        lock_timeout: args.lock_timeout,
-        max_releases: args.max_releases_per_pass,
-        cni_conf: args
-            .cni_conf_template
-            .zip(args.cni_conf_out)
-            .map(|(template, out)| ipkeep_agent::cniconf::CniConf { template, out }),
-    };
-    let exit_on_stdin_close = args.exit_on_stdin_close;
-    run_until_stopped(shutdown(exit_on_stdin_close), STOP_GRACE, |stop| {
-        run(client, settings, stop.requested())
-    })
-    .await
+    Args::parse().run().await?;
+    Ok(())
 }

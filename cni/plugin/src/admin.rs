@@ -6,10 +6,10 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use ipkeep_ipam::{
-    Lease, LeaseCounts, LeaseState, NetworkDir, RangeSet, Reading, StoreError, StoreRead, allocator,
+    Lease, LeaseCounts, LeaseState, NetworkDir, NetworkNameError, RangeSet, Reading, StoreError,
+    StoreRead, allocator,
 };
 
 use crate::stores::Stores;
@@ -48,6 +48,43 @@ pub struct Target {
     /// How long to wait for running plugin commands to finish.
     #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_lock_timeout)]
     pub lock_timeout: Duration,
+}
+
+/// Why an admin subcommand failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The node agent took the command but its answer broke off.
+    #[error(transparent)]
+    Agent(#[from] crate::proto::ClientError),
+    /// The store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The report could not be written.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+    /// A lease or the report's header could not be put in JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The range sets the last ADD recorded do not read.
+    #[error("failed to read the recorded range sets")]
+    RangeSets(#[source] serde_json::Error),
+    /// `--network` is no network name.
+    #[error(transparent)]
+    Network(#[from] NetworkNameError),
+    /// `--pod` is not `NAMESPACE/NAME`.
+    #[error("--pod must be NAMESPACE/NAME, got {0:?}")]
+    Pod(String),
+    /// The network has no store under `--data-dir`.
+    #[error(
+        "no ipkeep state for network {network:?} under {} (check --network and --data-dir against the CNI configuration)",
+        data_dir.display()
+    )]
+    NoState {
+        /// `--network`.
+        network: String,
+        /// `--data-dir`.
+        data_dir: PathBuf,
+    },
 }
 
 /// An admin subcommand, as sent to the agent (`Request::Admin`).
@@ -108,11 +145,9 @@ pub struct Usage {
 
 impl Usage {
     /// Empty counts for the range sets recorded in `store`.
-    pub fn of(store: &dyn StoreRead) -> anyhow::Result<Self> {
+    pub fn of(store: &dyn StoreRead) -> Result<Self, AdminError> {
         let sets: Vec<RangeSet> = match store.range_sets()? {
-            Some(json) => {
-                serde_json::from_str(&json).context("failed to read the recorded range sets")?
-            }
+            Some(json) => serde_json::from_str(&json).map_err(AdminError::RangeSets)?,
             None => Vec::new(),
         };
         Ok(Usage {
@@ -188,7 +223,7 @@ fn write_list(
     store: &dyn StoreRead,
     json: bool,
     now: u64,
-) -> anyhow::Result<()> {
+) -> Result<(), AdminError> {
     let mut usage = Usage::of(store)?;
     let mut first = true;
     if json {
@@ -270,7 +305,7 @@ pub fn run<S: Stores>(
     command: AdminCommand,
     out: &mut dyn Write,
     reading: &Reading,
-) -> anyhow::Result<usize> {
+) -> Result<usize, AdminError> {
     let mut released = 0;
     match command {
         AdminCommand::List { target, json } => {
@@ -290,7 +325,7 @@ pub fn run<S: Stores>(
                 .split_once('/')
                 .filter(|(a, b)| !a.is_empty() && !b.is_empty())
             else {
-                bail!("--pod must be NAMESPACE/NAME, got {pod:?}");
+                return Err(AdminError::Pod(pod));
             };
             let dir = target_dir(stores, &target)?;
             let outcome = stores.with(
@@ -298,7 +333,7 @@ pub fn run<S: Stores>(
                 target.lock_timeout,
                 &mut Timings::default(),
                 |store| {
-                    Ok::<_, anyhow::Error>(allocator::release_pod(
+                    Ok::<_, AdminError>(allocator::release_pod(
                         store,
                         ns,
                         name,
@@ -332,14 +367,13 @@ pub fn run<S: Stores>(
 }
 
 /// The target network's directory, which must have a store.
-fn target_dir<S: Stores>(stores: &S, target: &Target) -> anyhow::Result<NetworkDir> {
+fn target_dir<S: Stores>(stores: &S, target: &Target) -> Result<NetworkDir, AdminError> {
     let dir = NetworkDir::new(&target.data_dir, &target.network)?;
     if !stores.exists(&dir) {
-        bail!(
-            "no ipkeep state for network {:?} under {} (check --network and --data-dir against the CNI configuration)",
-            target.network,
-            target.data_dir.display()
-        );
+        return Err(AdminError::NoState {
+            network: target.network.clone(),
+            data_dir: target.data_dir.clone(),
+        });
     }
     Ok(dir)
 }

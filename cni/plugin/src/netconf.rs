@@ -655,7 +655,7 @@ mod tests {
                 Some(tracing::Level::DEBUG)
             )
         );
-        // Found by review: a huge lockTimeout overflowed the deadline arithmetic and panicked.
+        // A lockTimeout past MAX_LOCK_TIMEOUT is refused, so no deadline computed from it overflows.
         for bad in [
             r#"{"lockTimeout":"1000000000000h"}"#,
             r#"{"lockTimeout":"11m"}"#,

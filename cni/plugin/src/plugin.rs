@@ -1,6 +1,6 @@
 //! The CNI "skel": one invocation from environment, decoded configuration and clock to stdout
-//! bytes and an exit code. Everything the plugin does happens here, over any [`Stores`]; `main`
-//! only wires real stdio, and the node agent runs the same function.
+//! bytes and an exit code. Every CNI command runs here, over any [`Stores`]: the plugin process
+//! (through `relay`) and the node agent run the same function.
 //!
 //! Errors become CNI error JSON in exactly one place, [`run`]; stdout carries nothing else.
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use ipkeep_ipam::Reading;
 use tracing::{debug, warn};
 
-use crate::admin::AdminCommand;
+use crate::admin::{self, AdminCommand, AdminError, Cli};
 use crate::error::CniError;
 use crate::files;
 use crate::management::NoApiView;
@@ -155,6 +155,27 @@ fn write_log(settings: &Settings, text: &str) {
         Some(mut f) => f.write_all(text.as_bytes()),
         None => std::io::stderr().write_all(text.as_bytes()),
     };
+}
+
+/// Runs an admin command inside the node agent at `--agent-socket` when it answers, passing its
+/// report on as it arrives, else on the store directly. An answer cut off after part of it was
+/// printed is an error, never run again. Returns the exit code.
+pub fn admin(
+    cli: Cli,
+    timeout: Duration,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+    reading: &Reading,
+) -> Result<i32, AdminError> {
+    if !cli.agent_socket.is_empty() {
+        let socket = std::path::Path::new(&cli.agent_socket);
+        if let Some(answer) = admin_via_agent(socket, cli.command.clone(), timeout, stdout, stderr)
+        {
+            return Ok(answer?);
+        }
+    }
+    admin::run(&OpenPerCall::default(), cli.command, stdout, reading)?;
+    Ok(0)
 }
 
 /// Runs an admin command through the agent, passing its report on as it arrives. `None` when

@@ -37,7 +37,8 @@ use crate::lease::{Attachment, Lease, LeaseState, PodIdentity};
 use crate::range::ip_to_u128;
 use crate::store::{Commit, Store, StoreError, StoreRead};
 
-/// Layout version written by this code (1 was the sled layout of pre-release builds).
+/// Layout version written by this code: the tables in this module's documentation, in one redb
+/// file. A store of a newer layout is refused, never read.
 pub const LAYOUT_VERSION: u32 = 2;
 
 type IpKey = [u8; 17];
