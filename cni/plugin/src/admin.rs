@@ -53,9 +53,6 @@ pub struct Target {
 /// Why an admin subcommand failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
-    /// The node agent took the command but its answer broke off.
-    #[error(transparent)]
-    Agent(#[from] crate::proto::ClientError),
     /// The store could not be read or written.
     #[error(transparent)]
     Store(#[from] StoreError),

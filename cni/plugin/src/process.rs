@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use ipkeep_ipam::disk::system_reading;
 
-use crate::admin::{AdminError, Cli};
+use crate::admin::Cli;
 use crate::error::{CniError, code};
 use crate::netconf::{self, Settings};
-use crate::{files, logs, relay, version};
+use crate::relay::{self, AdminFailed};
+use crate::{files, logs, version};
 
 /// Like `eprintln!`, but a closed stderr is ignored instead of aborting the plugin after it
 /// has already done its work.
@@ -90,11 +91,11 @@ pub fn admin(cli: Cli, vars: &HashMap<String, String>, stdout: &mut dyn Write) -
     ) {
         Ok(code) => u8::try_from(code).unwrap_or(1),
         // The agent's error says all; a local one is followed by its causes.
-        Err(e @ AdminError::Agent(_)) => {
+        Err(AdminFailed::Agent(e)) => {
             say!("ipkeep: error: {e}");
             1
         }
-        Err(e) => {
+        Err(AdminFailed::Here(e)) => {
             say!("ipkeep: error: {}", with_causes(&e));
             1
         }

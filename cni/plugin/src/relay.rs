@@ -157,6 +157,17 @@ fn write_log(settings: &Settings, text: &str) {
     };
 }
 
+/// Why an admin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminFailed {
+    /// The node agent took the command but its answer broke off (never run again here).
+    #[error(transparent)]
+    Agent(#[from] proto::ClientError),
+    /// Run here, on the store.
+    #[error(transparent)]
+    Here(#[from] AdminError),
+}
+
 /// Runs an admin command inside the node agent at `--agent-socket` when it answers, passing its
 /// report on as it arrives, else on the store directly. An answer cut off after part of it was
 /// printed is an error, never run again. Returns the exit code.
@@ -166,7 +177,7 @@ pub fn admin(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
     reading: &Reading,
-) -> Result<i32, AdminError> {
+) -> Result<i32, AdminFailed> {
     if !cli.agent_socket.is_empty() {
         let socket = std::path::Path::new(&cli.agent_socket);
         if let Some(answer) = admin_via_agent(socket, cli.command.clone(), timeout, stdout, stderr)
