@@ -6,7 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(decoded) = netconf::decode(data) {
-        let _ = decoded.plan();
         let _ = decoded.requested_ips(None);
         let _ = decoded.valid_attachments();
         let _ = decoded.previous_ips();

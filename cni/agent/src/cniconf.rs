@@ -342,8 +342,8 @@ mod tests {
         ));
     }
 
-    /// Found by review: a symlink planted at the temporary file's name made a rewrite overwrite
-    /// the lease store it pointed at (and make it 0644).
+    /// A rewrite never follows a symlink planted at its temporary file's name: it would
+    /// overwrite (and make 0644) whatever the link points at, a lease store say.
     #[test]
     fn a_symlink_planted_beside_the_configuration_is_never_followed() {
         use std::os::unix::fs::PermissionsExt as _;
@@ -380,7 +380,7 @@ mod tests {
         assert!(!first.contains(".tmp"), "{first}");
     }
 
-    /// Found by review: whatever the Node's podCIDR said was written into the configuration.
+    /// Only a pod CIDR that can be a node's range is written into the configuration.
     #[test]
     fn pod_cidrs_that_must_not_be_a_nodes_range_are_refused() {
         for bad in [

@@ -1,7 +1,8 @@
 //! The node agent `ipkeep-agent`: keeps each network's store open and serves the plugin over a
-//! unix socket ([`proto`], [`server`]), sweeps expired holdings on a timer, and releases the
+//! unix socket ([`server`], speaking `ipkeep_cni::proto`), sweeps expired holdings on a timer, and releases the
 //! holdings Kubernetes says nobody will use again ([`release`], [`cluster`], [`sweep`]).
 
+pub mod args;
 pub mod cluster;
 pub mod cniconf;
 pub mod events;
@@ -19,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
@@ -58,6 +58,41 @@ pub struct Settings {
     pub cni_conf: Option<cniconf::CniConf>,
 }
 
+/// Why the agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `--data-dir` cannot be created or read.
+    #[error("failed to use the data directory {} (--data-dir)", path.display())]
+    DataDir {
+        /// `--data-dir`.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `--socket` cannot be listened on.
+    #[error("failed to listen on the agent socket {} (--socket)", path.display())]
+    Socket {
+        /// `--socket`.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `--probe-listen` cannot be listened on.
+    #[error("failed to listen on {addr} (--probe-listen)")]
+    Probes {
+        /// `--probe-listen`.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The probe listener's own address cannot be read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A blocking task (opening or closing the stores) panicked.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
 #[derive(Clone, Debug)]
 struct ProbeState {
     metrics: Arc<Metrics>,
@@ -72,15 +107,13 @@ pub async fn run(
     client: Option<Client>,
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let shutdown = shutdown.shared();
     let metrics = Arc::new(Metrics::default());
     let stores = Arc::new(
-        AgentStores::new(&settings.data_dir, metrics.clone()).with_context(|| {
-            format!(
-                "failed to use the data directory {} (--data-dir)",
-                settings.data_dir.display()
-            )
+        AgentStores::new(&settings.data_dir, metrics.clone()).map_err(|source| Error::DataDir {
+            path: settings.data_dir.clone(),
+            source,
         })?,
     );
     let netns = Arc::new(netns::NetnsView::default());
@@ -94,11 +127,9 @@ pub async fn run(
         .await?
     };
     tracing::info!(data_dir = %stores.data_dir().display(), networks = ?adopted, "opened the existing stores");
-    let listener = server::bind(&settings.socket).with_context(|| {
-        format!(
-            "failed to listen on the agent socket {} (--socket)",
-            settings.socket.display()
-        )
+    let listener = server::bind(&settings.socket).map_err(|source| Error::Socket {
+        path: settings.socket.clone(),
+        source,
     })?;
     let notices = client
         .as_ref()
@@ -127,7 +158,7 @@ pub async fn run(
     if let Some(addr) = settings.probe_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("failed to listen on {addr} (--probe-listen)"))?;
+            .map_err(|source| Error::Probes { addr, source })?;
         let state = ProbeState {
             metrics: metrics.clone(),
             cluster: cluster.clone(),

@@ -470,8 +470,8 @@ mod tests {
         String::from_utf8(out).unwrap()
     }
 
-    /// Found by review: an ADD the plugin had already reported as failed (it stopped waiting)
-    /// was committed later by the agent. Past the plugin's budget, nothing is committed.
+    /// Past the plugin's budget nothing is committed: the plugin has stopped waiting and told the
+    /// runtime the command failed.
     #[test]
     fn nothing_is_committed_after_the_plugin_stopped_waiting() {
         let tmp = tempfile::tempdir().unwrap();

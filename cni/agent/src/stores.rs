@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ipkeep_cni::plugin::Timings;
 use ipkeep_cni::stores::{Stores, free_space_status};
+use ipkeep_cni::timings::Timings;
 use ipkeep_ipam::disk::{DiskSnapshot, StoreOptions};
 use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, StoreRead, validate_network_name};
 

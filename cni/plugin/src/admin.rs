@@ -6,17 +6,17 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use ipkeep_ipam::{
-    Lease, LeaseCounts, LeaseState, NetworkDir, RangeSet, Reading, StoreError, StoreRead, allocator,
+    Lease, LeaseCounts, LeaseState, NetworkDir, NetworkNameError, RangeSet, Reading, StoreError,
+    StoreRead, allocator,
 };
 
-use crate::plugin::Timings;
 use crate::stores::Stores;
+use crate::timings::Timings;
 use serde::{Deserialize, Serialize};
 
-use crate::netconf::DEFAULT_DATA_DIR;
+use crate::netconf::{DEFAULT_AGENT_SOCKET, DEFAULT_DATA_DIR, parse_lock_timeout};
 
 /// ipkeep — host-local compatible CNI IPAM that gives a rebuilt StatefulSet pod its address back.
 ///
@@ -28,7 +28,7 @@ pub struct Cli {
     /// The node agent's socket. When the agent answers there, the command runs inside it (it
     /// keeps the store open, so it never has to be stopped); otherwise ipkeep opens the store
     /// itself. Empty: never use the agent.
-    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = crate::proto::DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     pub agent_socket: String,
     /// What to do.
     #[command(subcommand)]
@@ -46,15 +46,42 @@ pub struct Target {
     #[arg(long, env = "IPKEEP_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// How long to wait for running plugin commands to finish.
-    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = lock_timeout)]
+    #[arg(long, env = "IPKEEP_LOCK_TIMEOUT", default_value = "10s", value_parser = parse_lock_timeout)]
     pub lock_timeout: Duration,
 }
 
-fn lock_timeout(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .ok()
-        .filter(|d| *d <= crate::netconf::MAX_LOCK_TIMEOUT)
-        .ok_or_else(|| "expected a duration such as 10s, at most 10m".to_string())
+/// Why an admin subcommand failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The report could not be written.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+    /// A lease or the report's header could not be put in JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The range sets the last ADD recorded do not read.
+    #[error("failed to read the recorded range sets")]
+    RangeSets(#[source] serde_json::Error),
+    /// `--network` is no network name.
+    #[error(transparent)]
+    Network(#[from] NetworkNameError),
+    /// `--pod` is not `NAMESPACE/NAME`.
+    #[error("--pod must be NAMESPACE/NAME, got {0:?}")]
+    Pod(String),
+    /// The network has no store under `--data-dir`.
+    #[error(
+        "no ipkeep state for network {network:?} under {} (check --network and --data-dir against the CNI configuration)",
+        data_dir.display()
+    )]
+    NoState {
+        /// `--network`.
+        network: String,
+        /// `--data-dir`.
+        data_dir: PathBuf,
+    },
 }
 
 /// An admin subcommand, as sent to the agent (`Request::Admin`).
@@ -115,11 +142,9 @@ pub struct Usage {
 
 impl Usage {
     /// Empty counts for the range sets recorded in `store`.
-    pub fn of(store: &dyn StoreRead) -> anyhow::Result<Self> {
+    pub fn of(store: &dyn StoreRead) -> Result<Self, AdminError> {
         let sets: Vec<RangeSet> = match store.range_sets()? {
-            Some(json) => {
-                serde_json::from_str(&json).context("failed to read the recorded range sets")?
-            }
+            Some(json) => serde_json::from_str(&json).map_err(AdminError::RangeSets)?,
             None => Vec::new(),
         };
         Ok(Usage {
@@ -195,7 +220,7 @@ fn write_list(
     store: &dyn StoreRead,
     json: bool,
     now: u64,
-) -> anyhow::Result<()> {
+) -> Result<(), AdminError> {
     let mut usage = Usage::of(store)?;
     let mut first = true;
     if json {
@@ -277,7 +302,7 @@ pub fn run<S: Stores>(
     command: AdminCommand,
     out: &mut dyn Write,
     reading: &Reading,
-) -> anyhow::Result<usize> {
+) -> Result<usize, AdminError> {
     let mut released = 0;
     match command {
         AdminCommand::List { target, json } => {
@@ -297,7 +322,7 @@ pub fn run<S: Stores>(
                 .split_once('/')
                 .filter(|(a, b)| !a.is_empty() && !b.is_empty())
             else {
-                bail!("--pod must be NAMESPACE/NAME, got {pod:?}");
+                return Err(AdminError::Pod(pod));
             };
             let dir = target_dir(stores, &target)?;
             let outcome = stores.with(
@@ -305,7 +330,7 @@ pub fn run<S: Stores>(
                 target.lock_timeout,
                 &mut Timings::default(),
                 |store| {
-                    Ok::<_, anyhow::Error>(allocator::release_pod(
+                    Ok::<_, AdminError>(allocator::release_pod(
                         store,
                         ns,
                         name,
@@ -339,14 +364,13 @@ pub fn run<S: Stores>(
 }
 
 /// The target network's directory, which must have a store.
-fn target_dir<S: Stores>(stores: &S, target: &Target) -> anyhow::Result<NetworkDir> {
+fn target_dir<S: Stores>(stores: &S, target: &Target) -> Result<NetworkDir, AdminError> {
     let dir = NetworkDir::new(&target.data_dir, &target.network)?;
     if !stores.exists(&dir) {
-        bail!(
-            "no ipkeep state for network {:?} under {} (check --network and --data-dir against the CNI configuration)",
-            target.network,
-            target.data_dir.display()
-        );
+        return Err(AdminError::NoState {
+            network: target.network.clone(),
+            data_dir: target.data_dir.clone(),
+        });
     }
     Ok(dir)
 }

@@ -415,8 +415,8 @@ mod tests {
         }
     }
 
-    /// Found by review: a pod UID with a newline or of 10 KB, and a relative `CNI_NETNS`, were
-    /// accepted and stored as given.
+    /// A pod UID is refused unless it is short and printable, and `CNI_NETNS` unless it is
+    /// absolute: both are stored with the addresses and shown to admins as given.
     #[test]
     fn pod_uids_and_network_namespaces_are_checked_where_decoded() {
         let long = "f".repeat(10_000);

@@ -64,7 +64,7 @@ impl CniError {
             #[serde(skip_serializing_if = "Option::is_none")]
             details: Option<&'a str>,
         }
-        crate::result::to_pretty_json(&Wire {
+        crate::json::to_pretty_json(&Wire {
             cni_version,
             code: self.code,
             msg: &self.msg,

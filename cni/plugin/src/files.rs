@@ -60,7 +60,7 @@ mod tests {
         std::fs::write(&ok, "nameserver 10.0.0.10\n").unwrap();
         assert_eq!(read_regular(&ok, 100).unwrap(), "nameserver 10.0.0.10\n");
         assert!(read_regular(&ok, 5).is_err(), "too long");
-        // Found by review: /dev/zero as resolvConf made ADD hang.
+        // Only a regular file is read: /dev/zero as resolvConf would never end.
         assert!(read_regular(Path::new("/dev/zero"), 100).is_err());
         assert!(read_regular(tmp.path(), 100).is_err(), "a directory");
     }
@@ -72,7 +72,7 @@ mod tests {
         std::fs::write(&target, "").unwrap();
         let link = tmp.path().join("link.log");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        // Found by review: ipam.logFile followed symlinks.
+        // ipam.logFile is never reached through a symlink (root appends to it).
         assert!(open_log(&link).is_err());
         assert!(open_log(Path::new("/dev/null")).is_err());
         let log = tmp.path().join("ipkeep.log");

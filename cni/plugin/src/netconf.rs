@@ -105,7 +105,8 @@ pub struct IpamConf {
     /// Append logs to this file instead of stderr.
     #[serde(default)]
     pub log_file: Option<String>,
-    /// `error`, `warn` (default), `info`, `debug` or `trace`.
+    /// `error`, `warn`, `info`, `debug` or `trace`; unset: `info` when logging to
+    /// `ipam.logFile`, `warn` on stderr (`logs.rs`).
     #[serde(default)]
     pub log_level: Option<String>,
 }
@@ -160,10 +161,15 @@ impl From<&AttachmentConf> for Attachment {
     }
 }
 
-/// A decoded configuration: its version, name and the `ipam` settings every command reads,
-/// validated once; the rest stays in `conf` for the commands that need it.
+/// A network configuration, decoded and validated once: its version, name, the `ipam` settings
+/// every command reads, the retention policy and the allocation plan; the rest stays in `conf`
+/// for the commands that need it.
+///
+/// The policy and the plan hold their error instead of failing the decode: ADD, CHECK and STATUS
+/// fail with the plan's error, while DEL needs only the name and the data directory, so a range
+/// configuration that has since become invalid cannot strand addresses.
 #[derive(Debug, Clone)]
-pub struct Decoded {
+pub struct NetworkConfig {
     /// The configuration's `cniVersion`.
     pub version: CniVersion,
     /// The typed configuration (its `ipam` moved to [`Self::ipam`]).
@@ -177,6 +183,11 @@ pub struct Decoded {
     /// Pod annotations that could not be read and were dropped from `conf`, each with why:
     /// ADD logs them as warnings (an annotation never fails a command).
     pub ignored_annotations: Vec<String>,
+    /// `ipam.retention` and `ipam.maxUnmanagedRetention`, or why they do not read.
+    pub retention: Result<RetentionPolicy, CniError>,
+    /// What ADD allocates by, or the first error of the `ipam` section (ranges, then retention,
+    /// then cooldown).
+    pub plan: Result<IpamPlan, CniError>,
 }
 
 /// The `ipam` settings every command reads.
@@ -218,16 +229,12 @@ impl Settings {
         }
         let lock_timeout = match &ipam.lock_timeout {
             None => DEFAULT_LOCK_TIMEOUT,
-            Some(t) => humantime::parse_duration(t.trim())
-                .ok()
-                .filter(|d| *d <= MAX_LOCK_TIMEOUT)
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "invalid ipam.lockTimeout {:?}: expected a duration such as 10s, at most {}",
-                        t.chars().take(64).collect::<String>(),
-                        humantime::format_duration(MAX_LOCK_TIMEOUT)
-                    ))
-                })?,
+            Some(t) => parse_lock_timeout(t).map_err(|why| {
+                invalid(format!(
+                    "invalid ipam.lockTimeout {:?}: {why}",
+                    t.chars().take(64).collect::<String>()
+                ))
+            })?,
         };
         let agent_socket = match ipam.agent_socket.as_deref() {
             None => Some(PathBuf::from(DEFAULT_AGENT_SOCKET)),
@@ -249,13 +256,30 @@ impl Settings {
     }
 }
 
+/// Reads a lock timeout, the one grammar of `ipam.lockTimeout` and of the admin commands' and
+/// the agent's `--lock-timeout`: a duration such as `10s` (surrounding blanks ignored), at most
+/// [`MAX_LOCK_TIMEOUT`], so that no deadline computed from it can overflow.
+pub fn parse_lock_timeout(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .ok()
+        .filter(|d| *d <= MAX_LOCK_TIMEOUT)
+        .ok_or_else(|| {
+            format!(
+                "expected a duration such as 10s, at most {}",
+                humantime::format_duration(MAX_LOCK_TIMEOUT)
+            )
+        })
+}
+
 fn invalid(msg: impl Into<String>) -> CniError {
     CniError::new(code::INVALID_CONFIG, msg)
 }
 
 /// Decodes stdin: JSON syntax (code 6), `cniVersion` (1, or 7 when missing), the typed
 /// document (7, with the path of the offending key), the network name (7).
-pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
+/// The retention policy and the ipam plan are validated here too, their errors held in the
+/// result ([`NetworkConfig::plan`]).
+pub fn decode(stdin: &[u8]) -> Result<NetworkConfig, CniError> {
     if stdin.len() > MAX_CONFIG_BYTES {
         return Err(CniError::new(
             code::DECODE_FAILURE,
@@ -304,13 +328,17 @@ pub fn decode(stdin: &[u8]) -> Result<Decoded, CniError> {
         .into_iter()
         .flatten()
         .collect();
-    Ok(Decoded {
+    let retention = retention_policy(&ipam);
+    let plan = plan(version, &conf, &ipam, &retention);
+    Ok(NetworkConfig {
         version,
         conf,
         name,
         ipam,
         settings,
         ignored_annotations,
+        retention,
+        plan,
     })
 }
 
@@ -353,82 +381,89 @@ pub struct IpamPlan {
 /// it. It costs nothing while other addresses are free: cooling addresses are used last.
 pub const DEFAULT_REUSE_COOLDOWN: u64 = 300;
 
-impl Decoded {
-    /// The network's retention rules (`ipam.retention`, `ipam.maxUnmanagedRetention`).
-    pub fn retention_policy(&self) -> Result<RetentionPolicy, CniError> {
-        let ipam = &self.ipam;
-        let read = |key: &str, value: &Option<String>| match value {
-            None => Ok(Retention::Off),
-            Some(text) => Retention::parse(key, text).map_err(|e| invalid(e.to_string())),
-        };
-        Ok(RetentionPolicy {
-            default: read("ipam.retention", &ipam.retention)?,
-            max_unmanaged: read("ipam.maxUnmanagedRetention", &ipam.max_unmanaged_retention)?,
-        })
-    }
+/// The network's retention rules (`ipam.retention`, `ipam.maxUnmanagedRetention`).
+fn retention_policy(ipam: &IpamConf) -> Result<RetentionPolicy, CniError> {
+    let read = |key: &str, value: &Option<String>| match value {
+        None => Ok(Retention::Off),
+        Some(text) => Retention::parse(key, text).map_err(|e| invalid(e.to_string())),
+    };
+    Ok(RetentionPolicy {
+        default: read("ipam.retention", &ipam.retention)?,
+        max_unmanaged: read("ipam.maxUnmanagedRetention", &ipam.max_unmanaged_retention)?,
+    })
+}
 
-    /// Validates the whole `ipam` section.
-    pub fn plan(&self) -> Result<IpamPlan, CniError> {
-        let ipam = &self.ipam;
-        let mut specs: Vec<&[RangeSpec]> = Vec::new();
-        specs.extend(self.conf.runtime_config.ip_ranges.iter().map(Vec::as_slice));
-        let legacy;
-        if ipam.subnet.is_some() {
-            legacy = [RangeSpec {
-                subnet: ipam.subnet.clone(),
-                range_start: ipam.range_start.clone(),
-                range_end: ipam.range_end.clone(),
-                gateway: ipam.gateway.clone(),
-            }];
-            specs.push(&legacy);
-        }
-        specs.extend(ipam.ranges.iter().map(Vec::as_slice));
-        if specs.is_empty() {
-            return Err(invalid("no IP ranges specified"));
-        }
-        let range_sets = specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                RangeSet::from_specs(s).map_err(|e| match e {
-                    RangeError::InvalidIp(_) | RangeError::InvalidCidr(_) => invalid(e.to_string()),
-                    other => invalid(format!("invalid range set {i}: {other}")),
-                })
+/// Validates the whole `ipam` section.
+fn plan(
+    version: CniVersion,
+    conf: &NetConf,
+    ipam: &IpamConf,
+    retention: &Result<RetentionPolicy, CniError>,
+) -> Result<IpamPlan, CniError> {
+    let mut specs: Vec<&[RangeSpec]> = Vec::new();
+    specs.extend(conf.runtime_config.ip_ranges.iter().map(Vec::as_slice));
+    let legacy;
+    if ipam.subnet.is_some() {
+        legacy = [RangeSpec {
+            subnet: ipam.subnet.clone(),
+            range_start: ipam.range_start.clone(),
+            range_end: ipam.range_end.clone(),
+            gateway: ipam.gateway.clone(),
+        }];
+        specs.push(&legacy);
+    }
+    specs.extend(ipam.ranges.iter().map(Vec::as_slice));
+    if specs.is_empty() {
+        return Err(invalid("no IP ranges specified"));
+    }
+    let range_sets = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            RangeSet::from_specs(s).map_err(|e| match e {
+                RangeError::InvalidIp(_) | RangeError::InvalidCidr(_) => invalid(e.to_string()),
+                other => invalid(format!("invalid range set {i}: {other}")),
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        if !self.version.allows_multiple_per_family() {
-            let v4 = range_sets.iter().filter(|s| s.is_ipv4()).count();
-            if v4 > 1 || range_sets.len() - v4 > 1 {
-                return Err(invalid(format!(
-                    "CNI version {} does not support more than 1 address per family",
-                    self.version
-                )));
-            }
-        }
-        for (i, a) in range_sets.iter().enumerate() {
-            if let Some(j) = range_sets[i + 1..].iter().position(|b| a.overlaps(b)) {
-                return Err(invalid(format!(
-                    "range set {i} overlaps with {}",
-                    i + 1 + j
-                )));
-            }
-        }
-        Ok(IpamPlan {
-            range_sets,
-            routes: ipam.routes.clone(),
-            resolv_conf: ipam.resolv_conf.as_ref().map(PathBuf::from),
-            retention: self.retention_policy()?,
-            reuse_cooldown: match &ipam.reuse_cooldown {
-                None => DEFAULT_REUSE_COOLDOWN,
-                Some(text) => match Retention::parse("ipam.reuseCooldown", text)
-                    .map_err(|e| invalid(e.to_string()))?
-                {
-                    Retention::Off => 0,
-                    Retention::Seconds(s) => s,
-                    Retention::Forever => u64::MAX,
-                },
-            },
         })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !version.allows_multiple_per_family() {
+        let v4 = range_sets.iter().filter(|s| s.is_ipv4()).count();
+        if v4 > 1 || range_sets.len() - v4 > 1 {
+            return Err(invalid(format!(
+                "CNI version {version} does not support more than 1 address per family"
+            )));
+        }
+    }
+    for (i, a) in range_sets.iter().enumerate() {
+        if let Some(j) = range_sets[i + 1..].iter().position(|b| a.overlaps(b)) {
+            return Err(invalid(format!(
+                "range set {i} overlaps with {}",
+                i + 1 + j
+            )));
+        }
+    }
+    Ok(IpamPlan {
+        range_sets,
+        routes: ipam.routes.clone(),
+        resolv_conf: ipam.resolv_conf.as_ref().map(PathBuf::from),
+        retention: retention.clone()?,
+        reuse_cooldown: match &ipam.reuse_cooldown {
+            None => DEFAULT_REUSE_COOLDOWN,
+            Some(text) => match Retention::parse("ipam.reuseCooldown", text)
+                .map_err(|e| invalid(e.to_string()))?
+            {
+                Retention::Off => 0,
+                Retention::Seconds(s) => s,
+                Retention::Forever => u64::MAX,
+            },
+        },
+    })
+}
+
+impl NetworkConfig {
+    /// The validated plan, or the error the decode found in the `ipam` section.
+    pub fn ipam_plan(&self) -> Result<&IpamPlan, CniError> {
+        self.plan.as_ref().map_err(Clone::clone)
     }
 
     /// Requested addresses in host-local's order (`CNI_ARGS IP`, `args.cni.ips`,
@@ -488,13 +523,13 @@ impl Decoded {
 mod tests {
     use super::*;
 
-    fn decode_str(s: &str) -> Result<Decoded, CniError> {
+    fn decode_str(s: &str) -> Result<NetworkConfig, CniError> {
         decode(s.as_bytes())
     }
 
     fn plan_err(ipam: &str) -> CniError {
         let conf = format!(r#"{{"cniVersion":"1.0.0","name":"n","ipam":{ipam}}}"#);
-        decode_str(&conf).and_then(|d| d.plan()).expect_err(ipam)
+        decode_str(&conf).and_then(|d| d.plan).expect_err(ipam)
     }
 
     #[test]
@@ -582,10 +617,7 @@ mod tests {
         }
         let conf = r#"{"cniVersion":"0.2.0","name":"n","ipam":{"ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"10.1.0.0/24"}]]}}"#;
         assert_eq!(
-            decode_str(conf)
-                .and_then(|d| d.plan())
-                .expect_err("020")
-                .msg,
+            decode_str(conf).and_then(|d| d.plan).expect_err("020").msg,
             "CNI version 0.2.0 does not support more than 1 address per family"
         );
         assert_eq!(
@@ -623,7 +655,7 @@ mod tests {
                 Some(tracing::Level::DEBUG)
             )
         );
-        // Found by review: a huge lockTimeout overflowed the deadline arithmetic and panicked.
+        // A lockTimeout past MAX_LOCK_TIMEOUT is refused, so no deadline computed from it overflows.
         for bad in [
             r#"{"lockTimeout":"1000000000000h"}"#,
             r#"{"lockTimeout":"11m"}"#,
@@ -643,7 +675,7 @@ mod tests {
             "args":{"cni":{"ips":["10.30.0.60","fd00::7"]}},
             "ipam":{"subnet":"10.29.0.0/24","ranges":[[{"subnet":"10.30.0.0/24"}]]}}"#;
         let d = decode_str(conf).expect("decoded");
-        let plan = d.plan().expect("plan");
+        let plan = d.ipam_plan().expect("plan");
         let firsts: Vec<String> = plan.range_sets.iter().map(|s| s.to_string()).collect();
         assert_eq!(
             firsts,

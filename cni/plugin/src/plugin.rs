@@ -1,6 +1,6 @@
 //! The CNI "skel": one invocation from environment, decoded configuration and clock to stdout
-//! bytes and an exit code. Everything the plugin does happens here, over any [`Stores`]; `main`
-//! only wires real stdio, and the node agent runs the same function.
+//! bytes and an exit code. Every CNI command runs here, over any [`Stores`]: the plugin process
+//! (through `relay`) and the node agent run the same function.
 //!
 //! Errors become CNI error JSON in exactly one place, [`run`]; stdout carries nothing else.
 
@@ -8,64 +8,24 @@ use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, Departure, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION,
-    PodRef, Reading, Retention, Source, StoreRead, allocator, clock,
+    AddOutcome, AddRequest, Attachment, Departure, LeaseState, NetworkDir,
+    PERSISTENT_POD_STATE_ANNOTATION, PodRef, Reading, Retention, RetentionPolicy, RetentionSource,
+    Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
 use crate::files;
-use crate::management::{self, ApiView, Management};
-use crate::netconf::Decoded;
+use crate::management::{self, ApiView, Decided};
+use crate::netconf::{IpamPlan, NetworkConfig};
 use crate::result::{Dns, IpConfig, IpamResult};
 use crate::stores::{Deadlined, Stores};
+use crate::timings::Timings;
 use crate::version;
-
-/// Phase durations of one invocation, printed to stderr when `IPKEEP_TIMING` is set, so the
-/// benchmark can say where the time goes.
-#[derive(Debug, Default, Clone)]
-pub struct Timings {
-    started: Option<Instant>,
-    phases: Vec<(&'static str, Duration)>,
-}
-
-impl Timings {
-    /// Starts timing now.
-    pub fn begin() -> Self {
-        Timings {
-            started: Some(Instant::now()),
-            phases: Vec::new(),
-        }
-    }
-
-    /// Records a phase that took `took`.
-    pub fn push(&mut self, phase: &'static str, took: Duration) {
-        self.phases.push((phase, took));
-    }
-
-    /// Records a phase that began at `since` and ends now; returns now.
-    pub fn record(&mut self, phase: &'static str, since: Instant) -> Instant {
-        let now = Instant::now();
-        self.phases.push((phase, now - since));
-        now
-    }
-
-    /// `ipkeep-timing parse_us=… lock_us=… open_us=… alloc_commit_us=… total_us=…`.
-    pub fn line(&self) -> String {
-        let mut out = String::from("ipkeep-timing");
-        for (phase, d) in &self.phases {
-            out.push_str(&format!(" {phase}_us={}", d.as_micros()));
-        }
-        if let Some(start) = self.started {
-            out.push_str(&format!(" total_us={}", start.elapsed().as_micros()));
-        }
-        out
-    }
-}
 
 /// How many addresses one invocation allocated, held and released, for the agent's metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +98,7 @@ pub struct Call<'a> {
 pub fn run<S: Stores>(
     stores: &S,
     vars: &HashMap<String, String>,
-    config: &Result<Decoded, CniError>,
+    config: &Result<NetworkConfig, CniError>,
     stdout: &mut dyn Write,
     call: &Call<'_>,
 ) -> Completion {
@@ -202,14 +162,14 @@ impl<S: Stores> Context<'_, S> {
     /// deadline on commits.
     fn with_store<R>(
         &mut self,
-        decoded: &Decoded,
+        config: &NetworkConfig,
         f: impl FnOnce(&mut Deadlined<'_, S::Store>) -> Result<R, CniError>,
     ) -> Result<R, CniError> {
-        let dir = network_dir(decoded)?;
+        let dir = network_dir(config)?;
         let deadline = self.call.deadline;
         self.stores.with(
             &dir,
-            decoded.settings.lock_timeout,
+            config.settings.lock_timeout,
             &mut self.timings,
             |store| f(&mut Deadlined { store, deadline }),
         )
@@ -219,19 +179,19 @@ impl<S: Stores> Context<'_, S> {
 fn dispatch<S: Stores>(
     cx: &mut Context<'_, S>,
     inv: &Invocation,
-    config: &Result<Decoded, CniError>,
+    config: &Result<NetworkConfig, CniError>,
 ) -> Result<Option<String>, CniError> {
     if inv.command == Command::Version {
         return Ok(Some(version::version_info()));
     }
-    let decoded = config.as_ref().map_err(Clone::clone)?;
-    debug!(config = ?decoded.ipam, args = ?inv.args, netns = %inv.netns, "decoded the invocation");
+    let config = config.as_ref().map_err(Clone::clone)?;
+    debug!(config = ?config.ipam, args = ?inv.args, netns = %inv.netns, "decoded the invocation");
     match inv.command {
-        Command::Add => cmd_add(cx, inv, decoded).map(Some),
-        Command::Del => cmd_del(cx, inv, decoded).map(|()| None),
-        Command::Check => cmd_check(cx, inv, decoded).map(|()| None),
-        Command::Gc => cmd_gc(cx, decoded).map(|()| None),
-        Command::Status => cmd_status(cx, decoded).map(|()| None),
+        Command::Add => cmd_add(cx, inv, config).map(Some),
+        Command::Del => cmd_del(cx, inv, config).map(|()| None),
+        Command::Check => cmd_check(cx, inv, config).map(|()| None),
+        Command::Gc => cmd_gc(cx, config).map(|()| None),
+        Command::Status => cmd_status(cx, config).map(|()| None),
         Command::Version => Ok(Some(version::version_info())),
     }
 }
@@ -243,8 +203,8 @@ fn pod_label(args: &CniArgs) -> String {
     }
 }
 
-fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
-    let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
+fn pod_ref(args: &CniArgs, config: &NetworkConfig) -> Option<PodRef> {
+    let annotations = config.conf.runtime_config.pod_annotations.as_ref();
     Some(PodRef {
         namespace: args.pod_namespace.clone()?,
         name: args.pod_name.clone()?,
@@ -265,8 +225,8 @@ fn attachment(inv: &Invocation) -> Attachment {
     }
 }
 
-fn network_dir(decoded: &Decoded) -> Result<NetworkDir, CniError> {
-    NetworkDir::new(&decoded.settings.data_dir, &decoded.name)
+fn network_dir(config: &NetworkConfig) -> Result<NetworkDir, CniError> {
+    NetworkDir::new(&config.settings.data_dir, &config.name)
         .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
 }
 
@@ -280,31 +240,28 @@ fn until_text(state: LeaseState) -> String {
 fn cmd_add<S: Stores>(
     cx: &mut Context<'_, S>,
     inv: &Invocation,
-    decoded: &Decoded,
+    config: &NetworkConfig,
 ) -> Result<String, CniError> {
-    let plan = decoded.plan()?;
+    let plan = config.ipam_plan()?;
     let dns = match &plan.resolv_conf {
         None => Dns::default(),
         Some(path) => Dns::parse_resolv_conf(&read_resolv_conf(path)?),
     };
-    for why in &decoded.ignored_annotations {
+    for why in &config.ignored_annotations {
         warn!("{why}");
     }
-    let mut pod = pod_ref(&inv.args, decoded);
-    let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
-    let (retention, source) = match pod.as_mut() {
-        Some(pod) => {
-            let said = cx
-                .call
-                .api
-                .management(&pod.namespace, &pod.name, annotations);
-            let decided = management::decide(&said, &plan.retention, annotations);
-            decided.record(pod);
-            (decided.resolved.retention, decided.resolved.source)
-        }
-        None => (Retention::Off, ipkeep_ipam::RetentionSource::NetworkDefault),
-    };
-    let requested = decoded.requested_ips(inv.args.ip)?;
+    let mut pod = pod_ref(&inv.args, config);
+    let (retention, source) =
+        match decide_retention(cx.call.api, &inv.args, config, &plan.retention) {
+            Some(decided) => {
+                if let Some(pod) = pod.as_mut() {
+                    decided.record(pod);
+                }
+                (decided.resolved.retention, decided.resolved.source)
+            }
+            None => (Retention::Off, RetentionSource::NetworkDefault),
+        };
+    let requested = config.requested_ips(inv.args.ip)?;
     debug!(%retention, ?source, ?requested, ranges = plan.range_sets.len(), "allocating");
     let stores = cx.stores;
     let netns_exists = |path: &str| stores.netns_exists(path);
@@ -318,8 +275,22 @@ fn cmd_add<S: Stores>(
         netns_exists: &netns_exists,
         reuse_cooldown: plan.reuse_cooldown,
     };
+    let outcome = allocate(cx, config, &req)?;
+    let (tally, notices) = report_add(&outcome, plan, req.pod.as_ref(), retention, source);
+    cx.tally = tally;
+    cx.notices = notices;
+    Ok(add_result(&outcome, plan, dns).to_json(config.version))
+}
+
+/// Runs ADD's allocation on the network's store, after advancing the store's clock and saying
+/// when the wall clock cannot be trusted.
+fn allocate<S: Stores>(
+    cx: &mut Context<'_, S>,
+    config: &NetworkConfig,
+    req: &AddRequest<'_>,
+) -> Result<AddOutcome, CniError> {
     let reading = &cx.call.reading;
-    let (outcome, t) = cx.with_store(decoded, |store| {
+    let (outcome, t) = cx.with_store(config, |store| {
         let t = Instant::now();
         let mark = store.clock()?;
         let now = clock::advance(mark.as_ref(), reading).now;
@@ -334,10 +305,27 @@ fn cmd_add<S: Stores>(
                 "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
             );
         }
-        Ok((allocator::add(store, &req, reading)?, t))
+        Ok((allocator::add(store, req, reading)?, t))
     })?;
     cx.timings.record("alloc_commit", t);
-    cx.tally.expired += outcome.expired.len();
+    Ok(outcome)
+}
+
+/// What ADD's outcome means for the node's counts and the pod's owner, with a log line per
+/// address: expired holdings released, kept addresses outside the current ranges, and how each
+/// address was found.
+fn report_add(
+    outcome: &AddOutcome,
+    plan: &IpamPlan,
+    pod: Option<&PodRef>,
+    retention: Retention,
+    source: RetentionSource,
+) -> (Tally, Vec<Notice>) {
+    let mut tally = Tally {
+        expired: outcome.expired.len(),
+        ..Tally::default()
+    };
+    let mut notices = Vec::new();
     for lease in &outcome.expired {
         info!(ip = %lease.ip, pod = %lease.pod.as_ref().map(ToString::to_string).unwrap_or_default(), "released an expired holding");
     }
@@ -355,8 +343,8 @@ fn cmd_add<S: Stores>(
                 ranges = %ranges,
                 "the address kept for this pod is outside the network's current ranges (the node's pod CIDR or the CNI configuration changed): released, and the pod gets a new address"
             );
-            if let Some(pod) = &req.pod {
-                cx.notices.push(Notice::OutsideRanges {
+            if let Some(pod) = pod {
+                notices.push(Notice::OutsideRanges {
                     pod: pod.clone(),
                     ip: lease.ip,
                     ranges: ranges.clone(),
@@ -371,13 +359,13 @@ fn cmd_add<S: Stores>(
                 info!(ip = %a.ip, "repeated ADD: returning the address the attachment already has");
             }
             Source::Retained { from, was_held } => {
-                cx.tally.allocated += 1;
-                cx.tally.retained += 1;
+                tally.allocated += 1;
+                tally.retained += 1;
                 info!(ip = %a.ip, from = %from, was_held, %retention, ?source, "gave the pod its retained address back");
             }
             Source::Cooling { freed_at } => {
-                cx.tally.allocated += 1;
-                cx.tally.cooling += 1;
+                tally.allocated += 1;
+                tally.cooling += 1;
                 warn!(
                     ip = %a.ip,
                     freed_at = %ipkeep_values::time::rfc3339(*freed_at),
@@ -386,8 +374,8 @@ fn cmd_add<S: Stores>(
                 );
             }
             Source::Reclaimed { from } => {
-                cx.tally.allocated += 1;
-                cx.tally.reclaimed += 1;
+                tally.allocated += 1;
+                tally.reclaimed += 1;
                 warn!(
                     ip = %a.ip,
                     held_for = %from.pod.as_ref().map(ToString::to_string).unwrap_or_default(),
@@ -396,12 +384,18 @@ fn cmd_add<S: Stores>(
                 );
             }
             other => {
-                cx.tally.allocated += 1;
+                tally.allocated += 1;
                 info!(ip = %a.ip, how = ?other, %retention, ?source, "allocated");
             }
         }
     }
-    let result = IpamResult {
+    (tally, notices)
+}
+
+/// ADD's result: the assigned addresses with their ranges' prefixes and gateways, the
+/// configured routes and DNS.
+fn add_result(outcome: &AddOutcome, plan: &IpamPlan, dns: Dns) -> IpamResult {
+    IpamResult {
         ips: outcome
             .assignments
             .iter()
@@ -411,10 +405,9 @@ fn cmd_add<S: Stores>(
                 gateway: a.range.gateway,
             })
             .collect(),
-        routes: plan.routes,
+        routes: plan.routes.clone(),
         dns,
-    };
-    Ok(result.to_json(decoded.version))
+    }
 }
 
 fn read_resolv_conf(path: &Path) -> Result<String, CniError> {
@@ -429,19 +422,19 @@ fn read_resolv_conf(path: &Path) -> Result<String, CniError> {
 fn cmd_del<S: Stores>(
     cx: &mut Context<'_, S>,
     inv: &Invocation,
-    decoded: &Decoded,
+    config: &NetworkConfig,
 ) -> Result<(), CniError> {
     // DEL is best effort: it needs only the network name and the data directory, so a range
     // configuration that has since become invalid cannot strand addresses.
-    let dir = network_dir(decoded)?;
+    let dir = network_dir(config)?;
     if !cx.stores.exists(&dir) {
         info!("nothing to release: the network has no store yet");
         return Ok(());
     }
-    let departure = departure(cx.call.api, inv, decoded);
+    let departure = departure(cx.call.api, inv, config);
     let reading = &cx.call.reading;
     let owner = attachment(inv);
-    let (outcome, t) = cx.with_store(decoded, |store| {
+    let (outcome, t) = cx.with_store(config, |store| {
         let t = Instant::now();
         Ok((allocator::del(store, &owner, &departure, reading)?, t))
     })?;
@@ -465,76 +458,79 @@ fn cmd_del<S: Stores>(
     Ok(())
 }
 
-/// What DEL decides in place of what ADD recorded. With the node agent's view, the API server's
-/// answer decides, and is recorded. Without it, the annotations the runtime passes again at DEL
-/// decide when they still read (within the network's limits), else the retention resolved at
-/// ADD does.
-fn departure(api: &dyn ApiView, inv: &Invocation, decoded: &Decoded) -> Departure {
-    let annotations = decoded.conf.runtime_config.pod_annotations.as_ref();
-    let Ok(policy) = decoded.retention_policy() else {
+/// The pod's retention, for ADD to record and for DEL to decide by in place of what ADD
+/// recorded: what the node agent's view of the API server says manages the pod (or, without
+/// that view, the pod's annotations), within the network's `policy`. ADD and DEL resolve it
+/// here alike, with the same log lines. `None` for an attachment that names no pod: nothing is
+/// held for it.
+fn decide_retention(
+    api: &dyn ApiView,
+    args: &CniArgs,
+    config: &NetworkConfig,
+    policy: &RetentionPolicy,
+) -> Option<Decided> {
+    let annotations = config.conf.runtime_config.pod_annotations.as_ref();
+    let (namespace, name) = (args.pod_namespace.as_ref()?, args.pod_name.as_ref()?);
+    let said = api.management(namespace, name, annotations);
+    Some(management::decide(&said, policy, annotations))
+}
+
+/// What DEL decides in place of what ADD recorded: the retention [`decide_retention`] resolves,
+/// and the agent's word on who manages the pod. Without the agent's view and without the pod's
+/// annotations at DEL nothing decides anew, and the retention resolved at ADD stands.
+fn departure(api: &dyn ApiView, inv: &Invocation, config: &NetworkConfig) -> Departure {
+    let Ok(policy) = &config.retention else {
         return Departure::default();
     };
-    let said = match (&inv.args.pod_namespace, &inv.args.pod_name) {
-        (Some(namespace), Some(name)) => api.management(namespace, name, annotations),
-        // Nothing to hold for an unnamed attachment: DEL frees it whatever anyone says.
-        _ => return Departure::default(),
+    // Nothing to hold for an unnamed attachment: DEL frees it whatever anyone says.
+    let Some(decided) = decide_retention(api, &inv.args, config, policy) else {
+        return Departure::default();
     };
-    let decided = management::decide(&said, &policy, annotations);
-    match said {
-        Management::Unknown(_) => Departure {
-            retention: annotations.and(
-                decided
-                    .resolved
-                    .adjusted
-                    .is_none()
-                    .then_some(decided.resolved.retention),
-            ),
-            confirmed: None,
-        },
-        Management::Managed { .. } | Management::Unmanaged => Departure {
-            retention: Some(decided.resolved.retention),
-            confirmed: decided.confirmed,
-        },
+    let annotations = config.conf.runtime_config.pod_annotations.as_ref();
+    Departure {
+        retention: (decided.confirmed.is_some() || annotations.is_some())
+            .then_some(decided.resolved.retention),
+        confirmed: decided.confirmed,
     }
 }
 
 fn cmd_check<S: Stores>(
     cx: &mut Context<'_, S>,
     inv: &Invocation,
-    decoded: &Decoded,
+    config: &NetworkConfig,
 ) -> Result<(), CniError> {
-    if !decoded.version.allows_check() {
+    if !config.version.allows_check() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             "config version does not allow CHECK",
         ));
     }
-    decoded.plan()?;
-    let dir = network_dir(decoded)?;
+    config.ipam_plan()?;
+    let dir = network_dir(config)?;
     let owner = attachment(inv);
     if !cx.stores.exists(&dir) {
         return Err(ipkeep_ipam::CheckError::NotFound(owner).into());
     }
-    cx.with_store(decoded, |store| {
-        allocator::check(&*store, &owner, &decoded.previous_ips())?;
+    cx.with_store(config, |store| {
+        allocator::check(&*store, &owner, &config.previous_ips())?;
         Ok(())
     })
 }
 
-fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), CniError> {
-    if !decoded.version.allows_gc_and_status() {
+fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, config: &NetworkConfig) -> Result<(), CniError> {
+    if !config.version.allows_gc_and_status() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             "config version does not allow GC",
         ));
     }
-    let valid: BTreeSet<Attachment> = decoded.valid_attachments()?.into_iter().collect();
-    let dir = network_dir(decoded)?;
+    let valid: BTreeSet<Attachment> = config.valid_attachments()?.into_iter().collect();
+    let dir = network_dir(config)?;
     if !cx.stores.exists(&dir) {
         return Ok(());
     }
     let reading = &cx.call.reading;
-    let outcome = cx.with_store(decoded, |store| Ok(allocator::gc(store, &valid, reading)?))?;
+    let outcome = cx.with_store(config, |store| Ok(allocator::gc(store, &valid, reading)?))?;
     cx.tally.held += outcome.held.len();
     cx.tally.released += outcome.released.len();
     cx.tally.expired += outcome.expired.len();
@@ -547,16 +543,16 @@ fn cmd_gc<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), C
     Ok(())
 }
 
-fn cmd_status<S: Stores>(cx: &mut Context<'_, S>, decoded: &Decoded) -> Result<(), CniError> {
-    if !decoded.version.allows_gc_and_status() {
+fn cmd_status<S: Stores>(cx: &mut Context<'_, S>, config: &NetworkConfig) -> Result<(), CniError> {
+    if !config.version.allows_gc_and_status() {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
             "config version does not allow STATUS",
         ));
     }
-    decoded.plan()?;
+    config.ipam_plan()?;
     // Cheap: no lock, no database. The plugin can serve ADD when its store can be written.
-    let dir = network_dir(decoded)?;
+    let dir = network_dir(config)?;
     cx.stores
         .status(&dir)
         .map_err(|why| CniError::new(code::NOT_AVAILABLE, why))

@@ -43,8 +43,6 @@ use crate::admin::AdminCommand;
 
 /// The protocol version this code speaks (1 answered with one JSON document).
 pub const VERSION: u32 = 2;
-/// Where the plugin and the admin commands look for the agent unless told otherwise.
-pub const DEFAULT_SOCKET: &str = crate::netconf::DEFAULT_AGENT_SOCKET;
 /// The largest request the agent reads (a CNI config is at most 1 MiB, plus the environment).
 pub const MAX_REQUEST_BYTES: usize = crate::netconf::MAX_CONFIG_BYTES + 64 * 1024;
 /// The largest frame either side writes.

@@ -12,14 +12,15 @@ use std::time::{Duration, Instant};
 use ipkeep_ipam::Reading;
 use tracing::{debug, warn};
 
-use crate::admin::AdminCommand;
+use crate::admin::{self, AdminCommand, AdminError, Cli};
 use crate::error::CniError;
 use crate::files;
 use crate::management::NoApiView;
-use crate::netconf::{Decoded, Settings};
-use crate::plugin::{self, Call, Completion, Tally, Timings};
+use crate::netconf::{NetworkConfig, Settings};
+use crate::plugin::{self, Call, Completion, Tally};
 use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
+use crate::timings::Timings;
 
 /// How much longer than its budget the plugin waits for the agent's answer: the agent commits
 /// nothing after the budget, and this margin covers writing the answer back.
@@ -33,7 +34,7 @@ const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
 pub fn cni(
     vars: &HashMap<String, String>,
     input: &[u8],
-    config: &Result<Decoded, CniError>,
+    config: &Result<NetworkConfig, CniError>,
     stdout: &mut dyn Write,
     reading: Reading,
 ) -> Completion {
@@ -154,6 +155,38 @@ fn write_log(settings: &Settings, text: &str) {
         Some(mut f) => f.write_all(text.as_bytes()),
         None => std::io::stderr().write_all(text.as_bytes()),
     };
+}
+
+/// Why an admin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminFailed {
+    /// The node agent took the command but its answer broke off (never run again here).
+    #[error(transparent)]
+    Agent(#[from] proto::ClientError),
+    /// Run here, on the store.
+    #[error(transparent)]
+    Here(#[from] AdminError),
+}
+
+/// Runs an admin command inside the node agent at `--agent-socket` when it answers, passing its
+/// report on as it arrives, else on the store directly. An answer cut off after part of it was
+/// printed is an error, never run again. Returns the exit code.
+pub fn admin(
+    cli: Cli,
+    timeout: Duration,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+    reading: &Reading,
+) -> Result<i32, AdminFailed> {
+    if !cli.agent_socket.is_empty() {
+        let socket = std::path::Path::new(&cli.agent_socket);
+        if let Some(answer) = admin_via_agent(socket, cli.command.clone(), timeout, stdout, stderr)
+        {
+            return Ok(answer?);
+        }
+    }
+    admin::run(&OpenPerCall::default(), cli.command, stdout, reading)?;
+    Ok(0)
 }
 
 /// Runs an admin command through the agent, passing its report on as it arrives. `None` when

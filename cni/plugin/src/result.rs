@@ -10,6 +10,7 @@ use ipkeep_ipam::range::parse_cidr;
 use ipnetwork::IpNetwork;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::json::to_pretty_json;
 use crate::version::CniVersion;
 
 /// A route from `ipam.routes`, copied into the result.
@@ -154,18 +155,6 @@ struct LegacyOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     ip6: Option<LegacyIpOut<'a>>,
     dns: &'a Dns,
-}
-
-/// Serialises with the reference plugins' 4-space indentation, no trailing newline.
-pub fn to_pretty_json<T: Serialize>(value: &T) -> String {
-    let mut out = Vec::new();
-    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
-    // Serialising plain structs and maps of strings into memory cannot fail.
-    if value.serialize(&mut ser).is_err() {
-        return String::from("{}");
-    }
-    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A JSON value printed with the keys of every object in order, as Go prints a map.

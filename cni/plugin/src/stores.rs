@@ -14,12 +14,9 @@ use std::time::{Duration, Instant};
 
 use ipkeep_ipam::disk::StoreOptions;
 use ipkeep_ipam::store::Commit;
-use ipkeep_ipam::{
-    Attachment, ClockMark, DiskStore, Lease, MemoryStore, NetworkDir, PodIdentity, Store,
-    StoreError, StoreRead,
-};
+use ipkeep_ipam::{DiskStore, MemoryStore, NetworkDir, Store, StoreError, StoreRead};
 
-use crate::plugin::Timings;
+use crate::timings::Timings;
 
 /// Name of the file, in each network directory, that counts commands the plugin served itself
 /// because the agent did not answer. Written under the network lock.
@@ -253,41 +250,7 @@ pub struct Deadlined<'s, S> {
     pub deadline: Option<Instant>,
 }
 
-impl<S: StoreRead> StoreRead for Deadlined<'_, S> {
-    fn lease(&self, ip: std::net::IpAddr) -> Result<Option<Lease>, StoreError> {
-        self.store.lease(ip)
-    }
-    fn leases_of_attachment(&self, owner: &Attachment) -> Result<Vec<Lease>, StoreError> {
-        self.store.leases_of_attachment(owner)
-    }
-    fn leases_of_identity(&self, id: &PodIdentity) -> Result<Vec<Lease>, StoreError> {
-        self.store.leases_of_identity(id)
-    }
-    fn leases_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Lease>, StoreError> {
-        self.store.leases_of_pod(namespace, name)
-    }
-    fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
-        self.store.expired(now)
-    }
-    fn scan(
-        &self,
-        each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        self.store.scan(each)
-    }
-    fn last_reserved(&self, range_set: &str) -> Result<Option<std::net::IpAddr>, StoreError> {
-        self.store.last_reserved(range_set)
-    }
-    fn range_sets(&self) -> Result<Option<String>, StoreError> {
-        self.store.range_sets()
-    }
-    fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
-        self.store.clock()
-    }
-    fn freed_at(&self, ip: std::net::IpAddr) -> Result<Option<u64>, StoreError> {
-        self.store.freed_at(ip)
-    }
-}
+ipkeep_ipam::forward_store_read!(impl[S: StoreRead] for Deadlined<'_, S>, |this| this.store);
 
 impl<S: Store> Store for Deadlined<'_, S> {
     fn commit(&mut self, commit: Commit) -> Result<(), StoreError> {

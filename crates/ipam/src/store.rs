@@ -195,6 +195,93 @@ pub trait StoreRead {
     }
 }
 
+/// Implements [`StoreRead`] for a type that reads through another store: every required method
+/// forwards to the store that `|this| expr` names (`expr` may use `?`, for a store that has to
+/// be reached first); `held` and `all` keep their defaults.
+///
+/// ```ignore
+/// ipkeep_ipam::forward_store_read!(impl[S: StoreRead] for Wrapper<S>, |this| this.inner);
+/// ```
+#[macro_export]
+macro_rules! forward_store_read {
+    (impl[$($generics:tt)*] for $ty:ty, |$this:ident| $to:expr) => {
+        impl<$($generics)*> $crate::StoreRead for $ty {
+            fn lease(
+                &self,
+                ip: ::std::net::IpAddr,
+            ) -> ::std::result::Result<::std::option::Option<$crate::Lease>, $crate::StoreError> {
+                let $this = self;
+                $to.lease(ip)
+            }
+            fn leases_of_attachment(
+                &self,
+                owner: &$crate::Attachment,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::Lease>, $crate::StoreError> {
+                let $this = self;
+                $to.leases_of_attachment(owner)
+            }
+            fn leases_of_identity(
+                &self,
+                id: &$crate::PodIdentity,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::Lease>, $crate::StoreError> {
+                let $this = self;
+                $to.leases_of_identity(id)
+            }
+            fn leases_of_pod(
+                &self,
+                namespace: &str,
+                name: &str,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::Lease>, $crate::StoreError> {
+                let $this = self;
+                $to.leases_of_pod(namespace, name)
+            }
+            fn expired(
+                &self,
+                now: u64,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::Lease>, $crate::StoreError> {
+                let $this = self;
+                $to.expired(now)
+            }
+            fn scan(
+                &self,
+                each: &mut dyn FnMut($crate::Lease) -> ::std::result::Result<(), $crate::StoreError>,
+            ) -> ::std::result::Result<(), $crate::StoreError> {
+                let $this = self;
+                $to.scan(each)
+            }
+            fn last_reserved(
+                &self,
+                range_set: &str,
+            ) -> ::std::result::Result<::std::option::Option<::std::net::IpAddr>, $crate::StoreError>
+            {
+                let $this = self;
+                $to.last_reserved(range_set)
+            }
+            fn range_sets(
+                &self,
+            ) -> ::std::result::Result<::std::option::Option<::std::string::String>, $crate::StoreError>
+            {
+                let $this = self;
+                $to.range_sets()
+            }
+            fn clock(
+                &self,
+            ) -> ::std::result::Result<::std::option::Option<$crate::ClockMark>, $crate::StoreError>
+            {
+                let $this = self;
+                $to.clock()
+            }
+            fn freed_at(
+                &self,
+                ip: ::std::net::IpAddr,
+            ) -> ::std::result::Result<::std::option::Option<u64>, $crate::StoreError> {
+                let $this = self;
+                $to.freed_at(ip)
+            }
+        }
+    };
+}
+
 /// Lease storage for one network: reads, and atomic durable commits.
 pub trait Store: StoreRead {
     /// Applies a commit atomically and durably: when this returns `Ok`, the commit survives a

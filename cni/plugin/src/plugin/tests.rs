@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ipkeep_ipam::{NetworkDir, Reading, StoreRead};
 

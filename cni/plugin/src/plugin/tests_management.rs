@@ -11,7 +11,7 @@ use ipkeep_ipam::StoreRead;
 
 use super::tests::{ALONE, at, dir, ip_of, logged};
 use super::*;
-use crate::management::{NoApiView, Unavailable};
+use crate::management::{Management, NoApiView, Unavailable};
 use crate::netconf;
 use crate::stores::MemoryStores;
 
@@ -216,4 +216,55 @@ fn forged_forever_holdings_give_way_before_a_real_one() {
         real,
     ));
     assert_eq!(back, db0, "db-0's rebuild gets its address back");
+}
+
+/// DEL resolves the retention as ADD does, adjustments included, with the same warning: an
+/// unlinked pod asking `forever` gets `ipam.maxUnmanagedRetention` at each, as the network says
+/// it at that moment.
+#[test]
+fn del_resolves_the_retention_as_add_does() {
+    let net = |max: &str| {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"net","runtimeConfig":{{"io.kubernetes.cri.pod-annotations":{{"ipkeep.dev/ip-retention":"forever"}}}},"ipam":{{"dataDir":"/var/lib/cni/test","maxUnmanagedRetention":"{max}","ranges":[[{{"subnet":"10.6.0.0/29"}}]]}}}}"#
+        )
+    };
+    let stores = MemoryStores::default();
+    let alone = NoApiView::new("the plugin runs without the node agent", false);
+    let call = Call {
+        api: &alone,
+        ..at(1_000, 10)
+    };
+    let invoke = |command: &str, conf: &str| {
+        let mut out = Vec::new();
+        let config = netconf::decode(conf.as_bytes());
+        let done = run(
+            &stores,
+            &vars(command, "a", "prod", "web-0"),
+            &config,
+            &mut out,
+            &call,
+        );
+        assert_eq!(
+            done.exit_code,
+            0,
+            "{command}: {}",
+            String::from_utf8_lossy(&out)
+        );
+    };
+    let text = logged("warn", || {
+        invoke("ADD", &net("1h"));
+        invoke("DEL", &net("2h"));
+    });
+    let leases = held(&stores);
+    assert_eq!(leases.len(), 1);
+    assert_eq!(
+        leases[0].retention,
+        Retention::Seconds(7_200),
+        "DEL's own resolution decides, not the 1 h recorded at ADD"
+    );
+    assert_eq!(
+        text.matches("maxUnmanagedRetention").count(),
+        2,
+        "ADD and DEL warn alike: {text}"
+    );
 }

@@ -37,7 +37,8 @@ use crate::lease::{Attachment, Lease, LeaseState, PodIdentity};
 use crate::range::ip_to_u128;
 use crate::store::{Commit, Store, StoreError, StoreRead};
 
-/// Layout version written by this code (1 was the sled layout of pre-release builds).
+/// Layout version written by this code: the tables in this module's documentation, in one redb
+/// file. A store of a newer layout is refused, never read.
 pub const LAYOUT_VERSION: u32 = 2;
 
 type IpKey = [u8; 17];
@@ -484,41 +485,8 @@ impl DiskStore {
     }
 }
 
-impl StoreRead for DiskStore {
-    fn lease(&self, ip: IpAddr) -> Result<Option<Lease>, StoreError> {
-        self.tables()?.lease(ip)
-    }
-    fn leases_of_attachment(&self, owner: &Attachment) -> Result<Vec<Lease>, StoreError> {
-        self.tables()?.leases_of_attachment(owner)
-    }
-    fn leases_of_identity(&self, id: &PodIdentity) -> Result<Vec<Lease>, StoreError> {
-        self.tables()?.leases_of_identity(id)
-    }
-    fn leases_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Lease>, StoreError> {
-        self.tables()?.leases_of_pod(namespace, name)
-    }
-    fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
-        self.tables()?.expired(now)
-    }
-    fn scan(
-        &self,
-        each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        self.tables()?.scan(each)
-    }
-    fn last_reserved(&self, range_set: &str) -> Result<Option<IpAddr>, StoreError> {
-        self.tables()?.last_reserved(range_set)
-    }
-    fn range_sets(&self) -> Result<Option<String>, StoreError> {
-        self.tables()?.range_sets()
-    }
-    fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
-        self.tables()?.clock()
-    }
-    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
-        self.tables()?.freed_at(ip)
-    }
-}
+// Each read runs in the read transaction the store keeps until its next commit.
+crate::forward_store_read!(impl[] for DiskStore, |this| this.tables()?);
 
 impl Store for DiskStore {
     fn commit(&mut self, commit: Commit) -> Result<(), StoreError> {
@@ -537,41 +505,7 @@ impl Store for DiskStore {
     }
 }
 
-impl StoreRead for DiskSnapshot {
-    fn lease(&self, ip: IpAddr) -> Result<Option<Lease>, StoreError> {
-        self.0.lease(ip)
-    }
-    fn leases_of_attachment(&self, owner: &Attachment) -> Result<Vec<Lease>, StoreError> {
-        self.0.leases_of_attachment(owner)
-    }
-    fn leases_of_identity(&self, id: &PodIdentity) -> Result<Vec<Lease>, StoreError> {
-        self.0.leases_of_identity(id)
-    }
-    fn leases_of_pod(&self, namespace: &str, name: &str) -> Result<Vec<Lease>, StoreError> {
-        self.0.leases_of_pod(namespace, name)
-    }
-    fn expired(&self, now: u64) -> Result<Vec<Lease>, StoreError> {
-        self.0.expired(now)
-    }
-    fn scan(
-        &self,
-        each: &mut dyn FnMut(Lease) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        self.0.scan(each)
-    }
-    fn last_reserved(&self, range_set: &str) -> Result<Option<IpAddr>, StoreError> {
-        self.0.last_reserved(range_set)
-    }
-    fn range_sets(&self) -> Result<Option<String>, StoreError> {
-        self.0.range_sets()
-    }
-    fn clock(&self) -> Result<Option<ClockMark>, StoreError> {
-        self.0.clock()
-    }
-    fn freed_at(&self, ip: IpAddr) -> Result<Option<u64>, StoreError> {
-        self.0.freed_at(ip)
-    }
-}
+crate::forward_store_read!(impl[] for DiskSnapshot, |this| this.0);
 
 /// Creates a new, empty database at `path` atomically: built under a temporary name, synced,
 /// then renamed into place, so a crash during creation leaves no half-made file behind.

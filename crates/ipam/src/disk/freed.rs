@@ -14,12 +14,11 @@ use redb::TableDefinition;
 use super::db::ip_key;
 use crate::store::{Commit, MAX_FREED_REMEMBERED};
 
-/// Free addresses → when they were freed (store clock). Added after layout 2 without a version
-/// change: a store without it has simply freed nothing yet, and an older ipkeep ignores it (its
-/// entries only ever make an address wait longer).
+/// Free addresses → when they were freed (store clock). Optional within layout 2: a store
+/// without it has freed nothing yet, and a reader that ignores it only hands an address out
+/// sooner (its entries only ever make an address wait longer).
 pub(super) const FREED: TableDefinition<&[u8], u64> = TableDefinition::new("freed");
-/// `freed` by time, oldest first. Also added without a version change: an older ipkeep neither
-/// reads nor writes it.
+/// `freed` by time, oldest first; optional like `freed`.
 pub(super) const FREED_ORDER: TableDefinition<(u64, &[u8]), ()> =
     TableDefinition::new("freed_order");
 
