@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipkeep_ipam::{
-    AddRequest, Attachment, Departure, LeaseState, NetworkDir, PERSISTENT_POD_STATE_ANNOTATION,
-    PodRef, Reading, Retention, Source, StoreRead, allocator, clock,
+    AddRequest, Attachment, Departure, LeaseState, NetworkDir, PodRef, Reading, Retention, Source,
+    StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
@@ -250,7 +250,7 @@ fn pod_ref(args: &CniArgs, decoded: &Decoded) -> Option<PodRef> {
         name: args.pod_name.clone()?,
         uid: args.pod_uid.clone(),
         persistent_pod_state: annotations
-            .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+            .and_then(|a| a.get(ipkeep_values::keys::PERSISTENT_POD_STATE))
             .map(|name| name.trim())
             .filter(|name| !name.is_empty())
             .map(str::to_string),
