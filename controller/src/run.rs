@@ -122,7 +122,7 @@ pub async fn run(
 
 /// Fails with what to do when the API server is unreachable or the CRD is missing.
 async fn preflight(client: &Client) -> anyhow::Result<()> {
-    Ok(ipkeep_api::preflight::check_crd(client).await?)
+    Ok(ipkeep_daemon::preflight::check_crd(client).await?)
 }
 
 async fn run_controllers(

@@ -16,10 +16,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Admission, DeleteRequest, Going, HELD_ANNOTATION, PodFacts, READINESS_GATE,
-    SINCE_ANNOTATION,
+    self as lifecycle, Admission, DeleteRequest, Going, PodFacts,
 };
 use ipkeep_placement::pin;
+use ipkeep_values::keys::{HELD_ANNOTATION, READINESS_GATE, SINCE_ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 

@@ -75,8 +75,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     settings.limits.check().map_err(anyhow::Error::msg)?;
-    match ipkeep_api::preflight::check_crd(&client).await {
-        Err(e @ ipkeep_api::preflight::PreflightError::CrdMissing) => return Err(e.into()),
+    match ipkeep_daemon::preflight::check_crd(&client).await {
+        Err(e @ ipkeep_daemon::preflight::PreflightError::CrdMissing) => return Err(e.into()),
         // The watches retry; /readyz stays false until they sync.
         Err(e) => tracing::warn!(error = %e, "preflight failed; starting anyway"),
         Ok(()) => {}

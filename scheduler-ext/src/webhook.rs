@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ipkeep_api::ipkeep_values::Retention;
-use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
 use ipkeep_placement::{affinity, lifecycle};
+use ipkeep_values::Retention;
+use ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;

@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_api::annotations::{self as keys, lookup};
 use ipkeep_api::{
     DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodStateSpec,
     PreferredTopologyTerm, RetentionPolicy, TargetReference,
 };
+use ipkeep_values::keys::{self, lookup};
 
 use crate::keys::split_keys;
 use crate::spec::{self, SpecError};

@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ipkeep_api::annotations::POD_INDEX_LABEL;
-use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
 use ipkeep_api::{PersistentPodState, PodState};
+use ipkeep_values::keys::POD_INDEX_LABEL;
+use ipkeep_values::ordinal;
 
 use crate::affinity;
 use crate::spec::{self, check_ip_retention};

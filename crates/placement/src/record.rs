@@ -15,9 +15,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ipkeep_api::annotations::PINNED_BY;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RetentionPolicy};
+use ipkeep_values::keys::PINNED_BY;
 
 use crate::condition::{DesiredCondition, NODE_LOST};
 use crate::spec::PinConfig;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use ipkeep_api::ipkeep_values::{Retention, RetentionError};
 use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
+use ipkeep_values::{Retention, RetentionError};
 
 use crate::keys::check_label_key;
 use ipkeep_lifecycle::Lifecycle;
@@ -119,7 +119,7 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<PinConfig, SpecError> {
     check_ip_retention(&spec.ip_retention)?;
     let after = &spec.node_loss_policy.after;
     let node_loss_after =
-        humantime::parse_duration(after.trim()).map_err(|_| SpecError::BadDuration {
+        ipkeep_values::duration::parse(after).map_err(|_| SpecError::BadDuration {
             field: "nodeLossPolicy.after",
             value: after.clone(),
             extra: "",
