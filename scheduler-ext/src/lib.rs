@@ -30,6 +30,7 @@ pub mod extender;
 pub mod http;
 pub mod metrics;
 pub mod pod;
+pub mod review;
 pub mod tls;
 pub mod webhook;
 
