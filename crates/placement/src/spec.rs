@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
+use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RecordRetention};
 use ipkeep_values::{Retention, RetentionError};
 
 use crate::keys::check_label_key;
@@ -68,7 +68,7 @@ pub struct PinConfig {
     /// Pod annotation keys recorded with each pod.
     pub annotation_keys: Vec<String>,
     /// When records go.
-    pub retention_policy: RetentionPolicy,
+    pub retention_policy: RecordRetention,
     /// What a lost node does to its pins.
     pub node_loss_action: NodeLossAction,
     /// How long a node is missing or NotReady before the action applies.
