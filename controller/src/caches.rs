@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::{AUTO_GENERATE, STATEFULSET_POD_NAME_LABEL};
-use ipkeep_placement::ipkeep_lifecycle::STATE_LABEL;
 use ipkeep_placement::lifecycle::{POD_INDEX_LABEL, REVISION_LABEL};
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
+use ipkeep_values::keys::STATE_LABEL;
+use ipkeep_values::keys::{AUTO_GENERATE, STATEFULSET_POD_NAME_LABEL};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

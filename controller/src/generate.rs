@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
-use ipkeep_api::annotations::AUTO_GENERATE;
 use ipkeep_placement::autogen::{GeneratedBy, generated_spec};
 use ipkeep_placement::view::adopts;
+use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
+use ipkeep_values::keys::AUTO_GENERATE;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;

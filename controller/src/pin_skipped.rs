@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::caches::CachedPod;
-use ipkeep_api::annotations::PIN_SKIPPED;
 use ipkeep_placement::view::PodView;
+use ipkeep_values::keys::PIN_SKIPPED;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};

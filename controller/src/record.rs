@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
 use ipkeep_placement::condition::{self, READY};
 use ipkeep_placement::record::{self, RecordChange};
 use ipkeep_placement::status::{self, StatusInput, Verdict};
 use ipkeep_placement::view::{NodeView, PodView, TargetView, adopts};
+use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use ipkeep_api::preflight::PreflightError;
+use ipkeep_daemon::preflight::PreflightError;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::controller::{self, Controller};
@@ -61,7 +61,7 @@ pub async fn run(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    ipkeep_api::preflight::check_crd(&client).await?;
+    ipkeep_daemon::preflight::check_crd(&client).await?;
     let shutdown = shutdown.boxed().shared();
     let mut election: Option<Election> = match &settings.leader {
         Some(leader) => Some(Election::start(client.clone(), leader).await?),

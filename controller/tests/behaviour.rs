@@ -5,7 +5,7 @@
 mod support;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations as keys;
+use ipkeep_values::keys;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};

@@ -6,7 +6,7 @@
 mod support;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations as keys;
+use ipkeep_values::keys;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};

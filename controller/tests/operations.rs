@@ -4,8 +4,8 @@
 
 mod support;
 
-use ipkeep_api::annotations as keys;
 use ipkeep_apisim::Fault;
+use ipkeep_values::keys;
 use serde_json::json;
 use support::*;
 

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use ipkeep_placement::ipkeep_lifecycle::{Lifecycle, STATE_LABEL};
+use ipkeep_placement::ipkeep_lifecycle::Lifecycle;
+use ipkeep_values::keys::STATE_LABEL;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};

@@ -23,19 +23,7 @@ use serde::Deserialize;
 use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::pod;
-use crate::webhook::{ReviewOut, StatusOut, read_request};
-
-/// What came of one review.
-#[derive(Debug)]
-pub struct Reviewed {
-    /// The answer.
-    pub review: ReviewOut,
-    /// The `outcome` metric label: `passed` (not a pod with hooks), `allowed`, `held`, or
-    /// `escaped` (held by its hook, let through by an escape hatch).
-    pub outcome: &'static str,
-    /// The pod's namespace and name, once known (for logs).
-    pub pod: Option<(String, String)>,
-}
+use crate::review::{Outcome, Reviewed, StatusOut, read_request};
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -62,11 +50,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
 /// Reviews one AdmissionReview body at `now` (unix seconds).
 pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, RequestError> {
     let request = read_request(body)?;
-    let mut out = Reviewed {
-        review: ReviewOut::allow(request.uid.clone()),
-        outcome: "passed",
-        pod: None,
-    };
+    let mut out = Reviewed::passed(request.uid.clone());
     let core_pods = request.resource.group.is_empty() && request.resource.resource == "pods";
     let sub = request.sub_resource.as_deref().unwrap_or_default();
     let malformed = |what: &str, e: serde_json::Error| {
@@ -131,11 +115,11 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
     };
     let response = &mut out.review.response;
     match lifecycle::admit_delete(&hooks, &facts, delete, now, &name) {
-        Admission::Allow { escaped: None } => out.outcome = "allowed",
+        Admission::Allow { escaped: None } => out.outcome = Outcome::Allowed,
         Admission::Allow {
             escaped: Some(escape),
         } => {
-            out.outcome = "escaped";
+            out.outcome = Outcome::Escaped;
             response.warnings.push(format!(
                 "ipkeep: pod {name} passes its preDelete hook: {escape}"
             ));
@@ -144,7 +128,7 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
                 .insert("lifecycle".into(), escape.to_string());
         }
         Admission::Deny { message } => {
-            out.outcome = "held";
+            out.outcome = Outcome::Held;
             response.allowed = false;
             response.status = Some(StatusOut {
                 code: 429,

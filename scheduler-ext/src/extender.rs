@@ -24,6 +24,7 @@ use serde_json::value::RawValue;
 use crate::cache::{self, Caches};
 use crate::error::RequestError;
 use crate::pod;
+use crate::review::Outcome;
 
 /// The most nodes one request may list (`Nodes.items` or `NodeNames`): twice the 5,000 nodes
 /// Kubernetes supports in a cluster. It bounds what the node list costs beyond its own bytes.
@@ -209,8 +210,8 @@ pub struct HostPriority<'a> {
 pub struct Served {
     /// The JSON body.
     pub body: Vec<u8>,
-    /// The `outcome` metric label.
-    pub outcome: &'static str,
+    /// What the extender did.
+    pub outcome: Outcome,
     /// The skip reason label, when a recorded pin was not applied.
     pub skipped: Option<&'static str>,
 }
@@ -230,7 +231,7 @@ fn parse(body: &[u8]) -> Result<(ExtenderArgs<'_>, Pod), RequestError> {
 fn pin_for(pod: &Pod, caches: &Caches) -> Result<(Option<Pinned>, Served), RequestError> {
     let mut served = Served {
         body: Vec::new(),
-        outcome: "passed",
+        outcome: Outcome::Passed,
         skipped: None,
     };
     let Some(statefulset) = pin::statefulset_name(pod) else {
@@ -246,15 +247,15 @@ fn pin_for(pod: &Pod, caches: &Caches) -> Result<(Option<Pinned>, Served), Reque
     };
     match managed.pin {
         PinOutcome::Pinned(p) => {
-            served.outcome = "pinned";
+            served.outcome = Outcome::Pinned;
             Ok((Some(p), served))
         }
         PinOutcome::Unrecorded(_) => {
-            served.outcome = "unrecorded";
+            served.outcome = Outcome::Unrecorded;
             Ok((None, served))
         }
         PinOutcome::Skipped(why) => {
-            served.outcome = "skipped";
+            served.outcome = Outcome::Skipped;
             served.skipped = Some(why.label());
             Ok((None, served))
         }

@@ -25,6 +25,7 @@ use crate::budget::{Budget, Charge, ChargedBody};
 use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::metrics::Metrics;
+use crate::review::{Outcome, ReviewOut, Reviewed};
 use crate::{deletion, extender, webhook};
 
 const MIB: usize = 1 << 20;
@@ -259,8 +260,8 @@ async fn admission<R: Send + 'static>(
     endpoint: &'static str,
     (client, headers, body): (Client, HeaderMap, Body),
     work: fn(&[u8], &Caches) -> Result<R, RequestError>,
-    answer: fn(&R) -> &webhook::ReviewOut,
-    after: impl FnOnce(R) -> &'static str,
+    answer: fn(&R) -> &ReviewOut,
+    after: impl FnOnce(R) -> Outcome,
 ) -> Response {
     let result = async {
         let limit = state.limits.webhook_body;
@@ -275,7 +276,7 @@ async fn admission<R: Send + 'static>(
         Ok((reviewed, response, started)) => {
             let outcome = after(reviewed);
             let seconds = started.elapsed().as_secs_f64();
-            state.metrics.request(endpoint, outcome, seconds);
+            state.metrics.request(endpoint, outcome.label(), seconds);
             response
         }
         Err(e) => {
@@ -299,22 +300,22 @@ async fn mutate_pods(
     body: Body,
 ) -> Response {
     const ENDPOINT: &str = "mutate-pods";
-    let after = |reviewed: webhook::Reviewed| {
+    let after = |reviewed: Reviewed| {
         let answer = &reviewed.review.response;
-        if reviewed.outcome != "passed" {
+        if reviewed.outcome != Outcome::Passed {
             let (namespace, pod) = named(&reviewed.pod);
             // Request fields with `?`: escaped, so a name cannot forge a log line.
             tracing::info!(
                 namespace = ?namespace,
                 pod = ?pod,
                 uid = ?answer.uid,
-                outcome = reviewed.outcome,
+                outcome = reviewed.outcome.label(),
                 patched = answer.patch.is_some(),
                 warnings = ?answer.warnings,
                 "pod admitted"
             );
         }
-        if reviewed.outcome == "pinned" {
+        if reviewed.outcome == Outcome::Pinned {
             state.metrics.pin_applied(ENDPOINT);
         }
         if let Some(reason) = reviewed.skipped {
@@ -340,8 +341,8 @@ async fn validate_pods(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let after = |reviewed: deletion::Reviewed| {
-        if matches!(reviewed.outcome, "held" | "escaped") {
+    let after = |reviewed: Reviewed| {
+        if matches!(reviewed.outcome, Outcome::Held | Outcome::Escaped) {
             let (namespace, pod) = named(&reviewed.pod);
             let answer = &reviewed.review.response;
             // Request fields with `?`: escaped, so a name cannot forge a log line.
@@ -349,7 +350,7 @@ async fn validate_pods(
                 namespace = ?namespace,
                 pod = ?pod,
                 uid = ?answer.uid,
-                outcome = reviewed.outcome,
+                outcome = reviewed.outcome.label(),
                 message = ?answer.status.as_ref().map_or("", |s| s.message.as_str()),
                 warnings = ?answer.warnings,
                 "pod deletion reviewed"
@@ -387,7 +388,7 @@ async fn extend(
         .inspect_err(refused)?;
     let started = Instant::now();
     let served = run(&state, bytes, work).await.inspect_err(refused)?;
-    if served.outcome == "pinned" && endpoint == "filter" {
+    if served.outcome == Outcome::Pinned && endpoint == "filter" {
         state.metrics.pin_applied(endpoint);
     }
     if let Some(reason) = served.skipped {
@@ -398,12 +399,14 @@ async fn extend(
         .inspect_err(refused)?;
     tracing::debug!(
         endpoint,
-        outcome = served.outcome,
+        outcome = served.outcome.label(),
         "extender request served"
     );
-    state
-        .metrics
-        .request(endpoint, served.outcome, started.elapsed().as_secs_f64());
+    state.metrics.request(
+        endpoint,
+        served.outcome.label(),
+        started.elapsed().as_secs_f64(),
+    );
     Ok(response)
 }
 

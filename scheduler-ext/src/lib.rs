@@ -21,6 +21,7 @@
 //! which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
 //! only clients with a certificate from that CA ([`client_ca`]).
 
+mod args;
 pub mod budget;
 pub mod cache;
 pub mod client_ca;
@@ -30,6 +31,7 @@ pub mod extender;
 pub mod http;
 pub mod metrics;
 pub mod pod;
+pub mod review;
 pub mod tls;
 pub mod webhook;
 
@@ -38,7 +40,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use futures::FutureExt;
 use ipkeep_listener::Server;
 use kube::Client;
@@ -47,7 +48,9 @@ use tokio::net::TcpListener;
 use crate::cache::Caches;
 use crate::http::{AppState, Limits};
 use crate::metrics::Metrics;
-use crate::tls::{CertFiles, ServingTls};
+use crate::tls::{CertFiles, ServingTls, TlsError};
+
+pub use args::Args;
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -68,15 +71,45 @@ pub struct Settings {
     pub limits: Limits,
 }
 
+/// Why the server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The log flags.
+    #[error(transparent)]
+    Logs(#[from] ipkeep_daemon::LogError),
+    /// No API client.
+    #[error(transparent)]
+    Client(#[from] ipkeep_daemon::preflight::ClientError),
+    /// The CRD is not installed.
+    #[error(transparent)]
+    Preflight(#[from] ipkeep_daemon::preflight::PreflightError),
+    /// Request limits that cannot work together.
+    #[error("{0}")]
+    Limits(String),
+    /// The serving certificate or client CA cannot be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A listen address cannot be bound.
+    #[error("failed to listen on {addr}{flag}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Which flag gave it, when not --listen.
+        flag: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Runs the server until `shutdown` resolves.
 pub async fn run(
     client: Client,
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    settings.limits.check().map_err(anyhow::Error::msg)?;
-    match ipkeep_api::preflight::check_crd(&client).await {
-        Err(e @ ipkeep_api::preflight::PreflightError::CrdMissing) => return Err(e.into()),
+) -> Result<(), StartError> {
+    settings.limits.check().map_err(StartError::Limits)?;
+    match ipkeep_daemon::preflight::check_crd(&client).await {
+        Err(e @ ipkeep_daemon::preflight::PreflightError::CrdMissing) => return Err(e.into()),
         // The watches retry; /readyz stays false until they sync.
         Err(e) => tracing::warn!(error = %e, "preflight failed; starting anyway"),
         Ok(()) => {}
@@ -105,14 +138,23 @@ pub async fn run(
     if let Some(addr) = settings.probe_listen {
         let listener = TcpListener::bind(addr)
             .await
-            .with_context(|| format!("failed to listen on {addr} (--probe-listen)"))?;
+            .map_err(|source| StartError::Listen {
+                addr,
+                flag: " (--probe-listen)",
+                source,
+            })?;
         let probes = http::health_routes().with_state(state.clone());
         let server = Server::new("probes", ipkeep_listener::Limits::probes(), connections);
         tokio::spawn(server.serve(listener, probes, shutdown.clone()));
     }
-    let listener = TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("failed to listen on {}", settings.listen))?;
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: settings.listen,
+                flag: "",
+                source,
+            })?;
     tracing::info!(
         listen = %settings.listen,
         tls = settings.tls.is_some(),

@@ -14,9 +14,10 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ipkeep_api::annotations::{PIN_SKIPPED, PINNED_BY};
-use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
-use ipkeep_placement::ipkeep_lifecycle::{HELD_ANNOTATION, SINCE_ANNOTATION};
+use ipkeep_values::keys::{
+    HELD_ANNOTATION, IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE, PIN_SKIPPED,
+    PINNED_BY, SINCE_ANNOTATION,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, Pod, PodReadinessGate, PodSpec, PodStatus,
 };

@@ -11,175 +11,23 @@
 //! not parse (in the one grammar, `ipkeep_values::Retention`): the pod is admitted, and the CNI
 //! plugin falls back to the network's retention for it.
 
-use std::collections::BTreeMap;
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ipkeep_api::ipkeep_values::Retention;
-use ipkeep_api::ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use ipkeep_placement::pin::{self, Decision, PinOutcome};
 use ipkeep_placement::{affinity, lifecycle};
+use ipkeep_values::Retention;
+use ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 use k8s_openapi::api::core::v1::Pod;
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::pod;
-
-/// The AdmissionReview version served (and the only one declared in the configuration).
-pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ReviewIn<'a> {
-    api_version: Option<String>,
-    kind: Option<String>,
-    #[serde(borrow)]
-    request: Option<RequestIn<'a>>,
-}
-
-/// `request` of an AdmissionReview: what either webhook reads of it.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct RequestIn<'a> {
-    pub(crate) uid: String,
-    #[serde(default)]
-    pub(crate) resource: GroupResource,
-    #[serde(default)]
-    pub(crate) sub_resource: Option<String>,
-    #[serde(default)]
-    pub(crate) name: Option<String>,
-    #[serde(default)]
-    pub(crate) namespace: Option<String>,
-    pub(crate) operation: String,
-    #[serde(default, borrow)]
-    pub(crate) object: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    pub(crate) old_object: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    pub(crate) options: Option<&'a RawValue>,
-    #[serde(default)]
-    pub(crate) dry_run: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-pub(crate) struct GroupResource {
-    #[serde(default)]
-    pub(crate) group: String,
-    #[serde(default)]
-    pub(crate) resource: String,
-}
-
-/// Reads an AdmissionReview's request, refusing anything but `admission.k8s.io/v1`.
-pub(crate) fn read_request(body: &[u8]) -> Result<RequestIn<'_>, RequestError> {
-    let malformed =
-        |reason: String| RequestError::malformed("admission.k8s.io/v1 AdmissionReview", reason);
-    let review: ReviewIn<'_> =
-        serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
-    if review.api_version.as_deref() != Some(ADMISSION_V1)
-        || review.kind.as_deref() != Some("AdmissionReview")
-    {
-        return Err(malformed(format!(
-            "apiVersion/kind must be {ADMISSION_V1}/AdmissionReview, got {}/{}",
-            review.api_version.as_deref().unwrap_or("(none)"),
-            review.kind.as_deref().unwrap_or("(none)")
-        )));
-    }
-    review
-        .request
-        .ok_or_else(|| malformed("it has no request".into()))
-}
-
-/// The AdmissionReview sent back.
-#[derive(Serialize, Debug)]
-#[serde(rename_all = "camelCase")]
-pub struct ReviewOut {
-    api_version: &'static str,
-    kind: &'static str,
-    /// The response.
-    pub response: ResponseOut,
-}
-
-impl ReviewOut {
-    /// An answer that allows the request unchanged.
-    pub fn allow(uid: String) -> Self {
-        Self {
-            api_version: ADMISSION_V1,
-            kind: "AdmissionReview",
-            response: ResponseOut {
-                uid,
-                allowed: true,
-                status: None,
-                patch_type: None,
-                patch: None,
-                warnings: Vec::new(),
-                audit_annotations: BTreeMap::new(),
-            },
-        }
-    }
-}
-
-/// `response` of an AdmissionReview.
-#[derive(Serialize, Debug)]
-#[serde(rename_all = "camelCase")]
-pub struct ResponseOut {
-    /// `request.uid`.
-    pub uid: String,
-    /// False only when `/validate-pods` holds a deletion; the mutating webhook pins or
-    /// explains, it never refuses a pod.
-    pub allowed: bool,
-    /// Why a request is refused (`metav1.Status`): the client sees its message and code.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<StatusOut>,
-    /// `JSONPatch` when `patch` is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub patch_type: Option<&'static str>,
-    /// Base64 of the RFC 6902 patch.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub patch: Option<String>,
-    /// Shown to the client that created the pod.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
-    /// Recorded in the API server's audit log.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub audit_annotations: BTreeMap<String, String>,
-}
-
-/// `response.status` of a refusal.
-#[derive(Serialize, Debug, PartialEq, Eq)]
-pub struct StatusOut {
-    /// The HTTP code the client gets: 429, so the StatefulSet controller and `kubectl drain`
-    /// retry, as they do for a PodDisruptionBudget.
-    pub code: u16,
-    /// `TooManyRequests`.
-    pub reason: &'static str,
-    /// What the request waits for, and how to get past it.
-    pub message: String,
-}
-
-/// What came of one review.
-#[derive(Debug)]
-pub struct Reviewed {
-    /// The answer.
-    pub review: ReviewOut,
-    /// The `outcome` metric label.
-    pub outcome: &'static str,
-    /// The skip reason label, when a pin was skipped (not on dry runs).
-    pub skipped: Option<&'static str>,
-    /// The pod's namespace and name (or generateName), once read (for logs).
-    pub pod: Option<(String, String)>,
-}
+use crate::review::{Outcome, Reviewed, annotation, read_request};
 
 /// Reviews one AdmissionReview body.
 pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let request = read_request(body)?;
-    let mut out = Reviewed {
-        review: ReviewOut::allow(request.uid.clone()),
-        outcome: "passed",
-        skipped: None,
-        pod: None,
-    };
+    let mut out = Reviewed::passed(request.uid.clone());
     let is_pod_create = request.operation == "CREATE"
         && request.resource.group.is_empty()
         && request.resource.resource == "pods"
@@ -194,7 +42,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let pod = match pod::read(object.get()) {
         Ok(pod) => pod,
         Err(e) => {
-            out.outcome = "invalid";
+            out.outcome = Outcome::Invalid;
             out.review.response.warnings.push(format!(
                 "ipkeep: pod not pinned: its object cannot be read: {e}"
             ));
@@ -239,7 +87,7 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let response = &mut out.review.response;
     match &managed.pin {
         PinOutcome::Pinned(p) => {
-            out.outcome = "pinned";
+            out.outcome = Outcome::Pinned;
             let how = if p.required.is_empty() {
                 "preferred"
             } else {
@@ -250,9 +98,9 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
                 format!("{how} pin to node {} by {}", p.node, managed.pps),
             );
         }
-        PinOutcome::Unrecorded(_) => out.outcome = "unrecorded",
+        PinOutcome::Unrecorded(_) => out.outcome = Outcome::Unrecorded,
         PinOutcome::Skipped(why) => {
-            out.outcome = "skipped";
+            out.outcome = Outcome::Skipped;
             response
                 .warnings
                 .push(format!("ipkeep: pod {} {why}", managed.pod));
@@ -295,14 +143,6 @@ pub fn retention_warnings(before: &Pod, after: &Pod) -> Vec<String> {
         warnings.push(format!("ipkeep: {e}; {instead}"));
     }
     warnings
-}
-
-fn annotation<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
 }
 
 fn to_json(pod: &Pod) -> serde_json::Value {

@@ -7,6 +7,7 @@ mod support;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ipkeep_scheduler_ext::deletion;
+use ipkeep_scheduler_ext::review::Outcome;
 use ipkeep_scheduler_ext::webhook;
 use serde_json::{Value, json};
 use support::{STS_UID, caches_with_pods, pps_json};
@@ -112,7 +113,7 @@ async fn a_blocked_deletion_is_held_with_429_and_says_what_to_do() {
     let caches = caches_with_pods(&[pps_with_hooks()], 3, std::slice::from_ref(&normal)).await;
     let r =
         deletion::review_at(delete_review(&normal, json!({})).as_bytes(), &caches, NOW).unwrap();
-    assert_eq!(r.outcome, "held");
+    assert_eq!(r.outcome, Outcome::Held);
     let answer = serde_json::to_value(&r.review).unwrap();
     assert_eq!(answer["response"]["allowed"], false);
     assert_eq!(answer["response"]["status"]["code"], 429);
@@ -131,7 +132,7 @@ async fn a_blocked_deletion_is_held_with_429_and_says_what_to_do() {
     let stranger = caches_with_pods(&[pps_with_hooks()], 3, &[]).await;
     let r =
         deletion::review_at(delete_review(&normal, json!({})).as_bytes(), &stranger, NOW).unwrap();
-    assert_eq!(r.outcome, "held");
+    assert_eq!(r.outcome, Outcome::Held);
 
     // PreparingDelete (marked by the controller): held, with why and the time left.
     let preparing = pod(
@@ -145,7 +146,7 @@ async fn a_blocked_deletion_is_held_with_429_and_says_what_to_do() {
         NOW,
     )
     .unwrap();
-    assert_eq!(r.outcome, "held");
+    assert_eq!(r.outcome, Outcome::Held);
     let message = r.review.response.status.unwrap().message;
     assert!(message.contains("in 290 s"), "{message}");
     assert!(
@@ -161,7 +162,7 @@ async fn a_blocked_deletion_is_held_with_429_and_says_what_to_do() {
     );
     let r =
         deletion::review_at(delete_review(&released, json!({})).as_bytes(), &caches, NOW).unwrap();
-    assert_eq!(r.outcome, "allowed");
+    assert_eq!(r.outcome, Outcome::Allowed);
     assert!(r.review.response.allowed);
 }
 
@@ -170,7 +171,7 @@ async fn an_eviction_is_held_by_its_pod_from_the_cache() {
     let normal = pod("Normal", "n1", json!({}));
     let caches = caches_with_pods(&[pps_with_hooks()], 3, &[normal]).await;
     let r = deletion::review_at(eviction_review("db-1", None).as_bytes(), &caches, NOW).unwrap();
-    assert_eq!(r.outcome, "held");
+    assert_eq!(r.outcome, Outcome::Held);
     let status = r.review.response.status.unwrap();
     assert_eq!(status.code, 429, "kubectl drain retries a 429");
     assert!(
@@ -180,7 +181,7 @@ async fn an_eviction_is_held_by_its_pod_from_the_cache() {
     );
     // A pod without hooks is not in the cache: its eviction passes untouched.
     let r = deletion::review_at(eviction_review("web-0", None).as_bytes(), &caches, NOW).unwrap();
-    assert_eq!(r.outcome, "passed");
+    assert_eq!(r.outcome, Outcome::Passed);
     assert!(r.review.response.allowed);
 }
 
@@ -194,7 +195,7 @@ async fn every_escape_hatch_lets_a_blocked_pod_go() {
         (r.outcome, r.review.response.warnings.join(" "))
     };
     let (outcome, warning) = allowed(delete_review(&normal, json!({"gracePeriodSeconds": 0})));
-    assert_eq!(outcome, "escaped");
+    assert_eq!(outcome, Outcome::Escaped);
     assert!(warning.contains("force deletion"), "{warning}");
     let (_, warning) = allowed(eviction_review("db-1", Some(0)));
     assert!(warning.contains("force deletion"), "{warning}");
@@ -213,9 +214,15 @@ async fn every_escape_hatch_lets_a_blocked_pod_go() {
         "n1",
         json!({"metadata": {"deletionTimestamp": "2026-11-26T00:00:00Z"}}),
     );
-    assert_eq!(allowed(delete_review(&terminating, json!({}))).0, "allowed");
+    assert_eq!(
+        allowed(delete_review(&terminating, json!({}))).0,
+        Outcome::Allowed
+    );
     let finished = pod("Normal", "n1", json!({"status": {"phase": "Succeeded"}}));
-    assert_eq!(allowed(delete_review(&finished, json!({}))).0, "allowed");
+    assert_eq!(
+        allowed(delete_review(&finished, json!({}))).0,
+        Outcome::Allowed
+    );
 }
 
 #[tokio::test]
@@ -229,12 +236,18 @@ async fn what_is_not_a_pod_deletion_passes() {
     configmap["request"]["resource"]["resource"] = json!("configmaps");
     for body in [update.to_string(), configmap.to_string()] {
         let r = deletion::review_at(body.as_bytes(), &caches, NOW).unwrap();
-        assert_eq!((r.outcome, r.review.response.allowed), ("passed", true));
+        assert_eq!(
+            (r.outcome, r.review.response.allowed),
+            (Outcome::Passed, true)
+        );
     }
     let no_hooks = caches_with_pods(&[pps_json()], 3, std::slice::from_ref(&normal)).await;
     let r =
         deletion::review_at(delete_review(&normal, json!({})).as_bytes(), &no_hooks, NOW).unwrap();
-    assert_eq!((r.outcome, r.review.response.allowed), ("passed", true));
+    assert_eq!(
+        (r.outcome, r.review.response.allowed),
+        (Outcome::Passed, true)
+    );
     // Bad input is an error (the API server then applies failurePolicy: Ignore), never a panic.
     for body in [
         "{",

@@ -28,11 +28,11 @@ mod manifests;
 mod security;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations as keys;
 use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::Service;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use ipkeep_tests::Invocation;
+use ipkeep_values::keys;
 use serde_json::{Value, json};
 
 use manifests::{check_typed, deploy_dir, documents, find, selects};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::POD_INDEX_LABEL;
+use ipkeep_values::keys::POD_INDEX_LABEL;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};

@@ -30,13 +30,13 @@
 use std::collections::BTreeMap;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::{IP_RETENTION, POD_INDEX_LABEL};
-use ipkeep_api::ipkeep_values::keys::KRUISE_RESERVED_IP;
-use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_cni::management::{ApiView, Management, Unavailable};
 use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy};
 use ipkeep_placement::affinity::stamp_retention;
 use ipkeep_placement::pin::{self, Decision};
+use ipkeep_values::keys::KRUISE_RESERVED_IP;
+use ipkeep_values::keys::{IP_RETENTION, POD_INDEX_LABEL};
+use ipkeep_values::ordinal;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cluster::{Cluster, Readiness};

@@ -18,7 +18,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ipkeep_ipam::{Confirmed, PERSISTENT_POD_STATE_ANNOTATION, PodRef, Resolved, RetentionPolicy};
+use ipkeep_ipam::{Confirmed, PodRef, Resolved, RetentionPolicy};
+use ipkeep_values::keys::PERSISTENT_POD_STATE;
 use tracing::{info, warn};
 
 /// What the API server says about a pod, as the node agent sees it.
@@ -100,7 +101,7 @@ pub fn decide(
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Decided {
     let link = annotations
-        .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+        .and_then(|a| a.get(PERSISTENT_POD_STATE))
         .map(|v| v.trim())
         .filter(|v| !v.is_empty());
     let decided = match management {
@@ -112,7 +113,7 @@ pub fn decide(
                 info!(
                     persistent_pod_state = %persistent_pod_state,
                     link = link.unwrap_or(""),
-                    "PersistentPodState {persistent_pod_state} manages this pod (the node agent's view of the API server) although its {PERSISTENT_POD_STATE_ANNOTATION} annotation does not say so: retention by that state's rules"
+                    "PersistentPodState {persistent_pod_state} manages this pod (the node agent's view of the API server) although its {PERSISTENT_POD_STATE} annotation does not say so: retention by that state's rules"
                 );
             }
             Decided {
@@ -124,11 +125,11 @@ pub fn decide(
             if let Some(link) = link {
                 warn!(
                     link,
-                    "the pod's {PERSISTENT_POD_STATE_ANNOTATION} annotation names {link:?}, but no PersistentPodState manages this pod (the node agent's view of the API server): it is not managed"
+                    "the pod's {PERSISTENT_POD_STATE} annotation names {link:?}, but no PersistentPodState manages this pod (the node agent's view of the API server): it is not managed"
                 );
             }
             let mut without_link = annotations.cloned().unwrap_or_default();
-            without_link.remove(PERSISTENT_POD_STATE_ANNOTATION);
+            without_link.remove(PERSISTENT_POD_STATE);
             Decided {
                 resolved: policy.resolve(annotations.map(|_| &without_link)),
                 confirmed: Some(Confirmed::Nobody),

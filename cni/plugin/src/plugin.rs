@@ -11,9 +11,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use ipkeep_ipam::{
-    AddOutcome, AddRequest, Attachment, Departure, LeaseState, NetworkDir,
-    PERSISTENT_POD_STATE_ANNOTATION, PodRef, Reading, Retention, RetentionPolicy, RetentionSource,
-    Source, StoreRead, allocator, clock,
+    AddOutcome, AddRequest, Attachment, Departure, LeaseState, NetworkDir, PodRef, Reading,
+    Retention, RetentionPolicy, RetentionSource, Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
@@ -210,7 +209,7 @@ fn pod_ref(args: &CniArgs, config: &NetworkConfig) -> Option<PodRef> {
         name: args.pod_name.clone()?,
         uid: args.pod_uid.clone(),
         persistent_pod_state: annotations
-            .and_then(|a| a.get(PERSISTENT_POD_STATE_ANNOTATION))
+            .and_then(|a| a.get(ipkeep_values::keys::PERSISTENT_POD_STATE))
             .map(|name| name.trim())
             .filter(|name| !name.is_empty())
             .map(str::to_string),

@@ -28,12 +28,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::ipkeep_lifecycle::{
-    self as lifecycle, Fate, Going, HELD_ANNOTATION, Lifecycle, PodFacts, READINESS_GATE,
-    SINCE_ANNOTATION, STATE_LABEL, State, Wanted,
+    self as lifecycle, Fate, Going, Lifecycle, PodFacts, State, Wanted,
 };
 use ipkeep_placement::lifecycle::{gated, pod_facts};
 use ipkeep_placement::spec;
 use ipkeep_placement::view::{NodeHealth, NodeView};
+use ipkeep_values::keys::{HELD_ANNOTATION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;

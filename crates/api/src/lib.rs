@@ -1,5 +1,5 @@
-//! ipkeep's Kubernetes API: the `PersistentPodState` custom resource (`ipkeep.dev/v1alpha1`) and
-//! the annotation keys that the controller, the scheduler extension and the CNI plugin agree on.
+//! ipkeep's Kubernetes API: the `PersistentPodState` custom resource (`ipkeep.dev/v1alpha1`),
+//! types only (no client, no I/O). The annotation and label keys are `ipkeep_values::keys`.
 //!
 //! The spec and status keep OpenKruise's v1alpha1 JSON shape (`targetRef`,
 //! `requiredPersistentTopology.nodeTopologyKeys`, `preferredPersistentTopology[]`,
@@ -8,11 +8,8 @@
 //!
 //! `kube` and `k8s-openapi` are re-exported so every ipkeep crate uses the same versions.
 
-pub mod annotations;
 mod pps;
-pub mod preflight;
 
-pub use ipkeep_values;
 pub use k8s_openapi;
 pub use kube;
 pub use pps::*;

@@ -39,7 +39,7 @@ pub struct PersistentPodStateSpec {
     /// When records are removed: `WhenScaled` (ordinal no longer in the StatefulSet's range, and
     /// no pod holds the name) or `WhenDeleted` (only when the StatefulSet is gone).
     #[serde(default)]
-    pub persistent_pod_state_retention_policy: RetentionPolicy,
+    pub persistent_pod_state_retention_policy: RecordRetention,
     /// ipkeep addition: what to do when a recorded node is gone or NotReady.
     #[serde(default)]
     pub node_loss_policy: NodeLossPolicy,
@@ -185,7 +185,7 @@ pub struct PreferredTopologyTerm {
 
 /// When a record is removed.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub enum RetentionPolicy {
+pub enum RecordRetention {
     /// Drop a record once its ordinal is outside `[ordinals.start, ordinals.start + replicas)`
     /// and no pod holds its name.
     #[default]
@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(spec.node_loss_policy.after, "5m");
         assert_eq!(
             spec.persistent_pod_state_retention_policy,
-            RetentionPolicy::WhenDeleted
+            RecordRetention::WhenDeleted
         );
     }
 

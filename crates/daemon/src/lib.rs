@@ -1,6 +1,8 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log, name themselves and stop the same way: [`LogArgs`], [`identity`],
-//! [`shutdown_signal`] and [`run_until_stopped`].
+//! so they log, name themselves, reach the API server and stop the same way: [`LogArgs`],
+//! [`identity`], [`preflight`], [`shutdown_signal`] and [`run_until_stopped`].
+
+pub mod preflight;
 
 use tracing_subscriber::EnvFilter;
 

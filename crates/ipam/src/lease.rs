@@ -36,7 +36,7 @@ pub struct PodRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     /// The PersistentPodState that manages the pod, from its
-    /// [`PERSISTENT_POD_STATE_ANNOTATION`] (set by ipkeep's webhook). The node agent releases a
+    /// [`ipkeep_values::keys::PERSISTENT_POD_STATE`] (set by ipkeep's webhook). The node agent releases a
     /// holding at once when that PersistentPodState is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_pod_state: Option<String>,
@@ -74,8 +74,6 @@ impl PodRef {
             .filter(|_| self.confirmed)
     }
 }
-
-pub use crate::retention::PERSISTENT_POD_STATE_ANNOTATION;
 
 impl fmt::Display for PodRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

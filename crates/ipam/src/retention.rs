@@ -17,10 +17,7 @@
 
 use std::collections::BTreeMap;
 
-pub use ipkeep_values::keys::{
-    IP_RETENTION as IP_RETENTION_ANNOTATION, KRUISE_RESERVED_IP as KRUISE_RESERVED_IP_ANNOTATION,
-    PERSISTENT_POD_STATE as PERSISTENT_POD_STATE_ANNOTATION,
-};
+use ipkeep_values::keys::{IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE};
 pub use ipkeep_values::retention::{MAX_SECONDS, Retention, RetentionError};
 
 /// Where a pod's retention came from (for logs and `ipkeep list`).
@@ -68,11 +65,11 @@ impl RetentionPolicy {
         let Some(annotations) = annotations else {
             return default;
         };
-        let asked = if let Some(v) = annotations.get(IP_RETENTION_ANNOTATION) {
-            let origin = format!("annotation {IP_RETENTION_ANNOTATION}");
+        let asked = if let Some(v) = annotations.get(IP_RETENTION) {
+            let origin = format!("annotation {IP_RETENTION}");
             (Retention::parse(&origin, v), RetentionSource::Annotation)
-        } else if let Some(v) = annotations.get(KRUISE_RESERVED_IP_ANNOTATION) {
-            let origin = format!("annotation {KRUISE_RESERVED_IP_ANNOTATION}");
+        } else if let Some(v) = annotations.get(KRUISE_RESERVED_IP) {
+            let origin = format!("annotation {KRUISE_RESERVED_IP}");
             (
                 Retention::parse_kruise_minutes(&origin, v),
                 RetentionSource::KruiseAnnotation,
@@ -93,7 +90,7 @@ impl RetentionPolicy {
             }
         };
         let managed = annotations
-            .get(PERSISTENT_POD_STATE_ANNOTATION)
+            .get(PERSISTENT_POD_STATE)
             .is_some_and(|v| !v.trim().is_empty());
         let capped = asked.at_most(self.max_unmanaged);
         if managed || capped == asked {
@@ -107,7 +104,7 @@ impl RetentionPolicy {
             retention: capped,
             source,
             adjusted: Some(format!(
-                "the pod asks for retention {asked} but no PersistentPodState manages it (no {PERSISTENT_POD_STATE_ANNOTATION} annotation); \
+                "the pod asks for retention {asked} but no PersistentPodState manages it (no {PERSISTENT_POD_STATE} annotation); \
                  limited to ipam.maxUnmanagedRetention {}",
                 self.max_unmanaged
             )),
@@ -126,7 +123,7 @@ mod tests {
             .collect()
     }
 
-    const LINK: (&str, &str) = (PERSISTENT_POD_STATE_ANNOTATION, "kv");
+    const LINK: (&str, &str) = (PERSISTENT_POD_STATE, "kv");
 
     #[test]
     fn precedence_is_annotation_then_kruise_then_network() {
@@ -144,15 +141,11 @@ mod tests {
             (Retention::Seconds(60), RetentionSource::NetworkDefault)
         );
         assert_eq!(
-            r(&[LINK, (KRUISE_RESERVED_IP_ANNOTATION, "10")]),
+            r(&[LINK, (KRUISE_RESERVED_IP, "10")]),
             (Retention::Seconds(600), RetentionSource::KruiseAnnotation)
         );
         assert_eq!(
-            r(&[
-                LINK,
-                (KRUISE_RESERVED_IP_ANNOTATION, "10"),
-                (IP_RETENTION_ANNOTATION, "0")
-            ]),
+            r(&[LINK, (KRUISE_RESERVED_IP, "10"), (IP_RETENTION, "0")]),
             (Retention::Off, RetentionSource::Annotation)
         );
     }
@@ -164,41 +157,38 @@ mod tests {
             max_unmanaged: Retention::Forever,
         };
         for bad in ["soon", "10000y", "00"] {
-            let got = p.resolve(Some(&ann(&[LINK, (IP_RETENTION_ANNOTATION, bad)])));
+            let got = p.resolve(Some(&ann(&[LINK, (IP_RETENTION, bad)])));
             assert_eq!(got.retention, Retention::Seconds(60), "{bad}");
             assert_eq!(got.source, RetentionSource::NetworkDefault);
             let why = got.adjusted.expect("says why");
-            assert!(
-                why.contains(IP_RETENTION_ANNOTATION) && why.contains("1m"),
-                "{why}"
-            );
+            assert!(why.contains(IP_RETENTION) && why.contains("1m"), "{why}");
         }
     }
 
     #[test]
     fn unmanaged_pods_get_at_most_the_operator_limit() {
         let off = RetentionPolicy::default();
-        let got = off.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "forever")])));
+        let got = off.resolve(Some(&ann(&[(IP_RETENTION, "forever")])));
         assert_eq!(got.retention, Retention::Off);
         assert!(got.adjusted.expect("why").contains("maxUnmanagedRetention"));
-        let got = off.resolve(Some(&ann(&[(KRUISE_RESERVED_IP_ANNOTATION, "99999")])));
+        let got = off.resolve(Some(&ann(&[(KRUISE_RESERVED_IP, "99999")])));
         assert_eq!(got.retention, Retention::Off);
         let hour = RetentionPolicy {
             default: Retention::Off,
             max_unmanaged: Retention::Seconds(3600),
         };
-        let got = hour.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "30m")])));
+        let got = hour.resolve(Some(&ann(&[(IP_RETENTION, "30m")])));
         assert_eq!(
             (got.retention, got.adjusted),
             (Retention::Seconds(1800), None)
         );
-        let got = hour.resolve(Some(&ann(&[(IP_RETENTION_ANNOTATION, "36500d")])));
+        let got = hour.resolve(Some(&ann(&[(IP_RETENTION, "36500d")])));
         assert_eq!(got.retention, Retention::Seconds(3600));
-        let got = hour.resolve(Some(&ann(&[LINK, (IP_RETENTION_ANNOTATION, "forever")])));
+        let got = hour.resolve(Some(&ann(&[LINK, (IP_RETENTION, "forever")])));
         assert_eq!((got.retention, got.adjusted), (Retention::Forever, None));
         let got = hour.resolve(Some(&ann(&[
-            (PERSISTENT_POD_STATE_ANNOTATION, " "),
-            (IP_RETENTION_ANNOTATION, "forever"),
+            (PERSISTENT_POD_STATE, " "),
+            (IP_RETENTION, "forever"),
         ])));
         assert_eq!(
             got.retention,

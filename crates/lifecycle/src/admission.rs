@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use crate::{Going, Lifecycle, PodFacts, STATE_LABEL, State};
+use ipkeep_values::keys::STATE_LABEL;
+
+use crate::{Going, Lifecycle, PodFacts, State};
 
 /// A DELETE of a pod, or a create of its `eviction` subresource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// Why a pod is held in `PreparingDelete` (the annotation [`crate::HELD_ANNOTATION`]).
+/// Why a pod is held in `PreparingDelete` (the annotation [`ipkeep_values::keys::HELD_ANNOTATION`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Going {
     /// Its ordinal is outside the StatefulSet's range: a scale-down deletes it.

@@ -11,7 +11,7 @@
 //! deregistered it:
 //!
 //! * **PreNormal.** A new pod gets the state [`State::PreparingNormal`] and the readiness gate
-//!   [`READINESS_GATE`] at CREATE (the webhook adds them): it runs, but the gate's condition
+//!   [`ipkeep_values::keys::READINESS_GATE`] at CREATE (the webhook adds them): it runs, but the gate's condition
 //!   stays False, so it is not Ready and Services and the StatefulSet's ordered rollout wait.
 //!   Once the pod carries the hook (the operator registered it and added the labels), it is
 //!   [`State::Normal`] and the gate True.
@@ -34,14 +34,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// The pod label that shows where a pod stands.
-pub const STATE_LABEL: &str = "ipkeep.dev/lifecycle-state";
-/// The pod annotation with the unix second the pod entered its state.
-pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
-/// The pod annotation that says why the pod is `PreparingDelete` ([`Going`]).
-pub const HELD_ANNOTATION: &str = "ipkeep.dev/lifecycle-held";
-/// The readiness gate (condition type) ipkeep sets on pods of a StatefulSet with hooks.
-pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
+use ipkeep_values::keys::STATE_LABEL;
+
 /// How long a pod may be held in `PreparingDelete` unless the hook says otherwise.
 pub const DEFAULT_PRE_DELETE_TIMEOUT_SECS: u64 = 600;
 /// How long past the PreDelete timeout a pod someone asked to delete ([`Going::Requested`]) but
@@ -135,7 +129,7 @@ impl Lifecycle {
 pub struct AtCreate {
     /// The state label's value, when the pod has hooks.
     pub state: Option<State>,
-    /// Whether to add the readiness gate [`READINESS_GATE`].
+    /// Whether to add the readiness gate [`ipkeep_values::keys::READINESS_GATE`].
     pub readiness_gate: bool,
 }
 
@@ -159,15 +153,15 @@ pub fn at_create(lifecycle: &Lifecycle) -> AtCreate {
 pub struct PodFacts<'a> {
     /// Its labels.
     pub labels: &'a BTreeMap<String, String>,
-    /// When it entered its state ([`SINCE_ANNOTATION`]), if known.
+    /// When it entered its state ([`ipkeep_values::keys::SINCE_ANNOTATION`]), if known.
     pub since: Option<u64>,
     /// It has a deletion timestamp, or it has finished (phase `Succeeded` or `Failed`).
     pub terminating: bool,
     /// Its node is Ready (false when unbound, NotReady or gone).
     pub node_ready: bool,
-    /// Its spec has the readiness gate [`READINESS_GATE`] (only the webhook adds it, at CREATE).
+    /// Its spec has the readiness gate [`ipkeep_values::keys::READINESS_GATE`] (only the webhook adds it, at CREATE).
     pub gated: bool,
-    /// Why it is `PreparingDelete`, as its annotation [`HELD_ANNOTATION`] says.
+    /// Why it is `PreparingDelete`, as its annotation [`ipkeep_values::keys::HELD_ANNOTATION`] says.
     pub held: Option<Going>,
 }
 

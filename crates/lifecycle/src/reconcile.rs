@@ -25,9 +25,9 @@ pub const UNKNOWN_RECHECK_SECS: u64 = 5;
 pub struct Wanted {
     /// The state label (`None`: leave the pod unlabelled, it has no hooks).
     pub state: Option<State>,
-    /// When the pod entered that state ([`crate::SINCE_ANNOTATION`]).
+    /// When the pod entered that state ([`ipkeep_values::keys::SINCE_ANNOTATION`]).
     pub since: Option<u64>,
-    /// Why it is `PreparingDelete` ([`crate::HELD_ANNOTATION`]; `None`: no annotation).
+    /// Why it is `PreparingDelete` ([`ipkeep_values::keys::HELD_ANNOTATION`]; `None`: no annotation).
     pub held: Option<Going>,
     /// The readiness gate's condition (`None`: the pod has no gate to set).
     pub ready: Option<bool>,

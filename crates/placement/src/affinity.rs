@@ -8,12 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
-use ipkeep_api::ipkeep_values::Retention;
 use ipkeep_api::k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
     PreferredSchedulingTerm,
 };
+use ipkeep_values::Retention;
+use ipkeep_values::keys::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 
 use crate::pinned::{HOSTNAME_LABEL, Managed, PinOutcome, Pinned, Requirement};
 

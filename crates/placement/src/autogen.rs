@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_api::annotations::{self as keys, lookup};
 use ipkeep_api::{
     DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodStateSpec,
-    PreferredTopologyTerm, RetentionPolicy, TargetReference,
+    PreferredTopologyTerm, RecordRetention, TargetReference,
 };
+use ipkeep_values::keys::{self, lookup};
 
 use crate::label_syntax::split_keys;
 use crate::spec::{self, SpecError};
@@ -126,7 +126,7 @@ pub fn generated_spec(
                 },
             }]
         },
-        persistent_pod_state_retention_policy: RetentionPolicy::default(),
+        persistent_pod_state_retention_policy: RecordRetention::default(),
         node_loss_policy: node_loss_policy(annotations)?,
         ip_retention: lookup(annotations, keys::IP_RETENTION, None)
             .map_or(DEFAULT_IP_RETENTION, str::trim)
@@ -429,7 +429,7 @@ mod tests {
         assert_eq!(from_label.node_loss_policy, NodeLossPolicy::default());
         assert_eq!(
             from_label.persistent_pod_state_retention_policy,
-            RetentionPolicy::WhenScaled
+            RecordRetention::WhenScaled
         );
         assert_eq!(from_label.lifecycle, None);
     }

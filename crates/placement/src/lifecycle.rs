@@ -5,15 +5,13 @@
 use std::collections::BTreeMap;
 
 use ipkeep_api::LifecycleSpec;
-use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodSpec, PodStatus};
 use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ipkeep_lifecycle::going::{MaxUnavailable, Member, Rolling, SetFacts, resolve_max_unavailable};
-use ipkeep_lifecycle::{
-    Going, HELD_ANNOTATION, Hook, Lifecycle, PodFacts, READINESS_GATE, SINCE_ANNOTATION,
-    STATE_LABEL, State, at_create,
-};
+use ipkeep_lifecycle::{Going, Hook, Lifecycle, PodFacts, State, at_create};
+use ipkeep_values::keys::{HELD_ANNOTATION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL};
+use ipkeep_values::ordinal;
 
 use crate::label_syntax::{check_label_key, check_label_value};
 use crate::spec_error::SpecError;

@@ -4,10 +4,10 @@
 //! node filter and scores ([`Pinned::admits`], [`Pinned::score`]). Both front doors make the same
 //! decision, so a pod that skipped the webhook is still pinned at scheduling time.
 
-use ipkeep_api::annotations::POD_INDEX_LABEL;
-use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
 use ipkeep_api::{PersistentPodState, PodState};
+use ipkeep_values::keys::POD_INDEX_LABEL;
+use ipkeep_values::ordinal;
 
 use crate::affinity;
 pub use crate::pinned::{

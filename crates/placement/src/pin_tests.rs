@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
+use ipkeep_values::keys::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 
 use crate::affinity;
 use crate::pin::{Decision, PinOutcome, decide};

@@ -15,9 +15,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ipkeep_api::annotations::PINNED_BY;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RetentionPolicy};
+use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RecordRetention};
+use ipkeep_values::keys::PINNED_BY;
 
 use crate::condition::{DesiredCondition, NODE_LOST};
 use crate::spec::CheckedSpec;
@@ -235,7 +235,7 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
         }
     }
 
-    if input.config.retention_policy == RetentionPolicy::WhenScaled {
+    if input.config.retention_policy == RecordRetention::WhenScaled {
         records.retain(|name, _| {
             let keep = input.target.wants(name) || input.pods.contains_key(name);
             if !keep {

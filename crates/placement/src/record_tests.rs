@@ -8,7 +8,7 @@ fn t(s: i64) -> Time {
     Time(Timestamp::from_second(1_800_000_000 + s).unwrap())
 }
 
-fn config(policy: RetentionPolicy, action: NodeLossAction) -> CheckedSpec {
+fn config(policy: RecordRetention, action: NodeLossAction) -> CheckedSpec {
     CheckedSpec {
         topology_keys: vec!["kubernetes.io/hostname".into(), "zone".into()],
         annotation_keys: vec![],
@@ -69,7 +69,7 @@ impl Case {
     fn new() -> Self {
         Self {
             config: config(
-                RetentionPolicy::WhenScaled,
+                RecordRetention::WhenScaled,
                 NodeLossAction::FallbackToPreferred,
             ),
             target: target(3, 0),
@@ -225,7 +225,7 @@ fn when_scaled_prunes_out_of_range_once_no_pod_holds_the_name() {
 #[test]
 fn when_deleted_keeps_records_through_scale_down() {
     let mut c = Case::new();
-    c.config = config(RetentionPolicy::WhenDeleted, NodeLossAction::Wait);
+    c.config = config(RecordRetention::WhenDeleted, NodeLossAction::Wait);
     c.pods = vec![pod("db-0", "n1", true), pod("db-2", "n2", true)];
     c.step();
     c.target = target(0, 0);
@@ -315,7 +315,7 @@ fn missing_node_falls_back_after_the_grace_period() {
 #[test]
 fn not_ready_node_counts_from_its_transition_and_wait_keeps_the_pin() {
     let mut c = Case::new();
-    c.config = config(RetentionPolicy::WhenScaled, NodeLossAction::Wait);
+    c.config = config(RecordRetention::WhenScaled, NodeLossAction::Wait);
     c.pods = vec![pod("db-0", "n1", true)];
     c.step();
     c.pods.clear();

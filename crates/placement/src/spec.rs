@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use ipkeep_api::ipkeep_values::Retention;
-use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RetentionPolicy};
+use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RecordRetention};
+use ipkeep_values::Retention;
 use ipkeep_lifecycle::Lifecycle;
 
 use crate::label_syntax::check_label_key;
@@ -19,7 +19,7 @@ pub struct CheckedSpec {
     /// Pod annotation keys recorded with each pod.
     pub annotation_keys: Vec<String>,
     /// When records go.
-    pub retention_policy: RetentionPolicy,
+    pub retention_policy: RecordRetention,
     /// What a lost node does to its pins.
     pub node_loss_action: NodeLossAction,
     /// How long a node is missing or NotReady before the action applies.
@@ -73,7 +73,7 @@ pub fn check(spec: &PersistentPodStateSpec) -> Result<CheckedSpec, SpecError> {
     check_ip_retention(&spec.ip_retention)?;
     let after = &spec.node_loss_policy.after;
     let node_loss_after =
-        humantime::parse_duration(after.trim()).map_err(|_| SpecError::BadDuration {
+        ipkeep_values::duration::parse(after).map_err(|_| SpecError::BadDuration {
             field: "nodeLossPolicy.after",
             value: after.clone(),
             extra: "",

@@ -2,7 +2,7 @@
 //! module because both `spec` and `lifecycle` (which reads `spec.lifecycle` for `spec`) return
 //! it, and `lifecycle` must not import `spec` back.
 
-use ipkeep_api::ipkeep_values::RetentionError;
+use ipkeep_values::RetentionError;
 
 /// A spec the controller cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE;
+use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use ipkeep_api::Condition;
-use ipkeep_api::annotations::PINNED_BY;
+use ipkeep_values::keys::PINNED_BY;
 use ipkeep_api::k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
@@ -199,7 +199,7 @@ fn ready_says_why_it_does_not_record_and_what_became_of_the_records() {
                 w.spec = spec(json!({"ipRetention": "soon"}));
             },
             Verdict::InvalidSpec(SpecError::BadRetention(
-                ipkeep_api::ipkeep_values::Retention::parse("ipRetention", "soon").unwrap_err(),
+                ipkeep_values::Retention::parse("ipRetention", "soon").unwrap_err(),
             )),
             "InvalidSpec",
             "ipRetention",

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_api::ipkeep_values::ordinal;
 use ipkeep_api::k8s_openapi::api::apps::v1::StatefulSet;
 use ipkeep_api::k8s_openapi::api::core::v1::{Node, Pod};
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ipkeep_values::ordinal;
 
 /// A pod, as recording and pruning see it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
@@ -143,17 +143,17 @@ pub struct TargetView {
     /// `spec.ordinals.start` (0 when unset).
     pub ordinals_start: i32,
     /// Records of an earlier StatefulSet with this name are this one's: the PersistentPodState
-    /// carries [`ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE`] (see [`adopts`]).
+    /// carries [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] (see [`adopts`]).
     pub adopts_records: bool,
 }
 
 /// Whether an object's annotations ask for adoption
-/// ([`ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE`] is `"true"`): on a StatefulSet, to
+/// ([`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] is `"true"`): on a StatefulSet, to
 /// take over the PersistentPodState an earlier one of its name left; on a PersistentPodState,
 /// to keep its records when its StatefulSet is deleted, for the next one of that name.
 pub fn adopts(annotations: Option<&std::collections::BTreeMap<String, String>>) -> bool {
     annotations
-        .and_then(|a| a.get(ipkeep_api::annotations::ADOPT_PERSISTENT_POD_STATE))
+        .and_then(|a| a.get(ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE))
         .is_some_and(|v| v.trim() == "true")
 }
 

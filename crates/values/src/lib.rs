@@ -6,12 +6,14 @@
 //!   and OpenKruise's whole-minutes spelling;
 //! * [`ordinal`]: which ordinal a StatefulSet pod has (`db-2`, or its `apps.kubernetes.io/pod-index`
 //!   label);
+//! * [`duration`]: durations as the CRD's patterns write them (`nodeLossPolicy.after`);
 //! * [`time`]: unix timestamps printed for people, for any value;
 //! * [`names`]: Kubernetes names and pod UIDs as the runtime passes them to the node;
-//! * [`keys`]: the annotation and label keys that carry them.
+//! * [`keys`]: every annotation and label key ipkeep reads or writes.
 //!
 //! Pure values: no I/O, no clock, no Kubernetes client.
 
+pub mod duration;
 pub mod keys;
 pub mod names;
 pub mod ordinal;

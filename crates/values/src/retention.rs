@@ -3,10 +3,11 @@
 //! and of OpenKruise's whole-minutes `io.kubernetes.cri/reserved-ip-duration`.
 //!
 //! ```text
-//! retention := "0" | "forever" | term+          (surrounding whitespace ignored)
-//! term      := digits ("ns" | "us" | "ms" | "s" | "m" | "h" | "d")
+//! retention := "0" | "forever" | duration       (surrounding whitespace ignored)
 //! ```
-//! This is exactly the CRD's pattern for `spec.ipRetention`. A duration of zero is off, anything
+//! with `duration` of [`crate::duration`]. This is the CRD's pattern for `spec.ipRetention`, but
+//! for the whitespace (pod annotations have no schema) and the 100-year limit; `crates/api`'s
+//! tests feed one table of values to both. A duration of zero is off, anything
 //! shorter than a second is held for one second, and anything longer than [`MAX_SECONDS`] (100
 //! years) is refused: write `forever` instead. [`Retention`]'s `Display` is the canonical form and
 //! parses back to the same value.
@@ -14,6 +15,8 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use crate::duration::{self, Refused};
 
 /// The longest finite retention: 100 years of 365 days.
 pub const MAX_SECONDS: u64 = 100 * 365 * 86_400;
@@ -46,19 +49,6 @@ pub struct RetentionError {
 const HINT: &str = "expected a duration such as 30m, 24h or 1h30m (units ns, us, ms, s, m, h, d), \"forever\", or 0 to turn retention off";
 const TOO_LONG: &str = "longer than 100 years; write \"forever\" instead";
 
-fn unit_nanos(unit: &str) -> Option<u128> {
-    Some(match unit {
-        "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => return None,
-    })
-}
-
 impl Retention {
     /// Parses the retention grammar; `origin` names the key in errors.
     pub fn parse(origin: &str, text: &str) -> Result<Retention, RetentionError> {
@@ -75,27 +65,10 @@ impl Retention {
             _ => {}
         }
         let max_nanos = u128::from(MAX_SECONDS) * 1_000_000_000;
-        let mut nanos: u128 = 0;
-        let mut rest = t;
-        while !rest.is_empty() {
-            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-            let units = rest[digits..]
-                .bytes()
-                .take_while(u8::is_ascii_alphabetic)
-                .count();
-            if digits == 0 || units == 0 {
-                return Err(err(HINT));
-            }
-            let factor = unit_nanos(&rest[digits..digits + units]).ok_or_else(|| err(HINT))?;
-            // More digits than any valid value has: too long, whatever they say.
-            let number: u128 = rest[..digits].parse().map_err(|_| err(TOO_LONG))?;
-            nanos = number
-                .checked_mul(factor)
-                .and_then(|n| n.checked_add(nanos))
-                .filter(|n| *n <= max_nanos)
-                .ok_or_else(|| err(TOO_LONG))?;
-            rest = &rest[digits + units..];
-        }
+        let nanos = duration::nanos(t, max_nanos).map_err(|refused| match refused {
+            Refused::Syntax => err(HINT),
+            Refused::TooLong => err(TOO_LONG),
+        })?;
         // Sub-second retention rounds up: a pod that asked to be held must be held a little.
         let secs = nanos.div_ceil(1_000_000_000);
         Ok(match u64::try_from(secs) {

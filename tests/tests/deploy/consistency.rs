@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use ipkeep_api::annotations as keys;
 use ipkeep_api::k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -15,6 +14,7 @@ use ipkeep_api::k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use ipkeep_api::k8s_openapi::api::rbac::v1::PolicyRule;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use ipkeep_values::keys;
 use serde_json::Value;
 
 use super::cli::{Cli, binary, first_flag, flag_value, ipkeep_binary, port_of, resolve_port};
@@ -397,7 +397,7 @@ fn the_webhook_skips_ipkeep_system_and_disabled_namespaces_and_sees_statefulset_
             ["pods"] => {
                 let objects = hook.object_selector.as_ref().expect("objectSelector");
                 assert!(!selects(objects, &pod));
-                pod.insert(ipkeep_lifecycle::STATE_LABEL.into(), "Normal".into());
+                pod.insert(ipkeep_values::keys::STATE_LABEL.into(), "Normal".into());
                 assert!(selects(objects, &pod), "a pod with a lifecycle state");
             }
             ["pods/eviction"] => assert!(

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::annotations::{NODE_LOSS_AFTER, PINNED_BY};
+use ipkeep_values::keys::{NODE_LOSS_AFTER, PINNED_BY};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};

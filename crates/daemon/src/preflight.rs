@@ -1,8 +1,9 @@
-//! The check every ipkeep component makes before it starts: can PersistentPodStates be listed?
+//! What every ipkeep component does with the API server before it starts: find the cluster
+//! ([`client`]) and check that PersistentPodStates can be listed ([`check_crd`]).
 
 use kube::api::{Api, ListParams};
 
-use crate::PersistentPodState;
+use ipkeep_api::PersistentPodState;
 
 /// Why PersistentPodStates cannot be listed.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +19,17 @@ pub enum PreflightError {
     )]
     Unreachable(#[source] kube::Error),
 }
+
+/// Finds the cluster like kubectl: `$KUBECONFIG` (or `~/.kube/config`), else the in-cluster
+/// service account.
+pub async fn client() -> Result<kube::Client, ClientError> {
+    kube::Client::try_default().await.map_err(ClientError)
+}
+
+/// Why no API client could be made.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to find the cluster (set KUBECONFIG, or run in a pod with a service account): {0}")]
+pub struct ClientError(#[source] kube::Error);
 
 /// Lists one PersistentPodState, to check the CRD is installed and readable.
 pub async fn check_crd(client: &kube::Client) -> Result<(), PreflightError> {

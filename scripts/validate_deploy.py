@@ -1,0 +1,431 @@
+"""Offline validation of what a cluster admin applies (deploy/, or the directory given).
+
+Run by scripts/validate-deploy.sh, which makes the virtualenv with the pinned tools and says
+what is checked; importable (the checks are functions, `main` runs them):
+
+    K8S_VERSIONS="1.25 1.33 1.37" KUBECTL=/path/to/kubectl python3 scripts/validate_deploy.py deploy
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import jsonschema
+import promql_parser
+import yaml
+from kubernetes_validate import utils as kv
+
+# Set by main(): the directory checked, the Kubernetes versions, the kubectl of the cluster build
+# ("" skips the renderings), and what was found.
+root = "deploy"
+versions = []
+kubectl = ""
+failures, passed, skipped = [], [], []
+documents = []  # (where, path, doc)
+crd_schemas = {}  # (group/version, kind) -> schema
+
+
+def fail(where, why):
+    failures.append(f"{where}: {why}")
+    print(f"FAIL {where}: {why}")
+
+
+def skip(where, why):
+    skipped.append(where)
+    print(f"SKIP {where}: {why}")
+
+
+def ok(where, how):
+    passed.append(where)
+    print(f"ok   {where} ({how})")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ValueError(f"duplicate key(s) {dup}")
+    return dict(pairs)
+
+
+def walk(exts):
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(exts):
+                yield os.path.join(d, f)
+
+
+def rel(path):
+    return os.path.relpath(path, root)
+
+
+# 1. Parse everything.
+def parse_documents():
+    for path in walk((".yaml", ".yml")):
+        try:
+            with open(path) as f:
+                docs = list(yaml.load_all(f, Loader=StrictLoader))
+        except Exception as e:  # noqa: BLE001 - any parse error is a failure to report
+            fail(rel(path), f"not valid YAML: {e}")
+            continue
+        docs = [d for d in docs if d is not None]
+        if not docs:
+            fail(rel(path), "no YAML document")
+        for i, doc in enumerate(docs):
+            where = f"{rel(path)}#{i}"
+            if not isinstance(doc, dict):
+                fail(where, f"a document must be an object, found {type(doc).__name__}")
+            elif not isinstance(doc.get("apiVersion"), str) or not isinstance(doc.get("kind"), str):
+                fail(where, "a document needs string apiVersion and kind")
+            else:
+                name = (doc.get("metadata") or {}).get("name", "")
+                documents.append((f"{where} {doc['kind']}/{name}".rstrip("/"), path, doc))
+
+
+def check_conflist(path):
+    where = rel(path)
+    try:
+        with open(path) as f:
+            conf = json.load(f, object_pairs_hook=no_duplicates)
+    except Exception as e:  # noqa: BLE001
+        return fail(where, f"not valid JSON: {e}")
+    problems = []
+    if not isinstance(conf, dict):
+        return fail(where, "a conflist must be a JSON object")
+    for key in ("cniVersion", "name"):
+        if not isinstance(conf.get(key), str) or not conf.get(key):
+            problems.append(f"{key} must be a non-empty string")
+    plugins = conf.get("plugins")
+    if not isinstance(plugins, list) or not plugins:
+        problems.append("plugins must be a non-empty list")
+        plugins = []
+    ipkeep_users = 0
+    for n, plugin in enumerate(plugins):
+        if not isinstance(plugin, dict) or not isinstance(plugin.get("type"), str):
+            problems.append(f"plugins[{n}] needs a string type")
+            continue
+        ipam = plugin.get("ipam") or {}
+        if ipam.get("type") != "ipkeep":
+            continue
+        ipkeep_users += 1
+        caps = plugin.get("capabilities") or {}
+        if caps.get("io.kubernetes.cri.pod-annotations") is not True:
+            problems.append(f"plugins[{n}] ({plugin['type']}) delegates to ipkeep but lacks the "
+                            "capability io.kubernetes.cri.pod-annotations: true (retention "
+                            "reads the pod's annotations)")
+        if plugin["type"] == "flannel":
+            # flannel refuses delegate.ipam, and replaces ipam.ranges with its subnet.env.
+            delegate = plugin.get("delegate") or {}
+            for key in ("ipam", "name"):
+                if key in delegate:
+                    problems.append(f"plugins[{n}].delegate.{key}: flannel refuses it "
+                                    f"(it sets it itself); put IPAM in plugins[{n}].ipam")
+            for key in ("ranges", "subnet", "rangeStart", "rangeEnd"):
+                if key in ipam:
+                    problems.append(f"plugins[{n}].ipam.{key}: flannel fills the ranges from "
+                                    "/run/flannel/subnet.env; a subnet here becomes an extra "
+                                    "range set")
+    if ipkeep_users == 0:
+        problems.append("no plugin uses ipam type ipkeep")
+    if problems:
+        for p in problems:
+            fail(where, p)
+    else:
+        ok(where, "JSON, CNI shape, ipkeep capability")
+
+
+def check_conflists():
+    for path in walk((".conflist", ".conf", ".json")):
+        check_conflist(path)
+
+
+# 2./3. Validate each object.
+def strictify(schema):
+    """OpenAPI structural schema → JSON Schema that refuses unknown fields, like the API
+    server's strict field validation (kubectl's default)."""
+    if isinstance(schema, dict):
+        out = {k: strictify(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strictify(v) for v in schema]
+    return schema
+
+
+def collect_crd_schemas():
+    for _, _, doc in documents:
+        if doc["kind"] == "CustomResourceDefinition" and doc["apiVersion"].startswith("apiextensions.k8s.io/"):
+            spec = doc.get("spec") or {}
+            for v in spec.get("versions") or []:
+                schema = ((v.get("schema") or {}).get("openAPIV3Schema"))
+                if schema and v.get("served", True):
+                    crd_schemas[(f"{spec.get('group')}/{v.get('name')}",
+                                 (spec.get("names") or {}).get("kind"))] = strictify(schema)
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+METADATA_KEYS = {"name", "generateName", "namespace", "labels", "annotations"}
+
+
+def check_custom_resource(where, doc, schema):
+    meta = doc.get("metadata") or {}
+    errors = []
+    unknown = sorted(set(meta) - METADATA_KEYS)
+    if unknown:
+        errors.append(f"metadata: unexpected {unknown}")
+    if not DNS_SUBDOMAIN.match(str(meta.get("name", ""))) or len(str(meta.get("name"))) > 253:
+        errors.append(f"metadata.name {meta.get('name')!r} is not a DNS subdomain")
+    for key in ("labels", "annotations"):
+        value = meta.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            errors.append(f"metadata.{key} must map strings to strings")
+    body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+    validator = jsonschema.Draft7Validator(schema)
+    for e in sorted(validator.iter_errors(body), key=lambda e: list(e.path)):
+        errors.append(f"{'.'.join(map(str, e.path)) or '(root)'}: {e.message}")
+    if errors:
+        for e in errors:
+            fail(where, e)
+    else:
+        ok(where, f"against the CRD schema of {doc['apiVersion']} {doc['kind']}, strict")
+
+
+# kube-scheduler's KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) fields.
+SCHEDULER_TOP = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+                 "healthzBindAddress", "metricsBindAddress", "enableProfiling",
+                 "enableContentionProfiling", "percentageOfNodesToScore",
+                 "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders",
+                 "delayCacheUntilActive"}
+EXTENDER_KEYS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight",
+                 "bindVerb", "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable",
+                 "managedResources", "ignorable"}
+TLS_KEYS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData",
+            "caData"}
+
+
+def check_scheduler_config(where, doc):
+    errors = [f"unknown field {k}" for k in sorted(set(doc) - SCHEDULER_TOP)]
+    for n, ext in enumerate(doc.get("extenders") or []):
+        errors += [f"extenders[{n}]: unknown field {k}" for k in sorted(set(ext) - EXTENDER_KEYS)]
+        errors += [f"extenders[{n}].tlsConfig: unknown field {k}"
+                   for k in sorted(set(ext.get("tlsConfig") or {}) - TLS_KEYS)]
+        if not str(ext.get("urlPrefix", "")).startswith(("http://", "https://")):
+            errors.append(f"extenders[{n}].urlPrefix must be an http(s) URL")
+        if ext.get("enableHTTPS") and not str(ext.get("urlPrefix", "")).startswith("https://"):
+            errors.append(f"extenders[{n}]: enableHTTPS with a non-https urlPrefix")
+        w = ext.get("weight", 1)
+        if ext.get("prioritizeVerb") and (not isinstance(w, int) or w <= 0):
+            errors.append(f"extenders[{n}].weight must be a positive integer with prioritizeVerb")
+    if errors:
+        for e in errors:
+            fail(where, e)
+    else:
+        skip(where, "kube-scheduler reads it from a file; it is not an API object and "
+                    "kubernetes-validate has no schema for it. Checked: known v1 fields only "
+                    "(extender values are cross-checked by tests/tests/deploy.rs)")
+
+
+def check_kustomization(where, path, doc):
+    base = os.path.dirname(path)
+    missing = [r for r in doc.get("resources") or []
+               if not os.path.exists(os.path.join(base, r))]
+    for r in missing:
+        fail(where, f"resources: {r} does not exist")
+    if missing:
+        return
+    if not kubectl:
+        return skip(where, "resources exist; `kubectl kustomize` not run (no kubectl from the cluster build)")
+    out = subprocess.run([kubectl, "kustomize", base], capture_output=True, text=True)
+    if out.returncode != 0:
+        return fail(where, f"kubectl kustomize failed: {out.stderr.strip()}")
+    kinds = len([d for d in yaml.safe_load_all(out.stdout) if d])
+    ok(where, f"resources exist; kubectl kustomize renders {kinds} objects")
+
+
+def check_component(where, path, doc):
+    """A kustomize Component (deploy/cni): its files exist, and deploy/ with it renders into
+    objects that are valid in every version (checked like the files themselves)."""
+    base = os.path.dirname(path)
+    files = [f.split("=", 1)[-1] for g in doc.get("configMapGenerator") or []
+             for f in g.get("files") or []]
+    missing = [f for f in files if not os.path.exists(os.path.join(base, f))]
+    for f in missing:
+        fail(where, f"configMapGenerator: {f} does not exist")
+    if missing:
+        return
+    if not kubectl:
+        return skip(where, "files exist; `kubectl kustomize` not run (no kubectl from the cluster build)")
+    with tempfile.TemporaryDirectory() as t:
+        with open(os.path.join(t, "kustomization.yaml"), "w") as f:
+            yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1",
+                            "kind": "Kustomization",
+                            "resources": [os.path.relpath(root, t)],
+                            "components": [os.path.relpath(base, t)]}, f)
+        out = subprocess.run([kubectl, "kustomize", t], capture_output=True, text=True)
+    if out.returncode != 0:
+        return fail(where, f"{os.path.relpath(root)} with this component does not render: {out.stderr.strip()}")
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    bad = 0
+    for d in rendered:
+        name = f"{where} -> {d.get('kind')}/{(d.get('metadata') or {}).get('name', '')}"
+        if (d["apiVersion"], d["kind"]) in crd_schemas or d["kind"] == "CustomResourceDefinition":
+            continue
+        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            bad += not check_prometheus_rule(name, d, quiet=True)
+            continue
+        bad += not check_object(name, d, quiet=True)
+    if not bad:
+        ok(where, f"deploy/ with this component renders {len(rendered)} objects, each valid "
+                  f"(kubernetes-validate --strict, Kubernetes {', '.join(versions)})")
+
+
+def check_object(where, doc, quiet=False):
+    """kubernetes-validate --strict in every version; whether it passed."""
+    checked = []
+    for version in versions:
+        try:
+            checked.append(kv.validate(doc, version, strict=True))
+        except kv.ValidationError as e:
+            path_ = ".".join(str(p) for p in e.path) or "(root)"
+            fail(where, f"Kubernetes {e.version}: {path_}: {e.message}")
+            return False
+        except kv.SchemaNotFoundError:
+            fail(where, f"no schema for {doc['apiVersion']} {doc['kind']} in Kubernetes {version}, "
+                        "and it is not a kind this script knows how to check (a typo, or a removed API?)")
+            return False
+    if not quiet:
+        ok(where, "kubernetes-validate --strict, Kubernetes " + ", ".join(checked))
+    return True
+
+
+def check_cert_manager(where, doc):
+    spec = doc.get("spec") or {}
+    errors = []
+    if doc["kind"] == "Certificate":
+        if not spec.get("secretName"):
+            errors.append("spec.secretName is required")
+        if not (spec.get("issuerRef") or {}).get("name"):
+            errors.append("spec.issuerRef.name is required")
+    elif doc["kind"] in ("Issuer", "ClusterIssuer"):
+        kinds = [k for k in ("selfSigned", "ca", "acme", "vault", "venafi") if k in spec]
+        if len(kinds) != 1:
+            errors.append(f"spec needs exactly one issuer type, found {kinds}")
+    if errors:
+        for e in errors:
+            fail(where, e)
+    else:
+        skip(where, "cert-manager's CRD schemas cannot be fetched offline; checked only "
+                    "secretName/issuerRef (Certificate) or one issuer type (Issuer)")
+
+
+DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+
+
+def check_prometheus_rule(where, doc, quiet=False):
+    """A PrometheusRule: the fields the Prometheus Operator's CRD has for groups and rules,
+    nothing else, and every expr valid PromQL. Whether it passed."""
+    errors = []
+    if doc["apiVersion"] != "monitoring.coreos.com/v1" or doc["kind"] != "PrometheusRule":
+        errors.append(f"only monitoring.coreos.com/v1 PrometheusRule is known, not {doc['apiVersion']} {doc['kind']}")
+    spec = doc.get("spec") or {}
+    errors += [f"spec: unknown field {k}" for k in sorted(set(spec) - {"groups"})]
+    names = set()
+    for g, group in enumerate(spec.get("groups") or []):
+        at = f"spec.groups[{g}]"
+        errors += [f"{at}: unknown field {k}" for k in sorted(set(group) - {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset", "labels"})]
+        if not isinstance(group.get("name"), str) or group["name"] in names:
+            errors.append(f"{at}.name must be a unique string")
+        names.add(group.get("name"))
+        for r, rule in enumerate(group.get("rules") or []):
+            at_rule = f"{at}.rules[{r}] ({rule.get('alert') or rule.get('record')})"
+            errors += [f"{at_rule}: unknown field {k}" for k in sorted(set(rule) - RULE_KEYS)]
+            if ("alert" in rule) == ("record" in rule):
+                errors.append(f"{at_rule}: exactly one of alert and record")
+            if "for" in rule and not DURATION.match(str(rule["for"])):
+                errors.append(f"{at_rule}.for: {rule['for']!r} is not a duration")
+            for key in ("labels", "annotations"):
+                value = rule.get(key, {})
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    errors.append(f"{at_rule}.{key} must map strings to strings")
+            try:
+                promql_parser.parse(str(rule.get("expr", "")))
+            except Exception as e:  # noqa: BLE001 - the parser's error is the message
+                errors.append(f"{at_rule}.expr is not PromQL: {e}")
+    if not spec.get("groups"):
+        errors.append("spec.groups is empty")
+    for e in errors:
+        fail(where, e)
+    if not errors and not quiet:
+        ok(where, f"PrometheusRule fields by hand, every expr parsed as PromQL (promql-parser {getattr(promql_parser, '__version__', '0.11.0')})")
+    return not errors
+
+
+def check_documents():
+    for where, path, doc in documents:
+        gv, kind = doc["apiVersion"], doc["kind"]
+        if gv.startswith("kustomize.config.k8s.io/") and kind == "Kustomization":
+            check_kustomization(where, path, doc)
+            continue
+        if gv.startswith("kustomize.config.k8s.io/") and kind == "Component":
+            check_component(where, path, doc)
+            continue
+        if gv.startswith("kubescheduler.config.k8s.io/") and kind == "KubeSchedulerConfiguration":
+            check_scheduler_config(where, doc)
+            continue
+        if gv.startswith("cert-manager.io/"):
+            check_cert_manager(where, doc)
+            continue
+        if gv.startswith("monitoring.coreos.com/"):
+            check_prometheus_rule(where, doc)
+            continue
+        if (gv, kind) in crd_schemas:
+            check_custom_resource(where, doc, crd_schemas[(gv, kind)])
+            continue
+        check_object(where, doc)
+
+
+def main(argv):
+    global root, versions, kubectl
+    started = time.monotonic()
+    root = argv[1]
+    versions = os.environ["K8S_VERSIONS"].split()
+    kubectl = os.environ.get("KUBECTL", "")
+    parse_documents()
+    check_conflists()
+    collect_crd_schemas()
+    check_documents()
+    elapsed = time.monotonic() - started
+    print(f"validate-deploy: {len(passed)} valid, {len(failures)} invalid, {len(skipped)} skipped "
+          f"(kubernetes-validate {kv.__version__}, Kubernetes {', '.join(versions)}; {elapsed:.1f}s)")
+    if failures:
+        print("validate-deploy: FAILED:", *failures, sep="\n  ")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
