@@ -35,7 +35,7 @@ struct Sample {
 }
 
 fn ready(pod: &Pod) -> bool {
-    ipkeep_e2e::sim::statefulset::is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
+    ipkeep_e2e::objects::is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T>
@@ -212,6 +212,7 @@ async fn main() -> Result<()> {
             repo: repo_root(),
             state: work.path().join(label),
             nodes: 2,
+            kwok_nodes: 0,
             port_base: 16440,
             without_ipkeep: !with_ipkeep,
             dual_stack: false,
