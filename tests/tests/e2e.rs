@@ -15,8 +15,6 @@ use ipkeep_tests::{demo_bin, require_root};
 
 #[path = "e2e/lifecycle.rs"]
 mod lifecycle;
-#[path = "e2e/lifecycle_cost.rs"]
-mod lifecycle_cost;
 #[path = "e2e/network_ready.rs"]
 mod network_ready;
 #[path = "e2e/retention.rs"]
@@ -157,20 +155,6 @@ fn retention_steps_on_a_running_cluster() {
     if steps == "dual-stack" {
         retention::dual_stack_on_real_nodes(state);
     }
-}
-
-/// What the lifecycle hooks add to a pod rebuild (`scripts/bench-lifecycle.sh` runs it on a
-/// cluster of its own): `IPKEEP_CLUSTER_STATE` names a running cluster with real nodes,
-/// `IPKEEP_ROUNDS` the rebuilds of each StatefulSet (default 10).
-#[test]
-#[ignore = "a benchmark; needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
-fn lifecycle_cost_on_a_running_cluster() {
-    let state = std::env::var_os("IPKEEP_CLUSTER_STATE").expect("IPKEEP_CLUSTER_STATE");
-    let rounds = std::env::var("IPKEEP_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(10);
-    lifecycle_cost::measure(std::path::Path::new(&state), rounds);
 }
 
 /// Every real node's kubelet is the release asked for (`IPKEEP_K8S_VERSION`,
