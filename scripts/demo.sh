@@ -38,6 +38,8 @@ else
       echo "demo: NOT SHOWN: the node side (a rebuilt pod keeping its IP, the node stores, the agents). Run as root for the whole story." >&2
       args+=(--control-plane-only) ;;
   esac
+  # Three kwok nodes (zone-0..zone-2): a pod each, so losing one node strands one pod only.
+  case " $* " in *" --nodes "*|*" --kubeconfig "*) ;; *) args+=(--nodes 3) ;; esac
 fi
 cargo build --release --quiet --locked "${packages[@]}" --bins
 exec target/release/ipkeep-demo "${args[@]}"
