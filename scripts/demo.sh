@@ -25,10 +25,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 args=("$@")
-packages=(-p ipkeep-e2e -p ipkeep-controller -p ipkeep-scheduler-ext)
+# The controller and scheduler-ext alone, as scripts/cluster.sh builds them (with other packages
+# in the same build their features differ, and cluster.sh would build them again).
+cluster_packages=(-p ipkeep-controller -p ipkeep-scheduler-ext)
+packages=(-p ipkeep-e2e)
 if [ "$(id -u)" -eq 0 ]; then
   scripts/install-deps.sh
-  packages+=(-p ipkeep-cni -p ipkeep-agent)
+  cluster_packages=(-p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext)
+  packages+=(-p ipkeep-cni)
 else
   case " $* " in
     *" --control-plane-only "*|*" --kubeconfig "*) ;;
@@ -41,5 +45,6 @@ else
   # Three kwok nodes (zone-0..zone-2): a pod each, so losing one node strands one pod only.
   case " $* " in *" --nodes "*|*" --kubeconfig "*) ;; *) args+=(--nodes 3) ;; esac
 fi
+cargo build --release --quiet --locked "${cluster_packages[@]}" --bins
 cargo build --release --quiet --locked "${packages[@]}" --bins
 exec target/release/ipkeep-demo "${args[@]}"
