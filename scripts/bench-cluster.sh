@@ -45,33 +45,13 @@ trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true
 # shellcheck source=scripts/bench-lib.sh
 . "$repo/scripts/bench-lib.sh"
 say() { echo "bench-cluster: $*" >&2; }
+bench_report_build
 
-# Mean and quantiles of the scheduler's attempt-duration histogram between two scrapes.
-attempts() { # before-file after-file -> "count p50 p99" in ms
-  python3 - "$1" "$2" <<'EOF'
-import re, sys
-def read(path):
-    buckets, count = {}, 0.0
-    for line in open(path):
-        m = re.match(r'scheduler_scheduling_attempt_duration_seconds_bucket\{([^}]*)\} (\S+)', line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if labels.get("result") != "scheduled":
-            continue
-        le = float("inf") if labels["le"] == "+Inf" else float(labels["le"])
-        buckets[le] = buckets.get(le, 0.0) + float(m.group(2))
-    return buckets
-a, b = read(sys.argv[1]), read(sys.argv[2])
-d = sorted((le, b[le] - a.get(le, 0.0)) for le in b)
-total = d[-1][1] if d else 0
-def q(p):
-    for le, c in d:
-        if c >= p * total:
-            return le * 1000
-    return float("nan")
-print(f"{int(total)} {q(0.5):.1f} {q(0.99):.1f}")
-EOF
+# Observations and p50 / p99 (ms) of the scheduler's attempt-duration histogram between two
+# scrapes (files): "count p50 p99".
+attempts() {
+  "$report" histogram scheduler_scheduling_attempt_duration_seconds "$1" "$2" \
+    --label result=scheduled --quantiles 0.5,0.99 --scale 1000
 }
 
 # How many pods kube-scheduler has bound so far (its scheduler_schedule_attempts_total with
@@ -150,17 +130,4 @@ EOF
   "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
 done
 
-python3 - "$pods" "$nodes" "${results[@]}" <<'EOF'
-import sys
-pods, nodes = int(sys.argv[1]), int(sys.argv[2])
-rows = [r.split() for r in sys.argv[3:]]
-base = {r[0]: r for r in rows}.get("none")
-print(f"\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until kube-scheduler bound all\n")
-print("| mode | create pods/s | vs none | rebuild pods/s | vs none | attempt p50 / p99 ms (create) | attempt p50 / p99 ms (rebuild) |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for mode, c, r, p50c, p99c, p50r, p99r in rows:
-    tc, tr = pods * 1000 / float(c), pods * 1000 / float(r)
-    vc = f"{tc / (pods * 1000 / float(base[1])):.2f}x" if base else "-"
-    vr = f"{tr / (pods * 1000 / float(base[2])):.2f}x" if base else "-"
-    print(f"| {mode} | {tc:.1f} | {vc} | {tr:.1f} | {vr} | {p50c} / {p99c} | {p50r} / {p99r} |")
-EOF
+printf '%s\n' "${results[@]}" | "$report" cluster "$pods" "$nodes"

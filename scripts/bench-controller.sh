@@ -38,7 +38,8 @@ trap '"$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null 2>&1 || true
 # shellcheck source=scripts/bench-lib.sh
 . "$repo/scripts/bench-lib.sh"
 say() { echo "bench-controller: $*" >&2; }
-now() { date +%s.%N; }
+now_ms() { date +%s%3N; }
+bench_report_build
 
 statefulsets() {
   local i
@@ -70,17 +71,14 @@ EOF
 }
 
 # Pods whose Ready condition is True, and the latest lastTransitionTime among them (epoch s).
+# (RFC 3339 times in UTC sort as text.)
 ready() {
-  $k get pods -n bench --chunk-size=1000 -o jsonpath='{range .items[*]}{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastTransitionTime}{"\n"}{end}{end}' |
-    python3 -c '
-import sys, datetime
-n, last = 0, 0.0
-for line in sys.stdin:
-    s, _, t = line.strip().partition(" ")
-    if s == "True":
-        n += 1
-        last = max(last, datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp())
-print(n, last)'
+  local times n last=0
+  times=$($k get pods -n bench --chunk-size=1000 -o jsonpath='{range .items[*]}{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastTransitionTime}{"\n"}{end}{end}' |
+    awk '$1 == "True" {print $2}' | sort)
+  n=$(grep -c . <<<"$times" || true)
+  [ "$n" -gt 0 ] && last=$(date -d "$(tail -1 <<<"$times")" +%s)
+  echo "$n $last"
 }
 
 recorded() {
@@ -101,13 +99,13 @@ for mode in $modes; do
   writes0=0
   [ "$mode" = none ] || writes0=$(pps_writes)
   say "mode $mode: creating $sets StatefulSets of $replicas pods"
-  t0=$(now)
+  t0=$(now_ms)
   $k create -f "$state/sts.yaml" >/dev/null
   last_report=0
   while :; do
     read -r n last_ready <<<"$(ready)"
     [ "$n" -ge "$pods" ] && break
-    elapsed=$(python3 -c "print(int($(now) - $t0))")
+    elapsed=$(( ($(now_ms) - t0) / 1000 ))
     if [ "$elapsed" -ge $((last_report + 30)) ]; then
       last_report=$elapsed
       say "mode $mode: $n of $pods pods Ready after ${elapsed} s"
@@ -115,38 +113,25 @@ for mode in $modes; do
     [ "$elapsed" -lt 1800 ] || { say "mode $mode: only $n of $pods pods Ready after 30 min; giving up"; exit 1; }
     sleep 5
   done
-  t_ready=$(python3 -c "print(f'{$last_ready - $t0:.1f}')")
-  lag=- rss0=- rss1=- per_pod=- events=-
+  ready_ms=$(( last_ready * 1000 - t0 ))
+  lag=- rss0=- rss1=- writes=- events=-
   if [ "$mode" != none ]; then
     while [ "$(recorded)" -lt "$pods" ]; do sleep 0.5; done
     # The last record's recordedAt (written by the controller) minus the last Ready transition
     # (written by kwok): both second-resolution timestamps, so polling adds nothing.
-    last_record=$($k get pps -n bench -o json | python3 -c '
-import json, sys, datetime
-t = max(r["recordedAt"] for p in json.load(sys.stdin)["items"] for r in p["status"]["podStates"].values())
-print(datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp())')
-    lag=$(python3 -c "print(f'{$last_record - $last_ready:.0f}')")
+    last_record=$($k get pps -n bench -o jsonpath='{range .items[*]}{range .status.podStates.*}{.recordedAt}{"\n"}{end}{end}' | sort | tail -1)
+    lag=$(( $(date -d "$last_record" +%s) - last_ready ))
     writes=$(($(pps_writes) - writes0))
     events=$($k get events -n bench --field-selector reportingComponent=ipkeep-controller -o name | wc -l)
-    per_pod=$(python3 -c "print(f'{($writes + $events) / $pods:.2f}')")
     rss() { awk '/^VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$(cat "$state/c/pids/$1")/status"; }
     rss0=$(rss controller-0) rss1=$(rss controller-1)
     say "mode $mode: $writes PersistentPodState writes and $events Events for $pods pods"
   fi
-  say "mode $mode: all Ready ${t_ready} s after the create; recorded ${lag} s after the last Ready; VmHWM ${rss0} / ${rss1} MiB"
-  results+=("$mode $t_ready $lag $rss0 $rss1 $per_pod")
+  say "mode $mode: all Ready ${ready_ms} ms after the create; recorded ${lag} s after the last Ready; VmHWM ${rss0} / ${rss1} MiB"
+  writes_and_events=-
+  [ "$writes" = - ] || writes_and_events=$((writes + events))
+  results+=("$mode $ready_ms $lag $rss0 $rss1 $writes_and_events")
   "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
 done
 
-python3 - "$sets" "$replicas" "$nodes" "${results[@]}" <<'EOF'
-import sys
-sets, replicas, nodes = sys.argv[1:4]
-rows = [r.split() for r in sys.argv[4:]]
-base = {r[0]: r for r in rows}.get("none")
-print(f"\n{sets} StatefulSets x {replicas} pods on {nodes} kwok nodes\n")
-print("| mode | create -> all Ready s (1 s resolution) | vs none | last Ready -> last record s (1 s resolution) | controller VmHWM MiB (two replicas) | API writes per pod |")
-print("|---|---:|---:|---:|---:|---:|")
-for mode, ready, lag, r0, r1, per_pod in rows:
-    ratio = f"{float(ready) / float(base[1]):.2f}x" if base and float(base[1]) > 0 else "-"
-    print(f"| {mode} | {ready} | {ratio} | {lag} | {r0} / {r1} | {per_pod} |")
-EOF
+printf '%s\n' "${results[@]}" | "$report" controller "$sets" "$replicas" "$nodes"

@@ -1,5 +1,15 @@
 # Shared by scripts/bench-cluster.sh and scripts/bench-controller.sh (sourced, not run).
 #
+# bench_report_build: builds ipkeep-bench-report (tests/src/bench: the statistics and tables
+# every benchmark shares) and sets report to its path; the scripts pipe what they measured into
+# it.
+bench_report_build() {
+  say "building ipkeep-bench-report"
+  (cd "$repo" && cargo build -q --locked --release -p ipkeep-tests --bin ipkeep-bench-report) ||
+    { say "building ipkeep-bench-report failed"; exit 1; }
+  report=${CARGO_TARGET_DIR:-$repo/target}/release/ipkeep-bench-report
+}
+#
 # bench_up MODE: a fresh cluster in $state/c with $nodes kwok nodes, ipkeep's release build and
 # upstream's node timeouts (and $pin_cpus, if set, as --pin-cpus); MODE is none (no ipkeep),
 # webhook (no extender) or full. Exports

@@ -8,7 +8,7 @@
 # in --state DIR, and rebuilds two one-pod StatefulSets on node-0 in turn, N times each (default
 # 10): one without hooks (the baseline) and one with preNormal and preDelete on one label and
 # markPodNotReady, whose handshake an operator in the test process answers the moment a watch
-# shows it. Prints medians and p90s (tests/tests/e2e/lifecycle_cost.rs).
+# shows it. Prints medians and p90s (tests/benches/lifecycle.rs).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,4 +32,4 @@ if [ -z "$state" ]; then
 fi
 cd "$repo"
 IPKEEP_CLUSTER_STATE=$state IPKEEP_ROUNDS=$rounds \
-  cargo test -q --locked -p ipkeep-tests --test e2e lifecycle_cost_on_a_running_cluster -- --ignored --nocapture
+  cargo bench -q --locked -p ipkeep-tests --bench lifecycle

@@ -9,28 +9,42 @@
 # the exit code says whether every expectation held. The first run builds Kubernetes (about 10
 # minutes) and ipkeep's release build; later runs take about two minutes.
 #
-# Without root the real cluster cannot run here: the same story then runs on the in-memory
-# simulation (--simulated), and the output says so. Arguments go to ipkeep-demo (see --help):
-#   scripts/demo.sh --keep-running       # leave the cluster up and poke at it with kubectl
-#   scripts/demo.sh --simulated          # the simulation, even as root
-#   scripts/demo.sh --kubeconfig FILE    # the story (API only) on another cluster with ipkeep
+# Without root, real nodes cannot run here (network and mount namespaces, cgroups, containerd):
+# it then runs the control-plane half of the story (--control-plane-only) on the same control
+# plane with kwok nodes (etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok
+# need no root; ipkeep's controller and scheduler-ext run as local processes): the pins, the
+# records, node loss and scaling. The node side is NOT shown (kwok nodes run no CNI plugin: a
+# rebuilt pod keeping its IP, the node stores, the agents), and the output says so.
+# Arguments go to ipkeep-demo (see --help):
+#   scripts/demo.sh --keep-running          # leave the cluster up and poke at it with kubectl
+#   scripts/demo.sh --control-plane-only    # the kwok story, even as root
+#   scripts/demo.sh --kubeconfig FILE       # the story (API only) on another cluster with ipkeep
 # The cluster runs Kubernetes v1.37.2; IPKEEP_K8S_VERSION=v1.35.4 (or v1.36.3) picks another
 # supported release (scripts/cluster.sh --k8s-version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 args=("$@")
+# The controller and scheduler-ext alone, as scripts/cluster.sh builds them (with other packages
+# in the same build their features differ, and cluster.sh would build them again).
+cluster_packages=(-p ipkeep-controller -p ipkeep-scheduler-ext)
+packages=(-p ipkeep-e2e)
 if [ "$(id -u)" -eq 0 ]; then
   scripts/install-deps.sh
+  cluster_packages=(-p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext)
+  packages+=(-p ipkeep-cni)
 else
   case " $* " in
-    *" --simulated "*|*" --kubeconfig "*) ;;
+    *" --control-plane-only "*|*" --kubeconfig "*) ;;
     *)
-      echo "demo: NOT ROOT: a real cluster cannot run here (it needs network and mount namespaces, cgroups and containerd)." >&2
-      echo "demo: running the SIMULATION instead (--simulated); run as root for the real cluster." >&2
-      args+=(--simulated) ;;
+      echo "demo: NOT ROOT: real nodes cannot run here (they need network and mount namespaces, cgroups and containerd)." >&2
+      echo "demo: running the CONTROL-PLANE HALF of the story instead (--control-plane-only): the real control plane with kwok nodes;" >&2
+      echo "demo: NOT SHOWN: the node side (a rebuilt pod keeping its IP, the node stores, the agents). Run as root for the whole story." >&2
+      args+=(--control-plane-only) ;;
   esac
+  # Three kwok nodes (zone-0..zone-2): a pod each, so losing one node strands one pod only.
+  case " $* " in *" --nodes "*|*" --kubeconfig "*) ;; *) args+=(--nodes 3) ;; esac
 fi
-cargo build --release --quiet --locked -p ipkeep-e2e -p ipkeep-cni -p ipkeep-agent -p ipkeep-controller \
-  -p ipkeep-scheduler-ext --bins
+cargo build --release --quiet --locked "${cluster_packages[@]}" --bins
+cargo build --release --quiet --locked "${packages[@]}" --bins
 exec target/release/ipkeep-demo "${args[@]}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Builds the container images the test cluster's real nodes run, as OCI image-layout tarballs,
-without a registry or a Docker daemon (scripts/images.sh imports them into each node's containerd).
+without a registry or a Docker daemon (scripts/cluster.sh imports them into each node's
+containerd, in scripts/lib/nodes.sh).
 
   scripts/images.py --release-dir target/release --plugin PATH --out DIR [--tag TAG]
 

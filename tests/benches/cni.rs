@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ipkeep_ipam::{DiskStore, NetworkDir, RangeSet, RangeSpec, StoreRead};
 use ipkeep_tests::agent::{Agent, AgentOptions};
+use ipkeep_tests::bench::{Summary, Table, ratio};
 use ipkeep_tests::{Invocation, PluginOutput, ipkeep_bin, reference_plugin, store};
 use tempfile::TempDir;
 
@@ -188,33 +189,9 @@ impl Run {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Stats {
-    median: f64,
-    p90: f64,
-    p99: f64,
-    mean: f64,
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// Nearest-rank percentiles, in milliseconds.
-fn stats(walls: &[Duration]) -> Stats {
-    assert!(!walls.is_empty(), "no samples");
-    let mut sorted = walls.to_vec();
-    sorted.sort();
-    let rank = |p: f64| {
-        let idx = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-        ms(sorted[idx])
-    };
-    Stats {
-        median: rank(0.5),
-        p90: rank(0.9),
-        p99: rank(0.99),
-        mean: ms(sorted.iter().sum::<Duration>()) / sorted.len() as f64,
-    }
+/// The shared statistics, in milliseconds.
+fn stats(walls: &[Duration]) -> Summary {
+    Summary::of_ms(walls).expect("no samples")
 }
 
 /// Mean of ipkeep's phases over the samples that reported them, in milliseconds:
@@ -246,7 +223,7 @@ fn phase_means(samples: &[Sample]) -> [f64; 8] {
 }
 
 /// Median and p99 of one phase, in milliseconds.
-fn phase_spread(samples: &[Sample], phase: fn(&Phases) -> u64) -> Option<Stats> {
+fn phase_spread(samples: &[Sample], phase: fn(&Phases) -> u64) -> Option<Summary> {
     let values: Vec<Duration> = samples
         .iter()
         .filter_map(|s| s.phases.as_ref().map(|p| Duration::from_micros(phase(p))))
@@ -571,9 +548,9 @@ fn print_scenario(s: &Scenario) {
     }
     if let [Some(a), Some(b)] = st {
         println!(
-            "  ratio ipkeep/host-local: median {:.2}x  p99 {:.2}x",
-            a.median / b.median,
-            a.p99 / b.p99
+            "  ratio ipkeep/host-local: median {}  p99 {}",
+            ratio(a.median, Some(b.median)),
+            ratio(a.p99, Some(b.p99))
         );
     }
     for c in [None, Some("ADD"), Some("DEL")] {
@@ -798,40 +775,57 @@ fn main() {
         bench_started.elapsed().as_secs_f64()
     );
     println!("\n### Wall time per operation (ms), spawn to exit\n");
-    println!(
-        "| scenario | ops/plugin | ipkeep median | ipkeep p90 | ipkeep p99 | host-local median | host-local p90 | host-local p99 | ratio median | ratio p99 | ipkeep ops/s | host-local ops/s |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut walls = Table::new(&[
+        "scenario",
+        ">ops/plugin",
+        ">ipkeep median",
+        ">ipkeep p90",
+        ">ipkeep p99",
+        ">host-local median",
+        ">host-local p90",
+        ">host-local p99",
+        ">ratio median",
+        ">ratio p99",
+        ">ipkeep ops/s",
+        ">host-local ops/s",
+    ]);
     for s in &scenarios {
         let a = stats(&s.runs[0].walls(None));
         let b = stats(&s.runs[1].walls(None));
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.2}x | {:.0} | {:.0} |",
-            s.name,
-            s.ops,
-            a.median,
-            a.p90,
-            a.p99,
-            b.median,
-            b.p90,
-            b.p99,
-            a.median / b.median,
-            a.p99 / b.p99,
-            s.runs[0].ops_per_sec(),
-            s.runs[1].ops_per_sec(),
-        );
+        walls.row([
+            s.name.clone(),
+            s.ops.to_string(),
+            format!("{:.2}", a.median),
+            format!("{:.2}", a.p90),
+            format!("{:.2}", a.p99),
+            format!("{:.2}", b.median),
+            format!("{:.2}", b.p90),
+            format!("{:.2}", b.p99),
+            ratio(a.median, Some(b.median)),
+            ratio(a.p99, Some(b.p99)),
+            format!("{:.0}", s.runs[0].ops_per_sec()),
+            format!("{:.0}", s.runs[1].ops_per_sec()),
+        ]);
     }
+    print!("{walls}");
     println!("\n### ipkeep phases (mean ms per op, ADD and DEL together)\n");
-    println!(
-        "| scenario | parse | lock wait | store open | alloc+commit | rest (close) | total (in process) | wall | process start+exit |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut phases = Table::new(&[
+        "scenario",
+        ">parse",
+        ">lock wait",
+        ">store open",
+        ">alloc+commit",
+        ">rest (close)",
+        ">total (in process)",
+        ">wall",
+        ">process start+exit",
+    ]);
     for s in scenarios.iter().filter(|s| s.name != "version") {
         let m = phase_means(&s.runs[0].samples);
-        println!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            s.name, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]
-        );
+        let mut row = vec![s.name.clone()];
+        row.extend(m.iter().map(|v| format!("{v:.3}")));
+        phases.row(row);
     }
+    print!("{phases}");
     println!("\nload average: start {load_start}, end {load_end}");
 }

@@ -1,4 +1,4 @@
-/* The pod sandbox's process for the test cluster's nodes (scripts/images.sh builds it into the
+/* The pod sandbox's process for the test cluster's nodes (scripts/images.py builds it into the
  * image localhost/ipkeep/pause): it holds the pod's namespaces open and does nothing else.
  * It waits for signals, reaps any child that is re-parented to it (it is PID 1 of the pod when
  * the pod shares its process namespace), and exits 0 on SIGTERM or SIGINT. Built with

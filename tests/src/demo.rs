@@ -1,5 +1,5 @@
-//! The node-side demonstration, shared by `netns-demo` (the README's first command) and the
-//! network-namespace test: Debian's real `bridge` plugin delegating IPAM to `ipkeep`, in real
+//! The node side of a rebuild without a cluster, for the network-namespace test
+//! (`tests/tests/netns.rs`): Debian's real `bridge` plugin delegating IPAM to `ipkeep`, in real
 //! network namespaces, one pod deleted and rebuilt under the same name.
 //!
 //! Everything lives in throwaway namespaces: a "node" namespace holds the bridge, so the host's

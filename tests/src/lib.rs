@@ -443,6 +443,7 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
 
 pub mod agent;
 pub mod apisim;
+pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod kubectl;

@@ -1,5 +1,5 @@
-//! The whole system end to end: `ipkeep-demo` (the README's first command) run as a user runs
-//! it, and its verdict checked. The scenario itself, with its expectations, is `crates/e2e`.
+//! The whole system end to end: `ipkeep-demo` (what `scripts/demo.sh` runs) run as a user runs
+//! it, and its verdict checked. The scenario itself, with its expectations, is `tests/e2e`.
 //!
 //! - `story_on_real_nodes`: the default, on a real dual-stack cluster with real nodes on this
 //!   machine (`scripts/cluster.sh --ip-family dual`: kubelet, containerd, ipkeep installed from
@@ -7,9 +7,6 @@
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
 //!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`).
-//! - `simulated_scenario_survives_restarts_of_every_component`: `--simulated`, the fallback
-//!   where the real cluster cannot run; kept because it SIGKILLs every component mid-scenario,
-//!   which the real cluster's pods (replaced, so SIGTERM) do not show.
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Output, Stdio};
@@ -18,8 +15,6 @@ use ipkeep_tests::{demo_bin, require_root};
 
 #[path = "e2e/lifecycle.rs"]
 mod lifecycle;
-#[path = "e2e/lifecycle_cost.rs"]
-mod lifecycle_cost;
 #[path = "e2e/network_ready.rs"]
 mod network_ready;
 #[path = "e2e/retention.rs"]
@@ -62,25 +57,6 @@ fn expectations_held(output: &str) -> usize {
         .find(|l| l.starts_with("all ") && l.ends_with(" expectations held"))
         .unwrap_or_else(|| panic!("no verdict in:\n{output}"));
     line.split(' ').nth(1).unwrap().parse().unwrap()
-}
-
-#[test]
-fn simulated_scenario_survives_restarts_of_every_component() {
-    let _turn = one_at_a_time();
-    let mut args = vec!["--simulated", "--restarts"];
-    if !nix::unistd::Uid::effective().is_root() {
-        args.push("--ipam-only");
-    }
-    let out = demo(&args);
-    assert_eq!(
-        out.matches(
-            "restarted and ready again: controller-0, controller-1, scheduler-ext, agent-node-1"
-        )
-        .count(),
-        2,
-        "{out}"
-    );
-    assert!(expectations_held(&out) >= 16, "{out}");
 }
 
 /// The story on a real cluster with real nodes, then `--kubeconfig` against the same cluster
@@ -179,20 +155,6 @@ fn retention_steps_on_a_running_cluster() {
     if steps == "dual-stack" {
         retention::dual_stack_on_real_nodes(state);
     }
-}
-
-/// What the lifecycle hooks add to a pod rebuild (`scripts/bench-lifecycle.sh` runs it on a
-/// cluster of its own): `IPKEEP_CLUSTER_STATE` names a running cluster with real nodes,
-/// `IPKEEP_ROUNDS` the rebuilds of each StatefulSet (default 10).
-#[test]
-#[ignore = "a benchmark; needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
-fn lifecycle_cost_on_a_running_cluster() {
-    let state = std::env::var_os("IPKEEP_CLUSTER_STATE").expect("IPKEEP_CLUSTER_STATE");
-    let rounds = std::env::var("IPKEEP_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(10);
-    lifecycle_cost::measure(std::path::Path::new(&state), rounds);
 }
 
 /// Every real node's kubelet is the release asked for (`IPKEEP_K8S_VERSION`,

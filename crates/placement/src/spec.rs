@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use ipkeep_api::{NodeLossAction, PersistentPodStateSpec, RecordRetention};
-use ipkeep_values::Retention;
 use ipkeep_lifecycle::Lifecycle;
+use ipkeep_values::Retention;
 
 use crate::label_syntax::check_label_key;
 pub use crate::spec_error::SpecError;

@@ -17,9 +17,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{PersistentPodStateSpec, PersistentPodStateStatus, PodState};
+use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 
 use crate::condition::{self, DesiredCondition, NODE_LOST, READY};
 use crate::record::{self, RecordChange, RecordInput};

@@ -1,8 +1,8 @@
 #![allow(clippy::unwrap_used)]
 
 use ipkeep_api::Condition;
-use ipkeep_values::keys::PINNED_BY;
 use ipkeep_api::k8s_openapi::jiff::Timestamp;
+use ipkeep_values::keys::PINNED_BY;
 use serde_json::json;
 
 use super::*;

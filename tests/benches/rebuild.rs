@@ -3,8 +3,8 @@
 //! (bridge with host-local, from the CNI plugins the nodes run), in one run.
 //!
 //! ```sh
-//! cargo bench -p ipkeep-e2e --bench rebuild                      # 60 rebuilds per mode
-//! IPKEEP_BENCH_REBUILDS=10 cargo bench -p ipkeep-e2e --bench rebuild
+//! cargo bench -p ipkeep-tests --bench rebuild                      # 60 rebuilds per mode
+//! IPKEEP_BENCH_REBUILDS=10 cargo bench -p ipkeep-tests --bench rebuild
 //! ```
 //!
 //! For each mode a fresh cluster (`scripts/cluster.sh up`, two real nodes; needs root and the
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use ipkeep_e2e::nodes::{RealCluster, Setup};
 use ipkeep_e2e::repo_root;
+use ipkeep_tests::bench::{Summary, Table, ratio};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -35,7 +36,7 @@ struct Sample {
 }
 
 fn ready(pod: &Pod) -> bool {
-    ipkeep_e2e::sim::statefulset::is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
+    ipkeep_e2e::objects::is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T>
@@ -158,31 +159,6 @@ async fn run_mode(client: &Client, with_ipkeep: bool, rebuilds: usize) -> Result
     Ok(samples)
 }
 
-struct Stats {
-    median: f64,
-    p90: f64,
-    p99: f64,
-    min: f64,
-    max: f64,
-    same_ip: usize,
-    n: usize,
-}
-
-fn stats(samples: &[Sample]) -> Stats {
-    let mut ms: Vec<f64> = samples.iter().map(|s| s.wall.as_secs_f64() * 1e3).collect();
-    ms.sort_by(f64::total_cmp);
-    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
-    Stats {
-        median: at(0.5),
-        p90: at(0.9),
-        p99: at(0.99),
-        min: ms[0],
-        max: ms[ms.len() - 1],
-        same_ip: samples.iter().filter(|s| s.same_ip).count(),
-        n: samples.len(),
-    }
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
@@ -218,6 +194,7 @@ async fn main() -> Result<()> {
             repo: repo_root(),
             state: work.path().join(label),
             nodes: 2,
+            kwok_nodes: 0,
             port_base: 16440,
             without_ipkeep: !with_ipkeep,
             dual_stack: false,
@@ -225,26 +202,36 @@ async fn main() -> Result<()> {
         let cluster = RealCluster::up(&setup).await?;
         let samples = run_mode(&cluster.client(), with_ipkeep, rebuilds).await?;
         drop(cluster);
-        results.push((label, stats(&samples)));
+        let walls: Vec<Duration> = samples.iter().map(|s| s.wall).collect();
+        let summary = Summary::of_ms(&walls).context("no rebuilds")?;
+        let same_ip = samples.iter().filter(|s| s.same_ip).count();
+        results.push((label, summary, same_ip));
     }
-    println!(
-        "\n| mode | rebuilds | median ms | p90 ms | p99 ms | min ms | max ms | same IP | median vs host-local |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let base = results[0].1.median;
-    for (label, s) in &results {
-        println!(
-            "| {label} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {}/{} | {:.2}x |",
-            s.n,
-            s.median,
-            s.p90,
-            s.p99,
-            s.min,
-            s.max,
-            s.same_ip,
-            s.n,
-            s.median / base
-        );
+    let mut table = Table::new(&[
+        "mode",
+        ">rebuilds",
+        ">median ms",
+        ">p90 ms",
+        ">p99 ms",
+        ">min ms",
+        ">max ms",
+        ">same IP",
+        ">median vs host-local",
+    ]);
+    let base = results.first().map(|r| r.1.median);
+    for (label, s, same_ip) in &results {
+        table.row([
+            label.to_string(),
+            s.n.to_string(),
+            format!("{:.0}", s.median),
+            format!("{:.0}", s.p90),
+            format!("{:.0}", s.p99),
+            format!("{:.0}", s.min),
+            format!("{:.0}", s.max),
+            format!("{same_ip}/{}", s.n),
+            ratio(s.median, base),
+        ]);
     }
+    println!("\n{table}");
     Ok(())
 }

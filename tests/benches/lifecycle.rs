@@ -1,6 +1,14 @@
 //! What the lifecycle hooks add to a pod rebuild, the handshake excluded
 //! (`scripts/bench-lifecycle.sh`; docs/benchmarks.md, "What the lifecycle hooks cost").
 //!
+//! ```sh
+//! IPKEEP_CLUSTER_STATE=DIR [IPKEEP_ROUNDS=10] cargo bench -p ipkeep-tests --bench lifecycle
+//! ```
+//!
+//! `IPKEEP_CLUSTER_STATE` names a running cluster with real nodes (`scripts/cluster.sh up`;
+//! `scripts/bench-lifecycle.sh` brings one up), `IPKEEP_ROUNDS` the rebuilds of each
+//! StatefulSet (default 10). Does nothing unless cargo passes `--bench`.
+//!
 //! Two StatefulSets of one pod on the same real node (node-0), in the same run, rebuilt in turn
 //! as a person rebuilds one pod: `plain` (a PersistentPodState with retention, no hooks: the
 //! baseline) by `kubectl delete pod`, and `hooked` (both hooks on one label, `markPodNotReady`)
@@ -13,6 +21,7 @@
 //! the handshake, and the hooks' own steps: asked → pod not Ready (traffic leaves),
 //! deregistered → deletion under way, registered → pod Ready. `IPKEEP_TRACE=1` prints every
 //! change the watch saw.
+#![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -20,6 +29,7 @@ use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ipkeep_tests::bench::Summary;
 use ipkeep_tests::kubectl::Kubectl;
 
 const NS: &str = "hook-cost";
@@ -216,14 +226,25 @@ fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebu
     }
 }
 
-fn percentile(values: &mut [f64], p: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let i = ((values.len() as f64 - 1.0) * p).round() as usize;
-    values[i]
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let Some(state) = std::env::var_os("IPKEEP_CLUSTER_STATE") else {
+        eprintln!(
+            "SKIPPED: the lifecycle benchmark needs a running cluster with real nodes: IPKEEP_CLUSTER_STATE=DIR (scripts/bench-lifecycle.sh brings one up)"
+        );
+        return;
+    };
+    let rounds = std::env::var("IPKEEP_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    measure(Path::new(&state), rounds);
 }
 
 /// Runs `rounds` rebuilds of each, alternating, and prints the report.
-pub fn measure(state: &Path, rounds: usize) {
+fn measure(state: &Path, rounds: usize) {
     let bin = std::fs::read_to_string(state.join("bin")).unwrap();
     let kubectl = Kubectl::new(
         &Path::new(bin.trim()).join("kubectl"),
@@ -271,8 +292,9 @@ pub fn measure(state: &Path, rounds: usize) {
     kubectl.run(&["delete", "namespace", NS, "--wait=false"]);
 
     let column = |rs: &[Rebuild], f: fn(&Rebuild) -> f64| -> (f64, f64) {
-        let mut v: Vec<f64> = rs.iter().map(f).collect();
-        (percentile(&mut v, 0.5), percentile(&mut v, 0.9))
+        let v: Vec<f64> = rs.iter().map(f).collect();
+        let s = Summary::of(&v).expect("at least one round");
+        (s.median, s.p90)
     };
     let base = column(&plain, |r| r.total);
     let with = column(&hooked, |r| r.total);

@@ -1,8 +1,10 @@
-//! A real cluster on this machine with real nodes: `scripts/cluster.sh up --nodes N` (the
-//! control plane built from upstream, kubelet and containerd per node, ipkeep installed from
-//! `deploy/` as images), and what the scenario does to its nodes through the same script: stop
-//! and start a node's kubelet and containerd, run `ipkeep list` on a node, read its agent's
-//! metrics, restart ipkeep's pods. Dropping it takes the cluster down (unless kept).
+//! A real cluster on this machine: `scripts/cluster.sh up` (the control plane built from
+//! upstream), with real nodes (`--nodes N`: kubelet and containerd per node, ipkeep installed
+//! from `deploy/` as images) or with kwok nodes only (`--nodes 0 --kwok-nodes N`: ipkeep's
+//! controller and scheduler-ext as local processes, no root), and what the scenario does to its
+//! nodes through the same script: stop and start a node's kubelet and containerd, run
+//! `ipkeep list` on a node, read its agent's metrics, restart ipkeep's pods. Dropping it takes
+//! the cluster down (unless kept).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -45,8 +47,10 @@ pub struct Setup {
     pub repo: PathBuf,
     /// The cluster's state directory.
     pub state: PathBuf,
-    /// How many real nodes.
+    /// How many real nodes (0: the control plane alone).
     pub nodes: usize,
+    /// How many kwok nodes (`--kwok-nodes`).
+    pub kwok_nodes: usize,
     /// First of the control plane's ports.
     pub port_base: u16,
     /// Without ipkeep: Debian's bridge with host-local on every node (a baseline).
@@ -63,6 +67,10 @@ impl RealCluster {
         let out = tokio::process::Command::new(&script)
             .arg("up")
             .args(["--nodes", &setup.nodes.to_string()])
+            .args(["--kwok-nodes", &setup.kwok_nodes.to_string()])
+            // Real nodes always run the release build (in their image); without them,
+            // ipkeep's local processes run it too, the build ipkeep-demo comes from.
+            .args((setup.nodes == 0).then_some("--release"))
             .args(["--port-base", &setup.port_base.to_string()])
             .args(setup.without_ipkeep.then_some("--without-ipkeep"))
             .args([
@@ -284,7 +292,7 @@ impl RealCluster {
         loop {
             let now: Vec<Pod> = pods.list(&ListParams::default()).await?.items;
             let stale = now.iter().any(|p| old.contains(&p.name_any()));
-            let ready = now.iter().all(crate::sim::statefulset::is_ready);
+            let ready = now.iter().all(crate::objects::is_ready);
             if !stale && ready && !now.is_empty() {
                 return Ok(());
             }
@@ -323,7 +331,7 @@ impl RealCluster {
         node: &str,
         ips: &[&str],
     ) -> Result<(String, Vec<bool>)> {
-        let nodes = crate::sim::node_names(&self.client).await?;
+        let nodes = crate::objects::node_names(&self.client).await?;
         let from = nodes
             .into_iter()
             .find(|n| n != node)
@@ -347,7 +355,7 @@ impl RealCluster {
         while !pods
             .get_opt(&name)
             .await?
-            .is_some_and(|p| crate::sim::statefulset::is_ready(&p))
+            .is_some_and(|p| crate::objects::is_ready(&p))
         {
             if tokio::time::Instant::now() > deadline {
                 bail!("the probe pod {name} did not become Ready on {from} within 60 s");
