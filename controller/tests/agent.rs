@@ -1,4 +1,4 @@
-//! The node agent against the in-memory API server with the real controller: holdings on its
+//! The node agent against a real kube-apiserver with the real controller: holdings on its
 //! node are released within seconds when the controller prunes their record (scale down,
 //! `WhenScaled`) or the StatefulSet and its PersistentPodState are deleted; a rebuilt pod whose
 //! record stays keeps its address; pods on other nodes do not count as on this node.
@@ -31,8 +31,8 @@ fn conf_with(data: &Path, socket: &Path, annotations: &str) -> String {
     with_agent_socket(&base, socket)
 }
 
-fn cni(cmd: &str, cid: &str, pod: &str, conf: &str) -> Vec<String> {
-    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME={pod}");
+fn cni(ns: &str, cmd: &str, cid: &str, pod: &str, conf: &str) -> Vec<String> {
+    let args = format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}");
     let out = Invocation::new(cmd, cid)
         .args(&args)
         .run(&ipkeep_bin(), conf);
@@ -87,11 +87,14 @@ async fn wait_leases(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_releases_what_kubernetes_says_nobody_will_use() {
-    let c = cluster().await;
+    // The PersistentPodState goes with its StatefulSet by owner reference: the garbage collector.
+    let Some(c) = cluster_with_gc().await else {
+        return;
+    };
     let controller = start_controller(&c.client, None, "c1");
     let data = tempfile::tempdir().unwrap();
     let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
     let agent = Agent::start(
         data.path(),
         AgentOptions {
@@ -130,7 +133,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     .await;
     let mut ips = Vec::new();
     for i in 0..3 {
-        let ip = cni("ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
+        let ip = cni(&c.ns, "ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
         run_pod(&c.client, &sts, i, "n1", &ip).await;
         ips.push(ip);
     }
@@ -141,7 +144,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     let runtime = tempfile::tempdir().unwrap();
     let sandbox = runtime.path().join("cni-w0");
     std::fs::write(&sandbox, "").unwrap();
-    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME=web-0");
+    let args = format!("K8S_POD_NAMESPACE={};K8S_POD_NAME=web-0", c.ns);
     let mut add = Invocation::new("ADD", "w0").args(&args);
     add.netns = sandbox.to_str().unwrap();
     let added = add.run(&ipkeep_bin(), &conf);
@@ -159,7 +162,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     .await;
 
     // Rebuild kv-1: its record stays, so its holding stays and it gets its address back.
-    cni("DEL", "s1", "kv-1", &conf);
+    cni(&c.ns, "DEL", "s1", "kv-1", &conf);
     remove_pod(&c.client, "kv-1").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
@@ -168,12 +171,15 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
             .any(|(ip, pod, st)| *ip == ips[1] && pod == "kv-1" && st == "held"),
         "a recorded pod's holding is kept"
     );
-    assert_eq!(cni("ADD", "s1b", "kv-1", &conf), vec![ips[1].clone()]);
+    assert_eq!(
+        cni(&c.ns, "ADD", "s1b", "kv-1", &conf),
+        vec![ips[1].clone()]
+    );
     run_pod(&c.client, &sts, 1, "n1", &ips[1]).await;
 
     // Scale down: the controller prunes kv-2's record, the agent releases its holding.
     patch_sts(&c.client, "kv", json!({"spec": {"replicas": 2}})).await;
-    cni("DEL", "s2", "kv-2", &conf);
+    cni(&c.ns, "DEL", "s2", "kv-2", &conf);
     remove_pod(&c.client, "kv-2").await;
     wait_pps(&c.client, "kv", "kv-2 pruned", |p| {
         !records(p).contains_key("kv-2")
@@ -185,7 +191,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     .await;
     // Scale up again: WhenScaled let the address go, so kv-2 starts afresh.
     patch_sts(&c.client, "kv", json!({"spec": {"replicas": 3}})).await;
-    let fresh = cni("ADD", "s2b", "kv-2", &conf).remove(0);
+    let fresh = cni(&c.ns, "ADD", "s2b", "kv-2", &conf).remove(0);
     assert_ne!(
         fresh, ips[2],
         "round robin moved on; the old holding was released"
@@ -195,10 +201,10 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     // Delete the StatefulSet: its pods go, the PersistentPodState is collected with it, and
     // every holding of kv is released.
     for (cid, pod) in [("s0", "kv-0"), ("s1b", "kv-1"), ("s2b", "kv-2")] {
-        cni("DEL", cid, pod, &conf);
+        cni(&c.ns, "DEL", cid, pod, &conf);
     }
     let sts_api: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
-        kube::Api::namespaced(c.client.clone(), NS);
+        kube::Api::default_namespaced(c.client.clone());
     sts_api
         .delete("kv", &kube::api::DeleteParams::default())
         .await
@@ -227,7 +233,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     controller.stop().await.unwrap();
 }
 
-/// An agent for node `node` with fast sweeps and graces, against the in-memory API server.
+/// An agent for node `node` with fast sweeps and graces, against a real kube-apiserver.
 fn quick_agent(data: &Path, kubeconfig: &Path, node: &str) -> Agent {
     Agent::start(
         data,
@@ -256,23 +262,26 @@ fn quick_agent(data: &Path, kubeconfig: &Path, node: &str) -> Agent {
 /// runtime knows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_static_pod_keeps_its_address() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let data = tempfile::tempdir().unwrap();
     let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
     let agent = quick_agent(data.path(), &kubeconfig, "n1");
     let conf = conf(data.path(), agent.socket());
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(c.client.clone(), NS);
+        kube::Api::default_namespaced(c.client.clone());
     let mirror: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "metadata": {"name": "etcd-n1", "namespace": NS, "annotations": {
+        "metadata": {"name": "etcd-n1", "namespace": c.ns, "annotations": {
             "kubernetes.io/config.mirror": "0f1e2d3c4b5a", "kubernetes.io/config.hash": "0f1e2d3c4b5a",
             "kubernetes.io/config.source": "file"}},
         "spec": {"nodeName": "n1", "containers": [{"name": "etcd", "image": "etcd"}]}
     }))
     .unwrap();
     pods.create(&Default::default(), &mirror).await.unwrap();
-    let args = format!("K8S_POD_NAMESPACE={NS};K8S_POD_NAME=etcd-n1;K8S_POD_UID=0f1e2d3c4b5a");
+    let args = format!(
+        "K8S_POD_NAMESPACE={};K8S_POD_NAME=etcd-n1;K8S_POD_UID=0f1e2d3c4b5a",
+        c.ns
+    );
     let out = Invocation::new("ADD", "static-1")
         .args(&args)
         .run(&ipkeep_bin(), &conf);
@@ -295,16 +304,16 @@ async fn a_running_static_pod_keeps_its_address() {
 /// Node exists, and say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_node_name_releases_nothing() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let data = tempfile::tempdir().unwrap();
     let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
     let agent = quick_agent(data.path(), &kubeconfig, "n1-typo");
     let conf = conf(data.path(), agent.socket());
     let sts = create_sts(&c.client, "kv", 2, 0, &annotations(&[])).await;
     let mut ips = Vec::new();
     for i in 0..2 {
-        let ip = cni("ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
+        let ip = cni(&c.ns, "ADD", &format!("s{i}"), &format!("kv-{i}"), &conf).remove(0);
         run_pod(&c.client, &sts, i, "n1", &ip).await;
         ips.push(ip);
     }
@@ -340,11 +349,11 @@ async fn a_wrong_node_name_releases_nothing() {
 /// link and ask for `forever`, is freed at its DEL (`ipam.maxUnmanagedRetention` 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let controller = start_controller(&c.client, None, "c1");
     let data = tempfile::tempdir().unwrap();
     let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.server.kubeconfig(NS)).unwrap();
+    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
     let agent = quick_agent(data.path(), &kubeconfig, "n1");
     let socket = agent.socket().to_path_buf();
     let plain = conf_with(data.path(), &socket, "");
@@ -356,12 +365,12 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
     let late = create_sts(&c.client, "late", 2, 0, &annotations(&[])).await;
     let mut ips = Vec::new();
     for i in 0..2 {
-        let ip = cni("ADD", &format!("l{i}"), &format!("late-{i}"), &plain).remove(0);
+        let ip = cni(&c.ns, "ADD", &format!("l{i}"), &format!("late-{i}"), &plain).remove(0);
         run_pod(&c.client, &late, i, "n1", &ip).await;
         ips.push(ip);
     }
     let web = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
-    let web_ip = cni("ADD", "w0", "web-0", &forged).remove(0);
+    let web_ip = cni(&c.ns, "ADD", "w0", "web-0", &forged).remove(0);
     run_pod(&c.client, &web, 0, "n1", &web_ip).await;
 
     // Adopting ipkeep on the running StatefulSet.
@@ -389,7 +398,7 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
     // The kubelet sends DEL before the pod object goes.
     for (i, ip) in ips.iter().enumerate() {
         let (cid, pod) = (format!("l{i}"), format!("late-{i}"));
-        cni("DEL", &cid, &pod, &plain);
+        cni(&c.ns, "DEL", &cid, &pod, &plain);
         assert!(
             leases(data.path(), &socket).contains(&(ip.clone(), pod.clone(), "held".into())),
             "{pod}'s first DEL holds {ip}\n{}",
@@ -397,13 +406,13 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
         );
         remove_pod(&c.client, &pod).await;
         assert_eq!(
-            cni("ADD", &format!("{cid}b"), &pod, &plain),
+            cni(&c.ns, "ADD", &format!("{cid}b"), &pod, &plain),
             vec![ip.clone()]
         );
         run_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1", ip).await;
     }
 
-    cni("DEL", "w0", "web-0", &forged);
+    cni(&c.ns, "DEL", "w0", "web-0", &forged);
     let now = leases(data.path(), &socket);
     assert!(
         !now.iter().any(|(ip, _, _)| *ip == web_ip),

@@ -1,4 +1,4 @@
-//! The controller's behaviours against the in-memory API server over HTTP: auto-generation,
+//! The controller's behaviours against a real kube-apiserver: auto-generation,
 //! recording, rebuilds, pruning, re-created StatefulSets, node loss, bad input.
 #![allow(clippy::unwrap_used)]
 
@@ -22,7 +22,7 @@ fn auto(required: &str, preferred: &str) -> std::collections::BTreeMap<String, S
 
 #[tokio::test]
 async fn generates_records_follows_rebuilds_and_annotation_changes() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let sts = create_sts(
         &c.client,
@@ -132,7 +132,7 @@ async fn generates_records_follows_rebuilds_and_annotation_changes() {
 
 #[tokio::test]
 async fn hand_written_pps_is_neither_overwritten_nor_deleted() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let mine: PersistentPodState = serde_json::from_value(json!({
         "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
@@ -190,7 +190,7 @@ async fn hand_written_pps_is_neither_overwritten_nor_deleted() {
 
 #[tokio::test]
 async fn scale_down_prunes_out_of_range_records_and_honours_ordinals_start() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let sts = create_sts(&c.client, "zk", 3, 5, &auto("kubernetes.io/hostname", "")).await;
     for (i, node) in [(5, "n1"), (6, "n2"), (7, "n3")] {
@@ -243,7 +243,7 @@ async fn scale_down_prunes_out_of_range_records_and_honours_ordinals_start() {
 
 #[tokio::test]
 async fn when_deleted_keeps_records_through_scale_to_zero() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let pps: PersistentPodState = serde_json::from_value(json!({
         "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": {"name": "mq"},
@@ -271,7 +271,7 @@ async fn when_deleted_keeps_records_through_scale_to_zero() {
     );
 
     // The StatefulSet is deleted and re-created with the same name: nothing leaks.
-    Api::<StatefulSet>::namespaced(c.client.clone(), NS)
+    Api::<StatefulSet>::default_namespaced(c.client.clone())
         .delete("mq", &DeleteParams::default())
         .await
         .unwrap();
@@ -299,12 +299,15 @@ async fn when_deleted_keeps_records_through_scale_to_zero() {
 
 #[tokio::test]
 async fn generated_pps_of_a_deleted_statefulset_does_not_leak_into_its_successor() {
-    let c = cluster().await;
+    // The generated PPS goes with its StatefulSet by owner reference: the garbage collector.
+    let Some(c) = cluster_with_gc().await else {
+        return;
+    };
     let ctl = start_controller(&c.client, None, "solo");
     let sts = create_sts(&c.client, "etcd", 1, 0, &auto("kubernetes.io/hostname", "")).await;
     run_pod(&c.client, &sts, 0, "n1", "10.5.0.1").await;
     let old = wait_pps(&c.client, "etcd", "recorded", |p| records(p).len() == 1).await;
-    Api::<StatefulSet>::namespaced(c.client.clone(), NS)
+    Api::<StatefulSet>::default_namespaced(c.client.clone())
         .delete("etcd", &DeleteParams::default())
         .await
         .unwrap();
@@ -343,7 +346,7 @@ async fn hand_pps(client: &kube::Client, name: &str, node_loss: serde_json::Valu
 
 #[tokio::test]
 async fn node_loss_falls_back_after_the_grace_period_or_waits() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     hand_pps(
         &c.client,
@@ -416,7 +419,7 @@ async fn node_loss_falls_back_after_the_grace_period_or_waits() {
 
 #[tokio::test]
 async fn bad_input_gets_a_clear_condition_not_a_crash_loop() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let cases = [
         (
@@ -471,7 +474,7 @@ async fn bad_input_gets_a_clear_condition_not_a_crash_loop() {
         let body = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": {"name": "refused"}, "spec": spec});
         let raw: Api<DynamicObject> = Api::namespaced_with(
             c.client.clone(),
-            NS,
+            &c.ns,
             &ApiResource::erase::<PersistentPodState>(&()),
         );
         let err = raw
@@ -503,7 +506,7 @@ async fn bad_input_gets_a_clear_condition_not_a_crash_loop() {
 
 #[tokio::test]
 async fn a_record_removed_by_hand_stays_removed() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let sts = create_sts(&c.client, "mq", 2, 0, &auto("kubernetes.io/hostname", "")).await;
     run_pod(&c.client, &sts, 0, "n1", "10.5.0.1").await;
@@ -543,11 +546,11 @@ async fn a_record_removed_by_hand_stays_removed() {
 /// pods that exist, publishes the `PinSkipped` Warning on the PersistentPodState, once per pod.
 #[tokio::test]
 async fn a_pod_marked_pin_skipped_gets_one_event_on_its_pps() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     hand_pps(&c.client, "db", json!({})).await;
     let sts = create_sts(&c.client, "db", 2, 0, &Default::default()).await;
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(c.client.clone(), NS);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::default_namespaced(c.client.clone());
     let why = "not pinned, because the pod's own constraints exclude its recorded node: spec.nodeSelector requires kubernetes.io/hostname=n2, the record says kubernetes.io/hostname=n1";
     let pod = |name: &str, node: &str, annotations: serde_json::Value| {
         serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(json!({
@@ -624,7 +627,7 @@ async fn object_text_cannot_forge_log_lines() {
             .with_writer(move || writer.clone())
             .finish(),
     );
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let forged = "Deployment\n1999-01-01T00:00:00.000000Z  WARN ipkeep_controller: forged=true";
     let pps: PersistentPodState = serde_json::from_value(json!({

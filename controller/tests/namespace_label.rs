@@ -1,5 +1,5 @@
 //! Auto-generation for every StatefulSet of a namespace labelled
-//! `ipkeep.dev/auto-generate-persistent-pod-state: "true"`, against the in-memory API server
+//! `ipkeep.dev/auto-generate-persistent-pod-state: "true"`, against a real kube-apiserver
 //! (the real control plane's step is in tests/tests/cluster/namespaces.rs).
 #![allow(clippy::unwrap_used)]
 
@@ -16,7 +16,11 @@ use support::*;
 async fn label_namespace(client: &kube::Client, value: Option<&str>) {
     let patch = json!({"metadata": {"labels": {keys::AUTO_GENERATE: value}}});
     Api::<Namespace>::all(client.clone())
-        .patch(NS, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            client.default_namespace(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .unwrap();
 }
@@ -26,7 +30,7 @@ async fn label_namespace(client: &kube::Client, value: Option<&str>) {
 /// written for a StatefulSet later takes over from the one the label generated.
 #[tokio::test]
 async fn a_labelled_namespace_generates_for_statefulsets_without_their_own_say() {
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     label_namespace(&c.client, Some("true")).await;
     create_sts(&c.client, "plain", 1, 0, &annotations(&[])).await;

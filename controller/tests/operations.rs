@@ -4,7 +4,7 @@
 
 mod support;
 
-use ipkeep_apisim::Fault;
+use ipkeep_tests::faults::{Fault, Faults};
 use ipkeep_values::keys;
 use serde_json::json;
 use support::*;
@@ -43,8 +43,8 @@ async fn two_replicas_taking_a_free_lease_at_once_do_not_both_win() {
     use ipkeep_controller::leader::field_manager;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Api, Patch, PatchParams};
-    let c = cluster().await;
-    let leases: Api<Lease> = Api::namespaced(c.client.clone(), NS);
+    let Some(c) = cluster().await else { return };
+    let leases: Api<Lease> = Api::default_namespaced(c.client.clone());
     let take = |holder: &str| {
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                "metadata": {"name": "ipkeep-controller"},
@@ -78,13 +78,13 @@ async fn two_replicas_taking_a_free_lease_at_once_do_not_both_win() {
 
 #[tokio::test]
 async fn only_the_leader_writes_and_the_standby_takes_over() {
-    let c = cluster().await;
-    let a = start_controller(&c.client, Some(leader("replica-a")), "replica-a");
+    let Some(c) = cluster().await else { return };
+    let a = start_controller(&c.client, Some(leader(&c.ns, "replica-a")), "replica-a");
     eventually("a leads", || async {
         (a.health.metrics.leader.get() == 1).then_some(())
     })
     .await;
-    let b = start_controller(&c.client, Some(leader("replica-b")), "replica-b");
+    let b = start_controller(&c.client, Some(leader(&c.ns, "replica-b")), "replica-b");
     eventually("b is ready as a standby", || async {
         b.health
             .ready
@@ -135,16 +135,15 @@ async fn only_the_leader_writes_and_the_standby_takes_over() {
 
 #[tokio::test]
 async fn converges_through_api_errors_conflicts_throttling_and_lost_watches() {
-    let c = cluster().await;
-    let ctl = start_controller(&c.client, None, "solo");
+    let Some(c) = cluster().await else { return };
+    // The controller's client answers what the faults script before the real server does.
+    let faults = Faults::default();
+    let ctl = start_controller(&c.client_with(&faults).await, None, "solo");
     let sts = create_sts(&c.client, "kv", 4, 0, &auto()).await;
     wait_pps(&c.client, "kv", "generated", |_| true).await;
-    c.server
-        .inject(Fault::new("patch", "persistentpodstates/status", 2, 500));
-    c.server
-        .inject(Fault::new("patch", "persistentpodstates/status", 2, 409));
-    c.server
-        .inject(Fault::new("patch", "persistentpodstates/status", 1, 429).retry_after(1));
+    faults.inject(Fault::new("patch", "persistentpodstates/status", 2, 500));
+    faults.inject(Fault::new("patch", "persistentpodstates/status", 2, 409));
+    faults.inject(Fault::new("patch", "persistentpodstates/status", 1, 429).retry_after(1));
     for (i, node) in [(0, "n1"), (1, "n2")] {
         run_pod(&c.client, &sts, i, node, &format!("10.9.0.{i}")).await;
     }
@@ -152,22 +151,22 @@ async fn converges_through_api_errors_conflicts_throttling_and_lost_watches() {
         records(p).len() == 2
     })
     .await;
-    assert_eq!(c.server.cluster().faults.pending(), 0);
+    assert_eq!(faults.pending(), 0);
 
     // Lose every watch and the history behind them: the next watches get 410 Gone and relist.
     // Meanwhile pods change: kv-2 becomes Ready, and the StatefulSet scales to 3 with kv-3 gone.
-    c.server.drop_watches();
+    faults.drop_watches();
     run_pod(&c.client, &sts, 2, "n3", "10.9.0.2").await;
     run_pod(&c.client, &sts, 3, "n3", "10.9.0.3").await;
-    c.server.compact();
-    c.server.drop_watches();
+    faults.expire_watches();
+    faults.drop_watches();
     wait_pps(&c.client, "kv", "four records", |p| records(p).len() == 4).await;
-    c.server.inject(Fault::new("list", "pods", 2, 503));
-    c.server.drop_watches();
+    faults.inject(Fault::new("list", "pods", 2, 503));
+    faults.drop_watches();
     patch_sts(&c.client, "kv", json!({"spec": {"replicas": 3}})).await;
     remove_pod(&c.client, "kv-3").await;
-    c.server.compact();
-    c.server.drop_watches();
+    faults.expire_watches();
+    faults.drop_watches();
     // Every watcher has now failed several times within seconds, so kube-runtime's default
     // backoff (exponential, up to 30 s, reset after 2 min) may delay the last relist well past
     // the usual wait; the test asserts convergence, not its speed.
@@ -202,7 +201,7 @@ async fn converges_through_api_errors_conflicts_throttling_and_lost_watches() {
 #[tokio::test]
 async fn health_and_metrics_endpoints() {
     use tower::ServiceExt;
-    let c = cluster().await;
+    let Some(c) = cluster().await else { return };
     let ctl = start_controller(&c.client, None, "solo");
     let sts = create_sts(&c.client, "m", 1, 0, &auto()).await;
     run_pod(&c.client, &sts, 0, "n1", "10.10.0.1").await;

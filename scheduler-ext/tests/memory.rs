@@ -9,16 +9,13 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ipkeep_apisim::ApiServer;
 use ipkeep_scheduler_ext::http::Limits;
-use k8s_openapi::api::core::v1::{Namespace, Node};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{HOST, STS_UID, node_json, pps_json};
@@ -242,23 +239,24 @@ fn bodies(limits: &Limits) -> Vec<(&'static str, &'static str, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() {
-    let server = ApiServer::start().await.unwrap();
-    let client = server.client().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let crd: CustomResourceDefinition =
-        serde_saphyr::from_str(&std::fs::read_to_string(root.join("deploy/crd.yaml")).unwrap())
-            .unwrap();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .unwrap();
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "prod"}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    let Some(ns) = ipkeep_tests::apiserver::namespace(
+        "concurrent_maximum_size_requests_stay_well_under_the_container_limit",
+        "memory",
+    )
+    .await
+    else {
+        return;
+    };
+    let client = ns.client.clone();
+    // The fixtures' namespace.
+    ns.create_namespace("prod", json!({})).await;
     for i in 0..4 {
-        let node: Node = serde_json::from_value(node_json(i)).unwrap();
+        // The fixture is a Node as a watch delivers it; a create takes no resourceVersion or uid.
+        let mut node = node_json(i);
+        for field in ["resourceVersion", "uid"] {
+            node["metadata"].as_object_mut().unwrap().remove(field);
+        }
+        let node: Node = serde_json::from_value(node).unwrap();
         Api::<Node>::all(client.clone())
             .create(&PostParams::default(), &node)
             .await
@@ -287,7 +285,7 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig("default")).unwrap();
+    std::fs::write(&kubeconfig, ns.server.kubeconfig("default")).unwrap();
     let listen = support::free_port();
     let ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([

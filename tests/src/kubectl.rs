@@ -1,5 +1,5 @@
 //! kubectl (the one built with the Kubernetes components, never one installed on the machine)
-//! bound to one kubeconfig: the real cluster's or apisim's.
+//! bound to one kubeconfig.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -442,10 +442,11 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
 }
 
 pub mod agent;
-pub mod apisim;
+pub mod apiserver;
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod faults;
 pub mod kubectl;
 pub mod mountns;
 pub mod store;

@@ -25,7 +25,7 @@ use serde_json::json;
 
 use attacks::Attack;
 use clients::{CALL_TIMEOUT, Protocol, Source, Tally, measure, plain_get, webhook_call};
-use servers::{Controller, SchedulerExt, apisim};
+use servers::{Controller, SchedulerExt, api_server};
 
 /// The tests share the machine's two cores: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -118,12 +118,19 @@ async fn scheduler_ext_answers_every_legitimate_call_under_each_attack() {
     let _serial = SERIAL.lock().await;
     raise_own_open_files_limit();
     let dir = tempfile::tempdir().unwrap();
-    let apisim = apisim(dir.path()).await;
+    let Some(server) = api_server(
+        "scheduler_ext_answers_every_legitimate_call_under_each_attack",
+        dir.path(),
+    )
+    .await
+    else {
+        return;
+    };
     let mut rows = Vec::new();
     for (i, case) in CASES.iter().enumerate() {
         let run = dir.path().join(format!("case-{i}"));
         std::fs::create_dir_all(&run).unwrap();
-        let ext = SchedulerExt::start(&apisim, &run).await;
+        let ext = SchedulerExt::start(&server, &run).await;
         let attack = (case.start)(&ext);
         tokio::time::sleep(SETTLE).await;
         let started = Instant::now();
@@ -192,8 +199,15 @@ async fn controller_serves_probes_and_works_with_1100_idle_connections() {
     let _serial = SERIAL.lock().await;
     raise_own_open_files_limit();
     let dir = tempfile::tempdir().unwrap();
-    let apisim = apisim(dir.path()).await;
-    let controller = Controller::start(&apisim, dir.path(), 1024).await;
+    let Some(server) = api_server(
+        "controller_serves_probes_and_works_with_1100_idle_connections",
+        dir.path(),
+    )
+    .await
+    else {
+        return;
+    };
+    let controller = Controller::start(&server, dir.path(), 1024).await;
     let mut held = Vec::new();
     for _ in 0..1100 {
         if let Ok(stream) = clients::connect_from(Source::Attacker, controller.listen).await {
@@ -209,9 +223,9 @@ async fn controller_serves_probes_and_works_with_1100_idle_connections() {
     };
     let probes: Tally = measure(WINDOW, PAUSE, probe).await;
     // Work that needs new API calls: a StatefulSet asking for a generated PersistentPodState.
-    let client = apisim.server.client().unwrap();
+    let client = server.ns.client.clone();
     let sts: StatefulSet = serde_json::from_value(json!({
-        "metadata": {"name": "pg", "namespace": "db", "annotations": {
+        "metadata": {"name": "pg", "annotations": {
             "ipkeep.dev/auto-generate-persistent-pod-state": "true",
             "ipkeep.dev/required-persistent-topology": "kubernetes.io/hostname"}},
         "spec": {"serviceName": "pg", "selector": {"matchLabels": {"app": "pg"}},
@@ -219,11 +233,11 @@ async fn controller_serves_probes_and_works_with_1100_idle_connections() {
                 "spec": {"containers": [{"name": "pg", "image": "pg"}]}}}
     }))
     .unwrap();
-    Api::<StatefulSet>::namespaced(client.clone(), "db")
+    Api::<StatefulSet>::default_namespaced(client.clone())
         .create(&PostParams::default(), &sts)
         .await
         .unwrap();
-    let pps: Api<ipkeep_api::PersistentPodState> = Api::namespaced(client, "db");
+    let pps: Api<ipkeep_api::PersistentPodState> = Api::default_namespaced(client);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut generated = false;
     while Instant::now() < deadline {

@@ -9,8 +9,6 @@
 
 #[path = "cluster/client_auth.rs"]
 mod client_auth;
-#[path = "cluster/conventions.rs"]
-mod conventions;
 #[path = "cluster/hooks.rs"]
 mod hooks;
 #[path = "cluster/lifecycle.rs"]
@@ -81,7 +79,6 @@ fn ipkeep_on_a_real_control_plane() {
     let cluster = Cluster::up_with(NODES, &["--webhook-client-auth"]);
     the_chosen_kubernetes_runs(&cluster);
     crd_is_structural_and_validates(&cluster);
-    conventions::apisim_agrees_with_kube_apiserver(&cluster);
     cluster.run(&["create", "namespace", "db"]);
     statefulset_pods_are_recorded_pinned_and_pruned(&cluster);
     records::kruise_spelling_and_ordinals_start(&cluster);

@@ -1,6 +1,7 @@
-//! Test harness: an in-memory API server over real HTTP with the CRD from `deploy/crd.yaml`,
-//! nodes, and helpers that play the StatefulSet controller and the kubelet (apisim runs no
-//! controllers), plus the ipkeep controller running in-process.
+//! Test harness: a namespace of its own on the test binary's real etcd + kube-apiserver
+//! (`ipkeep_tests::apiserver`: the CRD from `deploy/crd.yaml`, nothing else running), Ready
+//! nodes, and helpers that play the StatefulSet controller, the scheduler and the kubelet, plus
+//! the ipkeep controller running in-process.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::collections::BTreeMap;
@@ -9,50 +10,64 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipkeep_api::{PersistentPodState, PodState};
-use ipkeep_apisim::{ApiServer, ServerConfig};
 use ipkeep_controller::http::Health;
 use ipkeep_controller::leader::LeaderSettings;
 use ipkeep_controller::{Settings, run};
+use ipkeep_tests::apiserver::{self, ApiServer, TestNamespace};
+use ipkeep_tests::faults::Faults;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-pub const NS: &str = "db";
-
 pub struct Cluster {
-    pub server: ApiServer,
+    /// The test's namespace.
+    pub ns: String,
+    /// Admin client; its default namespace is [`Cluster::ns`].
     pub client: Client,
+    pub server: &'static ApiServer,
+    _ns: TestNamespace,
 }
 
-/// apisim with the CRD, namespace `db`, and Ready nodes n1, n2 (zone a) and n3 (zone b).
-pub async fn cluster() -> Cluster {
-    let server = ApiServer::start_with(ServerConfig {
-        bookmark_interval: Duration::from_millis(500),
-        ..ServerConfig::default()
-    })
-    .await
-    .unwrap();
-    let client = server.client().unwrap();
-    let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml"))
-        .unwrap();
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&yaml).unwrap();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .unwrap();
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    for (node, zone) in [("n1", "a"), ("n2", "a"), ("n3", "b")] {
-        add_node(&client, node, zone).await;
+impl Cluster {
+    /// An admin kubeconfig (YAML) for the test's namespace, for the binaries under test.
+    pub fn kubeconfig(&self) -> String {
+        self._ns.kubeconfig()
     }
-    Cluster { server, client }
+
+    /// An admin client (default namespace [`Cluster::ns`]) with `faults` in front of it.
+    pub async fn client_with(&self, faults: &Faults) -> Client {
+        faults.client(self.server.config(&self.ns).await)
+    }
+}
+
+/// A namespace of its own on the binary's API server, and Ready nodes n1, n2 (zone a) and n3
+/// (zone b); `None` when the test is skipped (no Go to build Kubernetes; a failure under CI).
+pub async fn cluster() -> Option<Cluster> {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a controller test")
+        .to_string();
+    let ns = apiserver::namespace(&test, "db").await?;
+    for (node, zone) in [("n1", "a"), ("n2", "a"), ("n3", "b")] {
+        add_node(&ns.client, node, zone).await;
+    }
+    Some(Cluster {
+        ns: ns.name.clone(),
+        client: ns.client.clone(),
+        server: ns.server,
+        _ns: ns,
+    })
+}
+
+/// [`cluster`] with kube-controller-manager's garbage collector running (owner-reference
+/// cascades).
+pub async fn cluster_with_gc() -> Option<Cluster> {
+    let c = cluster().await?;
+    c.server.start_gc();
+    Some(c)
 }
 
 pub async fn add_node(client: &Client, name: &str, zone: &str) {
@@ -128,9 +143,9 @@ impl Running {
     }
 }
 
-pub fn leader(identity: &str) -> LeaderSettings {
+pub fn leader(namespace: &str, identity: &str) -> LeaderSettings {
     LeaderSettings {
-        namespace: NS.into(),
+        namespace: namespace.into(),
         lease_name: "ipkeep-controller".into(),
         identity: identity.into(),
         lease_seconds: 2,
@@ -145,7 +160,7 @@ pub fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Creates a StatefulSet (apisim runs no StatefulSet controller: pods come from [`run_pod`]).
+/// Creates a StatefulSet (no StatefulSet controller runs: pods come from [`run_pod`]).
 pub async fn create_sts(
     client: &Client,
     name: &str,
@@ -163,14 +178,14 @@ pub async fn create_sts(
         }
     }))
     .unwrap();
-    Api::<StatefulSet>::namespaced(client.clone(), NS)
+    Api::<StatefulSet>::default_namespaced(client.clone())
         .create(&PostParams::default(), &sts)
         .await
         .unwrap()
 }
 
 pub async fn patch_sts(client: &Client, name: &str, patch: Value) {
-    Api::<StatefulSet>::namespaced(client.clone(), NS)
+    Api::<StatefulSet>::default_namespaced(client.clone())
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
@@ -193,13 +208,13 @@ pub async fn run_pod(
         "spec": {"nodeName": node, "containers": [{"name": "db", "image": "postgres:17"}]}
     }))
     .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
     pods.create(&PostParams::default(), &pod).await.unwrap();
     set_pod_ready(client, &name, ip, true).await
 }
 
 pub async fn set_pod_ready(client: &Client, name: &str, ip: &str, ready: bool) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let status = if ready { "True" } else { "False" };
     let patch = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
         "conditions": [{"type": "Ready", "status": status, "lastTransitionTime": now()}]}});
@@ -210,13 +225,13 @@ pub async fn set_pod_ready(client: &Client, name: &str, ip: &str, ready: bool) -
 
 /// Starts a graceful delete (the pod is Terminating).
 pub async fn terminate_pod(client: &Client, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
     pods.delete(name, &DeleteParams::default()).await.unwrap();
 }
 
 /// Deletes a pod for good (graceful delete, then the kubelet's grace-0 delete).
 pub async fn remove_pod(client: &Client, name: &str) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let _ = pods.delete(name, &DeleteParams::default()).await;
     let _ = pods
         .delete(name, &DeleteParams::default().grace_period(0))
@@ -228,7 +243,7 @@ pub async fn remove_pod(client: &Client, name: &str) {
 }
 
 pub fn pps_api(client: &Client) -> Api<PersistentPodState> {
-    Api::namespaced(client.clone(), NS)
+    Api::default_namespaced(client.clone())
 }
 
 pub async fn get_pps(client: &Client, name: &str) -> Option<PersistentPodState> {
@@ -322,13 +337,13 @@ where
     }
 }
 
-/// Every Event in namespace `db`.
+/// Every Event in the client's namespace.
 pub async fn events(client: &Client) -> Vec<k8s_openapi::api::events::v1::Event> {
-    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::default_namespaced(client.clone());
     api.list(&Default::default()).await.unwrap().items
 }
 
-/// Reasons of the Events about `name` (any kind) in namespace `db`.
+/// Reasons of the Events about `name` (any kind) in the client's namespace.
 pub async fn event_reasons(client: &Client, name: &str) -> Vec<String> {
     events(client)
         .await

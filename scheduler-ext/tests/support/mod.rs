@@ -125,7 +125,8 @@ pub fn free_port() -> std::net::SocketAddr {
 /// The Service name the certificates of [`pki`] are for.
 pub const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
 
-/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`].
+/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`] and 127.0.0.1
+/// (where kube-apiserver calls the webhook in tests/webhook_admission.rs).
 pub struct Pki {
     pub ca: String,
     pub cert: String,
@@ -141,10 +142,11 @@ pub fn pki() -> Pki {
     let ca_cert = ca.self_signed(&ca_key).unwrap();
     let issuer = Issuer::new(ca, ca_key);
     let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![SERVICE.to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
+    let mut params = CertificateParams::new(vec![SERVICE.to_string()]).unwrap();
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
+    let cert = params.signed_by(&key, &issuer).unwrap();
     Pki {
         ca: ca_cert.pem(),
         cert: cert.pem(),

@@ -1,4 +1,4 @@
-//! The servers under attack: apisim (in process) with the CRD, and the real
+//! The servers under attack: a real kube-apiserver (`ipkeep_tests::apiserver`) with the CRD, and the real
 //! `ipkeep-scheduler-ext` and `ipkeep-controller` binaries against it, on loopback, with a
 //! fresh CA and serving certificate.
 
@@ -8,10 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use ipkeep_apisim::ApiServer;
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use ipkeep_tests::apiserver::TestNamespace;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 
 use super::clients::{Source, plain_get};
@@ -46,31 +43,18 @@ pub fn pki() -> Pki {
     }
 }
 
-/// apisim with the PersistentPodState CRD and a namespace, and its kubeconfig in a file.
-pub struct Apisim {
-    pub server: ApiServer,
+/// A namespace of its own on the binary's kube-apiserver, and an admin kubeconfig for it in a
+/// file; `None` when the test is skipped (no Go to build Kubernetes; a failure under CI).
+pub struct Server {
+    pub ns: TestNamespace,
     pub kubeconfig: PathBuf,
 }
 
-pub async fn apisim(dir: &Path) -> Apisim {
-    let server = ApiServer::start().await.expect("apisim");
-    let client = server.client().expect("client");
-    let crd = std::fs::read_to_string(ipkeep_tests::cluster::repo_root().join("deploy/crd.yaml"))
-        .expect("deploy/crd.yaml");
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(&crd).expect("CRD");
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .expect("create the CRD");
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "db"}})).expect("ns");
-    Api::<Namespace>::all(client)
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("create the namespace");
+pub async fn api_server(test: &str, dir: &Path) -> Option<Server> {
+    let ns = ipkeep_tests::apiserver::namespace(test, "db").await?;
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, server.kubeconfig("default")).expect("kubeconfig");
-    Apisim { server, kubeconfig }
+    std::fs::write(&kubeconfig, ns.kubeconfig()).expect("kubeconfig");
+    Some(Server { ns, kubeconfig })
 }
 
 /// A loopback port nobody listens on now, below the kernel's ephemeral range (where an
@@ -159,7 +143,7 @@ pub struct SchedulerExt {
 }
 
 impl SchedulerExt {
-    pub async fn start(apisim: &Apisim, dir: &Path) -> SchedulerExt {
+    pub async fn start(server: &Server, dir: &Path) -> SchedulerExt {
         let pki = pki();
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
         std::fs::write(&cert, &pki.cert).expect("cert");
@@ -181,7 +165,7 @@ impl SchedulerExt {
             .arg(format!("--tls-cert={}", cert.display()))
             .arg(format!("--tls-key={}", key.display()))
             .arg("--log=warn")
-            .env("KUBECONFIG", &apisim.kubeconfig);
+            .env("KUBECONFIG", &server.kubeconfig);
         let mut process = Process::spawn(command, dir.join("scheduler-ext.log"));
         wait_ready(&mut process, probes, "/readyz").await;
         SchedulerExt {
@@ -214,7 +198,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub async fn start(apisim: &Apisim, dir: &Path, open_files: u32) -> Controller {
+    pub async fn start(server: &Server, dir: &Path, open_files: u32) -> Controller {
         let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let bin = ipkeep_tests::workspace_bin(
             "ipkeep-controller",
@@ -229,7 +213,7 @@ impl Controller {
                 "ulimit -Sn {open_files} && exec \"$0\" --no-leader-election --listen={listen} --log=warn"
             ))
             .arg(bin)
-            .env("KUBECONFIG", &apisim.kubeconfig);
+            .env("KUBECONFIG", &server.kubeconfig);
         let mut process = Process::spawn(command, dir.join("controller.log"));
         wait_ready(&mut process, listen, "/readyz").await;
         Controller { process, listen }

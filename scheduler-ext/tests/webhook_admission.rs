@@ -1,10 +1,11 @@
-//! The real `ipkeep-scheduler-ext` binary, over HTTPS, called as a mutating webhook by the
-//! in-memory API server through the MutatingWebhookConfiguration in `deploy/` on pod CREATE.
+//! The real `ipkeep-scheduler-ext` binary, over HTTPS, called as a mutating webhook by a real
+//! kube-apiserver (`ipkeep_tests::apiserver`) through the MutatingWebhookConfiguration in
+//! `deploy/` on pod CREATE (its service reference swapped for a URL on loopback, as
+//! `scripts/cluster.sh` registers it for local processes).
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ipkeep_apisim::{ApiServer, ServerConfig};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -170,37 +169,19 @@ where
 async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     let listen = support::free_port();
     let probe = support::free_port();
-    let server = ApiServer::start_with(ServerConfig {
-        service_endpoints: HashMap::from([(
-            (
-                "ipkeep-system".to_string(),
-                "ipkeep-scheduler-ext".to_string(),
-            ),
-            listen,
-        )]),
-        ..ServerConfig::default()
-    })
+    let Some(ns) = ipkeep_tests::apiserver::namespace(
+        "api_server_calls_the_webhook_over_https_on_pod_create",
+        "webhook",
+    )
     .await
-    .unwrap();
-    let client = server.client().unwrap();
+    else {
+        return;
+    };
+    let client = ns.client.clone();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let crd: CustomResourceDefinition =
-        serde_saphyr::from_str(&std::fs::read_to_string(root.join("deploy/crd.yaml")).unwrap())
-            .unwrap();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .unwrap();
-    for (name, labels) in [
-        ("prod", json!({})),
-        ("quiet", json!({"ipkeep.dev/webhook": "disabled"})),
-    ] {
-        create_global::<Namespace>(
-            &client,
-            json!({"metadata": {"name": name, "labels": labels}}),
-        )
+    ns.create_namespace("prod", json!({})).await;
+    ns.create_namespace("quiet", json!({"ipkeep.dev/webhook": "disabled"}))
         .await;
-    }
     for (node, zone) in [("n1", "a"), ("n2", "a"), ("n3", "b")] {
         create_global::<Node>(
             &client,
@@ -219,7 +200,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     );
     std::fs::write(&cert, &first.cert).unwrap();
     std::fs::write(&key, &first.key).unwrap();
-    std::fs::write(&kubeconfig, server.kubeconfig("default")).unwrap();
+    std::fs::write(&kubeconfig, ns.server.kubeconfig("default")).unwrap();
     let _ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([
             "--listen",
@@ -248,10 +229,14 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     })
     .await;
 
-    // The webhook configuration from deploy/, with our CA.
+    // The webhook configuration from deploy/, with our CA, at the binary's URL.
     let yaml = std::fs::read_to_string(root.join("deploy/scheduler-ext/webhook.yaml")).unwrap();
     let mut hook: Value = serde_saphyr::from_str(&yaml).unwrap();
-    hook["webhooks"][0]["clientConfig"]["caBundle"] = json!(BASE64.encode(&first.ca));
+    let path = hook["webhooks"][0]["clientConfig"]["service"]["path"].clone();
+    hook["webhooks"][0]["clientConfig"] = json!({
+        "url": format!("https://{listen}{}", path.as_str().unwrap()),
+        "caBundle": BASE64.encode(&first.ca),
+    });
     create_global::<MutatingWebhookConfiguration>(&client, hook.clone()).await;
 
     let sts: StatefulSet = create(&client, "prod", json!({
