@@ -16,13 +16,9 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
-use ipkeep_api::PersistentPodState;
-use ipkeep_scheduler_ext::cache::Caches;
 use ipkeep_scheduler_ext::http::{AppState, Limits, router};
 use ipkeep_scheduler_ext::metrics::Metrics;
 use ipkeep_tests::bench::Summary;
-use k8s_openapi::api::core::v1::Node;
-use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -110,92 +106,11 @@ async fn throughput(state: &AppState, clients: usize, duration: Duration) {
     );
 }
 
-// Nodes and a PersistentPodState as the API server returns them, in caches filled by hand (as
-// scheduler-ext's own tests do): what the router reads, with no API server.
-
-const HOST: &str = "kubernetes.io/hostname";
-const ZONE: &str = "topology.kubernetes.io/zone";
-const STS_UID: &str = "9a1f0c4e-2b7d-4e1a-8f3c-5d6e7f8a9b0c";
-
-/// A node as the API server returns it (about 3.5 KB of JSON): zone `z<i % 3>`.
-fn node_json(i: usize) -> Value {
-    let name = format!("n{i}");
-    let images: Vec<Value> = (0..10)
-        .map(|k| json!({"names": [format!("registry.example.com/team/app-{k}@sha256:{:064x}", k * 7919 + i), format!("registry.example.com/team/app-{k}:v1.{k}.{i}")], "sizeBytes": 104857600 + k * 1000}))
-        .collect();
-    let condition = |t: &str, s: &str, reason: &str| json!({"type": t, "status": s, "lastHeartbeatTime": "2026-11-21T09:00:00Z", "lastTransitionTime": "2026-11-01T00:00:00Z", "reason": reason, "message": format!("kubelet reports {reason}")});
-    json!({
-        "metadata": {
-            "name": name, "uid": format!("00000000-0000-4000-8000-{i:012}"), "resourceVersion": format!("{}", 1000 + i),
-            "creationTimestamp": "2026-11-01T00:00:00Z",
-            "labels": {
-                "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                HOST: name, "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "m6i.2xlarge",
-                "topology.kubernetes.io/region": "eu-west-1", ZONE: format!("z{}", i % 3),
-                "node-role.example.com/db": "", "disk": if i.is_multiple_of(2) { "nvme" } else { "ssd" }
-            },
-            "annotations": {
-                "node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true",
-                "csi.volume.kubernetes.io/nodeid": format!("{{\"ebs.csi.aws.com\":\"i-{i:017x}\"}}")
-            }
-        },
-        "spec": {"podCIDR": format!("10.{}.{}.0/24", i / 256, i % 256), "podCIDRs": [format!("10.{}.{}.0/24", i / 256, i % 256)], "providerID": format!("aws:///eu-west-1a/i-{i:017x}")},
-        "status": {
-            "capacity": {"cpu": "8", "ephemeral-storage": "104845292Ki", "hugepages-2Mi": "0", "memory": "32386500Ki", "pods": "110"},
-            "allocatable": {"cpu": "7910m", "ephemeral-storage": "95551679124", "hugepages-2Mi": "0", "memory": "31369668Ki", "pods": "110"},
-            "conditions": [
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
-                condition("Ready", "True", "KubeletReady")
-            ],
-            "addresses": [{"type": "InternalIP", "address": format!("172.16.{}.{}", i / 256, i % 256)}, {"type": "Hostname", "address": name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-            "nodeInfo": {"machineID": format!("{i:032x}"), "systemUUID": format!("ec2{i:029x}"), "bootID": format!("b{i:031x}"),
-                "kernelVersion": "6.1.0-27-cloud-amd64", "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": "containerd://1.7.24",
-                "kubeletVersion": "v1.33.2", "kubeProxyVersion": "v1.33.2", "operatingSystem": "linux", "architecture": "amd64"},
-            "images": images
-        }
-    })
-}
-
-/// PersistentPodState `db` in `prod`: required hostname, preferred zone (weight 60), a record
-/// of `db-0` on `n1` (zone z1).
-fn pps_json() -> Value {
-    json!({
-        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
-        "metadata": {"name": "db", "namespace": "prod", "uid": "pps-uid"},
-        "spec": {
-            "targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
-            "requiredPersistentTopology": {"nodeTopologyKeys": [HOST]},
-            "preferredPersistentTopology": [{"weight": 60, "preference": {"nodeTopologyKeys": [ZONE]}}]
-        },
-        "status": {"targetUID": STS_UID, "podStates": {
-            "db-0": {"nodeName": "n1", "nodeTopologyLabels": {HOST: "n1", ZONE: "z1"}, "podIPs": ["10.0.1.7"]}
-        }}
-    })
-}
-
-/// Caches holding `pps` and nodes `n0`..`n<nodes-1>`, synced.
-async fn caches(pps: &[Value], nodes: usize) -> Caches {
-    let (caches, mut writers) = Caches::new();
-    writers.pps.apply_watcher_event(&Event::Init);
-    for p in pps {
-        let p: PersistentPodState = serde_json::from_value(p.clone()).unwrap();
-        writers.pps.apply_watcher_event(&Event::InitApply(p));
-    }
-    writers.pps.apply_watcher_event(&Event::InitDone);
-    writers.nodes.apply_watcher_event(&Event::Init);
-    for i in 0..nodes {
-        let n: Node = serde_json::from_value(node_json(i)).unwrap();
-        writers.nodes.apply_watcher_event(&Event::InitApply(n));
-    }
-    writers.nodes.apply_watcher_event(&Event::InitDone);
-    writers.pods.apply_watcher_event(&Event::Init);
-    writers.pods.apply_watcher_event(&Event::InitDone);
-    caches.wait_until_ready().await;
-    caches
-}
+// Nodes and a PersistentPodState as the API server returns them, in caches filled by hand:
+// the fixtures scheduler-ext's own tests use, so the bench measures what they check.
+#[path = "../../scheduler-ext/tests/support/mod.rs"]
+mod support;
+use support::{caches, node_json, pps_json};
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
