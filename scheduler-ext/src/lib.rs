@@ -19,12 +19,11 @@
 //! and in all, by `ipkeep_listener`. `/healthz`, `/readyz` (caches synced) and `/metrics` are
 //! served on the same listener, and optionally on a plain-HTTP probe listener of its own,
 //! which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
-//! only clients with a certificate from that CA ([`client_ca`]).
+//! only clients with a certificate from that CA ([`tls::client_ca`]).
 
 mod args;
 pub mod budget;
 pub mod cache;
-pub mod client_ca;
 pub mod deletion;
 pub mod error;
 pub mod extender;

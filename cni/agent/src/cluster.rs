@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use ipkeep_values::keys::POD_INDEX_LABEL;
+use ipkeep_values::keys::{POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -18,7 +18,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
-use crate::management::RETENTION_ANNOTATIONS;
 use crate::release::{ClusterView, PpsView};
 
 /// The annotation a mirror Pod carries with its static pod's UID, which is the UID the

@@ -121,7 +121,10 @@ pub async fn run(
         let (stores, timeout, netns) = (stores.clone(), settings.lock_timeout, netns.clone());
         tokio::task::spawn_blocking(move || {
             let adopted = stores.adopt(timeout);
-            netns::survey(&netns, &stores, timeout);
+            let deadline = || std::time::Instant::now() + timeout;
+            let snapshots = (stores.slots().into_iter())
+                .filter_map(|slot| slot.snapshot(deadline(), timeout).ok());
+            netns::survey(&netns, snapshots);
             adopted
         })
         .await?

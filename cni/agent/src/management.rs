@@ -34,16 +34,11 @@ use ipkeep_cni::management::{ApiView, Management, Unavailable};
 use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy};
 use ipkeep_placement::affinity::stamp_retention;
 use ipkeep_placement::pin::{self, Decision};
-use ipkeep_values::keys::KRUISE_RESERVED_IP;
-use ipkeep_values::keys::{IP_RETENTION, POD_INDEX_LABEL};
+use ipkeep_values::keys::{POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
 use ipkeep_values::ordinal;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cluster::{Cluster, Readiness};
-
-/// The pod annotations that decide a managed pod's retention, besides the link the webhook
-/// writes.
-pub const RETENTION_ANNOTATIONS: [&str; 2] = [IP_RETENTION, KRUISE_RESERVED_IP];
 
 /// Decides who manages pod `namespace`/`name`. `pod` is the pod of that name the API shows on
 /// this node, if any; `states` are the PersistentPodStates of its namespace; `annotations` are

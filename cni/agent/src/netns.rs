@@ -21,11 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use ipkeep_ipam::StoreRead;
-
-use crate::stores::AgentStores;
 
 /// What the agent can tell about one network namespace path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,21 +137,17 @@ pub struct DirSurvey {
     pub visible: usize,
 }
 
-/// Looks, at start, at the namespace of every address in use in every open store, so the
-/// directories the runtime uses are known before the first ADD, and says in the log what the
-/// agent sees: a directory where none of the recorded namespaces is visible is not mounted
+/// Looks, at start, at the namespace of every address in use in `snapshots` (one per open
+/// store), so the directories the runtime uses are known before the first ADD, and says in the
+/// log what the agent sees: a directory where none of the recorded namespaces is visible is not mounted
 /// from the host (or every sandbox there is gone). Also says whether the usual directory,
 /// `/var/run/netns`, exists at all.
-pub fn survey(
+pub fn survey<S: StoreRead>(
     view: &NetnsView,
-    stores: &AgentStores,
-    lock_timeout: Duration,
+    snapshots: impl IntoIterator<Item = S>,
 ) -> BTreeMap<PathBuf, DirSurvey> {
     let mut dirs: BTreeMap<PathBuf, DirSurvey> = BTreeMap::new();
-    for slot in stores.slots() {
-        let Ok(snapshot) = slot.snapshot(Instant::now() + lock_timeout, lock_timeout) else {
-            continue;
-        };
+    for snapshot in snapshots {
         let _ = snapshot.scan(&mut |lease| {
             let Some(netns) = lease.netns.as_deref().filter(|_| lease.is_active()) else {
                 return Ok(());

@@ -9,7 +9,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Notify, watch};
 
-use crate::table::Limit;
+/// Which limit a connection met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// Its source had its share.
+    SourceLimit,
+    /// The listener was full.
+    Capacity,
+}
+
+impl Limit {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SourceLimit => "source-limit",
+            Self::Capacity => "capacity",
+        }
+    }
+}
 
 /// One connection's state.
 #[derive(Debug)]

@@ -37,9 +37,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+pub use crate::activity::Limit;
 pub use crate::metrics::ListenerMetrics;
 pub use crate::nofile::{raise_open_files_limit, raise_open_files_limit_logged};
-pub use crate::table::{Limit, Shares};
+pub use crate::table::Shares;
 
 use crate::activity::Activity;
 use crate::report::Report;

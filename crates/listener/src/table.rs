@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::activity::Activity;
+use crate::activity::{Activity, Limit};
 
 /// How many connections may be open at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,25 +37,6 @@ pub struct Shares {
     pub http2_total: usize,
     /// HTTP/2 connections from one source address.
     pub http2_per_source: usize,
-}
-
-/// Which limit a connection met.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Limit {
-    /// Its source had its share.
-    SourceLimit,
-    /// The listener was full.
-    Capacity,
-}
-
-impl Limit {
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SourceLimit => "source-limit",
-            Self::Capacity => "capacity",
-        }
-    }
 }
 
 /// A connection's number in the table, in the order they came (lower is older).

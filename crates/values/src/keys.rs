@@ -71,6 +71,10 @@ pub const KRUISE_PREFERRED_TOPOLOGY: &str = "kruise.io/preferred-persistent-topo
 /// Pod: OpenKruise's retention annotation, whole minutes (`0` for off).
 pub const KRUISE_RESERVED_IP: &str = "io.kubernetes.cri/reserved-ip-duration";
 
+/// Pod: the annotations that decide a managed pod's IP retention, besides the link
+/// ([`PERSISTENT_POD_STATE`]) the webhook writes.
+pub const RETENTION_ANNOTATIONS: [&str; 2] = [IP_RETENTION, KRUISE_RESERVED_IP];
+
 // Kubernetes' own labels.
 
 /// Pod label set by the StatefulSet controller (Kubernetes 1.28 and later): the pod's ordinal.

@@ -12,7 +12,7 @@ use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 
-use crate::tls::{TlsError, certificates, read};
+use super::{TlsError, certificates, read};
 
 /// The client CA in use, and the file's contents it came from.
 #[derive(Debug)]

@@ -1,11 +1,13 @@
 //! TLS for the webhook and extender port: a certificate and key from PEM files and, with
-//! `--client-ca`, a CA that every client's certificate must chain to ([`crate::client_ca`]).
+//! `--client-ca`, a CA that every client's certificate must chain to ([`client_ca`]).
 //! All are reloaded when their files change (a Secret mounted in the pod is updated in place by
 //! the kubelet, cert-manager renews it); a failed reload keeps what is in use and says why.
 //!
 //! The serving certificate's expiry is exported (`certificate_expiry_timestamp_seconds`) and
 //! logged as a warning from [`EXPIRY_WARNING`] before it: an expired certificate makes both
 //! webhooks and the extender fail, and they fail open.
+
+pub mod client_ca;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -19,8 +21,8 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::client_ca::ReloadingClientCa;
 use crate::metrics::Metrics;
+use client_ca::ReloadingClientCa;
 
 /// How long before the serving certificate expires the server warns, and the shipped alert
 /// fires. cert-manager (`deploy/scheduler-ext/certificate.yaml`) renews 30 days before, so a
