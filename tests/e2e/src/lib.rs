@@ -11,6 +11,7 @@
 //! never matched, so it uses `anyhow`.
 
 pub mod cli;
+pub mod crash;
 pub mod nodes;
 pub mod objects;
 pub mod report;

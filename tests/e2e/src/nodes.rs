@@ -284,6 +284,43 @@ impl RealCluster {
         Ok(names)
     }
 
+    /// SIGKILLs every ipkeep process of the cluster at once ([`crate::crash`]) and waits (up to
+    /// three minutes) until the kubelets have restarted each container and every ipkeep pod is
+    /// Ready again. Returns what was killed.
+    pub async fn kill_ipkeep(&self) -> Result<Vec<String>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE);
+        let before = restarts(&pods.list(&ListParams::default()).await?.items);
+        let victims = crate::crash::in_containers();
+        if victims.len() < before.len() {
+            bail!(
+                "found {} ipkeep processes under containerd shims for {} ipkeep pods ({}): is the cluster's node runtime containerd?",
+                victims.len(),
+                before.len(),
+                before.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+        crate::crash::kill_all(&victims)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let now = pods.list(&ListParams::default()).await?.items;
+            let counts = restarts(&now);
+            let restarted = (before.iter()).all(|(pod, n)| counts.get(pod).is_some_and(|m| m > n));
+            if restarted && now.iter().all(crate::objects::is_ready) {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "ipkeep's pods were not all restarted and Ready within 180 s of SIGKILL (restart counts before {before:?}, now {counts:?})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(victims
+            .iter()
+            .map(|p| format!("{} (pid {})", p.program, p.pid))
+            .collect())
+    }
+
     /// Waits (up to two minutes) until every ipkeep pod is Ready and none of `old` is left: a
     /// restarted kubelet, for one, reports its pods not Ready until their probes pass again.
     pub async fn wait_ipkeep_ready(&self, old: &[String]) -> Result<()> {
@@ -460,4 +497,22 @@ mod tests {
         assert_eq!(pod_addresses_of(text), ["10.244.1.5", "fd00:10:244:1::5"]);
         assert!(pod_addresses_of("").is_empty());
     }
+}
+
+/// Each pod's container restarts, summed over its containers.
+fn restarts(pods: &[Pod]) -> std::collections::BTreeMap<String, i32> {
+    (pods.iter())
+        .map(|p| {
+            let statuses = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref());
+            let n = statuses
+                .into_iter()
+                .flatten()
+                .map(|c| c.restart_count)
+                .sum();
+            (p.name_any(), n)
+        })
+        .collect()
 }

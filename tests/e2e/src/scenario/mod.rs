@@ -379,9 +379,10 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    /// Real nodes: every ipkeep component restarted (its pods deleted and replaced), then one
-    /// node's kubelet and containerd; every pod of the StatefulSet stays Ready where it was,
-    /// with its IP.
+    /// Real nodes: every ipkeep component restarted (its pods deleted and replaced), then
+    /// crashed (SIGKILL, restarted by the kubelets), then one node's kubelet and containerd
+    /// restarted; every pod of the StatefulSet stays Ready where it was, with its IP, and the
+    /// steps after this one rebuild pods on the crashed components.
     async fn restart_on_nodes(&mut self) -> Result<()> {
         let Target::Nodes(cluster) = &self.target else {
             return Ok(());
@@ -392,6 +393,13 @@ impl Run<'_, '_> {
         self.report.say(&format!(
             "restarted and ready again: {}",
             restarted.join(", ")
+        ));
+        self.report
+            .step("SIGKILL every ipkeep process at once (a crash: no shutdown, no lease released)");
+        let killed = cluster.kill_ipkeep().await?;
+        self.report.say(&format!(
+            "killed {}; the kubelets restarted each, all Ready again",
+            killed.join(", ")
         ));
         let name = self.pod_name(1);
         let before = self.snap(&name).await?.context("the pod is missing")?;
