@@ -9,6 +9,7 @@ use clap::Parser;
 use ipkeep_daemon::{LogArgs, LogError, STOP_GRACE, identity, run_until_stopped, shutdown_signal};
 use ipkeep_listener::{Limits, Server};
 
+use crate::certificates::{self, CertSettings};
 use crate::http::{self, Health};
 use crate::leader::LeaderSettings;
 use crate::run::{Settings, run};
@@ -53,7 +54,72 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_DEBOUNCE", default_value = "250ms", value_parser = humantime::parse_duration)]
     debounce: Duration,
     #[command(flatten)]
+    webhook: WebhookCertArgs,
+    #[command(flatten)]
     logs: LogArgs,
+}
+
+/// The webhook server's certificates, kept by the controller.
+#[derive(Debug, clap::Args)]
+struct WebhookCertArgs {
+    /// Generate and renew the webhook server's CA and serving certificate: keep them in the
+    /// Secret --webhook-secret (in the controller's namespace) and put the CA in the caBundle
+    /// of the webhook configurations --webhook-configurations. Renewal starts when a third of a
+    /// certificate's lifetime is left; a new CA is trusted beside the old one until the old one
+    /// expires. Every replica does it (writes are conflict-checked). Off: the certificates come
+    /// from cert-manager or by hand (docs/install.md).
+    #[arg(long, env = "IPKEEP_WEBHOOK_CERTIFICATES")]
+    webhook_certificates: bool,
+    /// The webhook Service: the serving certificate is for NAME.NAMESPACE.svc and
+    /// NAME.NAMESPACE.svc.cluster.local.
+    #[arg(
+        long,
+        env = "IPKEEP_WEBHOOK_SERVICE",
+        default_value = "ipkeep-scheduler-ext"
+    )]
+    webhook_service: String,
+    /// The Secret the webhook server mounts.
+    #[arg(
+        long,
+        env = "IPKEEP_WEBHOOK_SECRET",
+        default_value = "ipkeep-scheduler-ext-tls"
+    )]
+    webhook_secret: String,
+    /// The Mutating- and ValidatingWebhookConfigurations that get the caBundle (comma-separated
+    /// names; each name of either kind).
+    #[arg(
+        long,
+        env = "IPKEEP_WEBHOOK_CONFIGURATIONS",
+        default_value = "ipkeep-scheduler-ext",
+        value_delimiter = ','
+    )]
+    webhook_configurations: Vec<String>,
+    /// A new serving certificate's lifetime.
+    #[arg(long, env = "IPKEEP_WEBHOOK_CERTIFICATE_VALIDITY", default_value = "365days", value_parser = humantime::parse_duration)]
+    webhook_certificate_validity: Duration,
+    /// A new CA's lifetime.
+    #[arg(long, env = "IPKEEP_WEBHOOK_CA_VALIDITY", default_value = "3650days", value_parser = humantime::parse_duration)]
+    webhook_ca_validity: Duration,
+}
+
+impl WebhookCertArgs {
+    /// The certificate keeper's settings, if it runs.
+    fn settings(self, namespace: &str) -> Option<CertSettings> {
+        let service = &self.webhook_service;
+        self.webhook_certificates.then(|| CertSettings {
+            namespace: namespace.to_string(),
+            secret: self.webhook_secret,
+            configurations: self.webhook_configurations,
+            certs: ipkeep_certs::Settings {
+                dns_names: vec![
+                    format!("{service}.{namespace}.svc"),
+                    format!("{service}.{namespace}.svc.cluster.local"),
+                ],
+                ca_validity: self.webhook_ca_validity,
+                cert_validity: self.webhook_certificate_validity,
+            },
+        })
+    }
 }
 
 /// Why the controller could not start (`main` prints it with its causes).
@@ -89,6 +155,7 @@ impl Args {
             identity: given_identity,
             concurrency,
             debounce,
+            webhook,
             logs,
         } = self;
         logs.init()?;
@@ -105,6 +172,10 @@ impl Args {
         });
         let health = Arc::new(Health::default());
         serve_probes(listen, health.clone()).await?;
+        if let Some(certs) = webhook.settings(client.default_namespace()) {
+            tracing::info!(secret = %certs.secret, configurations = ?certs.configurations, "keeping the webhook certificates");
+            tokio::spawn(certificates::keep(client.clone(), certs, health.clone()));
+        }
         tracing::info!(listen = %listen, identity, leader_election = leader.is_some(), "starting");
         let settings = Settings {
             concurrency,

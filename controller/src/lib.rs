@@ -14,11 +14,15 @@
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
 //! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
 //! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
+//! - [`certificates`]: `--webhook-certificates`, the webhook server's CA and serving certificate
+//!   kept in its Secret and the webhook configurations' caBundle (every replica, not only the
+//!   leader).
 //! - [`synced`]: when every watch cache had its first full list, for any number of waiters.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
 pub mod args;
 pub mod caches;
+pub mod certificates;
 pub mod context;
 pub mod error;
 pub mod generate;

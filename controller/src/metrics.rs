@@ -43,6 +43,11 @@ pub struct Metrics {
     pub records: Gauge,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
+    /// With `--webhook-certificates`: when the webhook's serving certificate expires (Unix
+    /// seconds).
+    pub webhook_certificate_expiry: Gauge,
+    /// With `--webhook-certificates`: when the webhook's CA in use expires (Unix seconds).
+    pub webhook_ca_expiry: Gauge,
     /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
     pub listeners: ipkeep_listener::ListenerMetrics,
 }
@@ -66,6 +71,8 @@ impl Default for Metrics {
             stranded_pods_deleted: Counter::default(),
             records: Gauge::default(),
             leader: Gauge::default(),
+            webhook_certificate_expiry: Gauge::default(),
+            webhook_ca_expiry: Gauge::default(),
             listeners: Default::default(),
         };
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
@@ -108,6 +115,16 @@ impl Default for Metrics {
             "leader",
             "1 while this replica is the leader",
             m.leader.clone(),
+        );
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "With --webhook-certificates: when the webhook's serving certificate expires",
+            m.webhook_certificate_expiry.clone(),
+        );
+        registry.register(
+            "webhook_ca_expiry_timestamp_seconds",
+            "With --webhook-certificates: when the webhook's CA in use expires",
+            m.webhook_ca_expiry.clone(),
         );
         m.listeners.register(&mut registry);
         Self { registry, ..m }

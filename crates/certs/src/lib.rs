@@ -107,9 +107,11 @@ impl Cert {
         now >= self.renewal()
     }
 
+    /// A third of its lifetime before it expires; the lifetime without the backdating of
+    /// certificates made here (a certificate made by someone else renews a little later).
     fn renewal(&self) -> SystemTime {
         let lifetime = (self.not_after.duration_since(self.not_before)).unwrap_or_default();
-        self.not_after - lifetime / 3
+        self.not_after - lifetime.saturating_sub(BACKDATE) / 3
     }
 }
 

@@ -36,9 +36,9 @@ fn an_empty_secret_gets_a_ca_and_a_serving_certificate_from_it_then_stays() {
     assert_eq!(certificates(&first.ca_bundle).len(), 1);
     assert_eq!(first.cert_expiry, t0() + 30 * DAY);
     assert_eq!(first.ca_expiry, t0() + 300 * DAY);
-    // Renewal once a third of the serving certificate's lifetime (backdating included) is left.
-    let lifetime = 30 * DAY + BACKDATE;
-    assert_eq!(first.renew_at, t0() + 30 * DAY - lifetime / 3);
+    // Renewal once a third of the serving certificate's lifetime (backdating not counted) is
+    // left.
+    assert_eq!(first.renew_at, t0() + 20 * DAY);
 
     let again = plan(
         &first.data,
@@ -102,6 +102,16 @@ fn a_ca_due_for_renewal_is_replaced_and_trusted_beside_the_new_one_until_it_expi
     assert_eq!(expired.change, Some(Change::BundleTrimmed));
     assert_eq!(certificates(&expired.ca_bundle).len(), 1);
     assert_eq!(expired.data[TLS_CERT], rotated.data[TLS_CERT]);
+}
+
+#[test]
+fn a_lifetime_shorter_than_the_backdating_is_renewed_a_third_before_its_end() {
+    let mut s = settings();
+    s.cert_validity = Duration::from_secs(6);
+    let first = plan(&SecretData::new(), &s, t0()).expect("plan");
+    assert_eq!(first.renew_at, t0() + Duration::from_secs(4));
+    let early = plan(&first.data, &s, t0() + Duration::from_secs(3)).expect("plan");
+    assert_eq!(early.change, None);
 }
 
 #[test]
