@@ -69,6 +69,20 @@ metadata:
     )
 }
 
+/// A PersistentPodState `name` in `namespace` for the StatefulSet of that name, its pods kept
+/// on their node; `spec` is more YAML lines of its spec (indented by two).
+fn persistent_pod_state(namespace: &str, name: &str, spec: &str) -> String {
+    format!(
+        r#"apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  targetRef: {{apiVersion: apps/v1, kind: StatefulSet, name: {name}}}
+  requiredPersistentTopology: {{nodeTopologyKeys: [kubernetes.io/hostname]}}
+{spec}"#
+    )
+}
+
 /// A StatefulSet of [`kwok_statefulset`] in `db`, with a generated PersistentPodState (24 h IP
 /// retention) that its pods name.
 fn statefulset(name: &str, replicas: u32) -> String {
@@ -226,19 +240,15 @@ fn rebuild_in(cluster: &Cluster, namespace: &str, pod: &str, force: bool) -> Val
 /// NotReady, the controller marks the record lost, and after `nodeLossPolicy.after` a rebuilt
 /// pod is pinned by preference only and starts elsewhere.
 fn a_lost_node_lets_its_pod_go_after_the_policy(cluster: &Cluster) {
-    cluster.apply(
-        r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: lost, namespace: db}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: lost}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  preferredPersistentTopology:
+    cluster.apply(&persistent_pod_state(
+        "db",
+        "lost",
+        r#"  preferredPersistentTopology:
     - weight: 50
       preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
   nodeLossPolicy: {action: FallbackToPreferred, after: 5s}
 "#,
-    );
+    ));
     // The pod starts on a node of its own kwok: every other node is cordoned meanwhile.
     let mut kwok = cluster.lossable_node("lossy-0", "zone-0");
     let others = "type=kwok,kubernetes.io/hostname!=lossy-0";

@@ -21,7 +21,7 @@ use ipkeep_tests::workspace_bin;
 use serde_json::Value;
 
 use crate::hooks::{GATE, REGISTERED, STATE, gate};
-use crate::kwok_statefulset;
+use crate::{kwok_statefulset, persistent_pod_state};
 
 const NS: &str = "restarts";
 /// Starts: with the failure seen in 1 start of 2 or 3, ten pass together by chance once in
@@ -33,13 +33,7 @@ const STOP_GRACE: Duration = Duration::from_secs(22);
 /// PersistentPodState `hooked` with a preNormal hook, its StatefulSet (3 pods, `OnDelete`) and
 /// StatefulSet `kept` (2 pods) with a generated PersistentPodState.
 fn objects() -> String {
-    let hooked = r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: hooked, namespace: restarts}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: hooked}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  lifecycle:
+    let hook = r#"  lifecycle:
     preNormal:
       labelsHandler: {registry.example.com/registered: "true"}
 "#;
@@ -48,7 +42,7 @@ spec:
     ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
 "#;
     [
-        hooked.to_string(),
+        persistent_pod_state(NS, "hooked", hook),
         kwok_statefulset(
             NS,
             "hooked",
