@@ -51,46 +51,25 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldf="$ldf -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   ldf="$ldf -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-flags=(-trimpath -buildvcs=false "-tags=selinux,notest" -ldflags "$ldf")
+flags=("-tags=selinux,notest" -ldflags "$ldf")
 
-# Runs a go command with a line every 30 s saying how far it got.
-run() { # name, go args...
-  local name=$1 t0 pid next; shift
-  say "building $name (log: $log)"
-  t0=$(date +%s); next=$((t0 + 30))
-  : >"$log.pkgs"
-  (cd "$wrapper" && CGO_ENABLED=0 go "$@" 2>"$log.pkgs") &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if [ "$(date +%s)" -ge "$next" ]; then
-      say "  $name: $(wc -l <"$log.pkgs") packages compiled, $(( $(date +%s) - t0 )) s"
-      next=$((next + 30))
-    fi
-  done
-  if ! wait "$pid"; then
-    cat "$log.pkgs" >>"$log"
-    tail -20 "$log.pkgs" >&2
-    die "building $name failed (full output in $log)"
-  fi
-  cat "$log.pkgs" >>"$log"
-  say "  $name built in $(( $(date +%s) - t0 )) s"
-}
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
 if [ ! -x "$dir/e2e.test" ]; then
   # `go test -c` prints nothing while it compiles; `go build -v` of the same packages first shows
   # progress and leaves every package in the build cache, so the test link that follows is quick.
   mapfile -t deps < <(cd "$wrapper" && go list -f '{{join .Imports "\n"}}' -test . 2>/dev/null | grep '^k8s.io/kubernetes/test/' | sort -u)
   [ ${#deps[@]} -gt 0 ] || die "go list found no test packages in $wrapper"
-  run "e2e test packages $k8s" build -v "${flags[@]}" "${deps[@]}"
-  run "e2e.test $k8s" test -c -vet=off "${flags[@]}" -o "$dir/e2e.test.tmp" .
+  go_build "e2e test packages $k8s" "e2e/$k8s" CGO_ENABLED=0 "${flags[@]}" "${deps[@]}"
+  go_run "e2e.test $k8s" "e2e/$k8s" CGO_ENABLED=0 test -c -vet=off -trimpath -buildvcs=false "${flags[@]}" \
+    -o "$dir/e2e.test.tmp" .
   mv "$dir/e2e.test.tmp" "$dir/e2e.test"
 fi
 if [ ! -x "$dir/agnhost" ]; then
-  run "agnhost $k8s" build -v "${flags[@]}" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
+  go_build "agnhost $k8s" "e2e/$k8s" CGO_ENABLED=0 "${flags[@]}" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
   mv "$dir/agnhost.tmp" "$dir/agnhost"
 fi
-rm -f "$log.pkgs"
 say "ready in $(( $(date +%s) - started )) s: $dir (e2e.test and agnhost of kubernetes $k8s)"
 if [ "$print_dir" = 1 ]; then
   echo "$dir"

@@ -40,40 +40,14 @@ fn cni(ns: &str, cmd: &str, cid: &str, pod: &str, conf: &str) -> Vec<String> {
     if cmd == "ADD" { out.ips() } else { Vec::new() }
 }
 
-/// `(ip, pod, state)` of every lease, through the agent.
-fn leases(data: &Path, socket: &Path) -> Vec<(String, String, String)> {
-    let out = std::process::Command::new(ipkeep_bin())
-        .arg("--agent-socket")
-        .arg(socket)
-        .args(["list", "--json", "--network", "k8s", "--data-dir"])
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["leases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                l["ip"].as_str().unwrap().to_string(),
-                l["pod"]["name"].as_str().unwrap_or("").to_string(),
-                l["state"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
 async fn wait_leases(
-    data: &Path,
-    socket: &Path,
+    agent: &Agent,
     what: &str,
     check: impl Fn(&[(String, String, String)]) -> bool,
 ) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let now = leases(data, socket);
+        let now = agent.leases("k8s");
         if check(&now) {
             return;
         }
@@ -93,29 +67,9 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     };
     let controller = start_controller(&c.client, None, "c1");
     let data = tempfile::tempdir().unwrap();
-    let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
-    let agent = Agent::start(
-        data.path(),
-        AgentOptions {
-            args: [
-                "--node-name",
-                "n1",
-                "--sweep-interval",
-                "1s",
-                "--release-grace",
-                "1s",
-                "--missed-del-grace",
-                "2s",
-            ]
-            .map(String::from)
-            .to_vec(),
-            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
-            ..AgentOptions::default()
-        },
-    );
-    let socket = agent.socket().to_path_buf();
-    let conf = conf(data.path(), &socket);
+    let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1", "2s");
+    let agent = Agent::start(data.path(), options);
+    let conf = conf(data.path(), agent.socket());
     let sts = create_sts(
         &c.client,
         "kv",
@@ -153,12 +107,9 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     std::fs::remove_file(&sandbox).unwrap();
     let other = create_sts(&c.client, "web", 1, 0, &annotations(&[])).await;
     run_pod(&c.client, &other, 0, "n2", "10.91.0.9").await;
-    wait_leases(
-        data.path(),
-        &socket,
-        "web-0's address no longer active here",
-        |l| !l.iter().any(|(ip, _, st)| *ip == web && st == "active"),
-    )
+    wait_leases(&agent, "web-0's address no longer active here", |l| {
+        !l.iter().any(|(ip, _, st)| *ip == web && st == "active")
+    })
     .await;
 
     // Rebuild kv-1: its record stays, so its holding stays and it gets its address back.
@@ -166,7 +117,8 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     remove_pod(&c.client, "kv-1").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        leases(data.path(), &socket)
+        agent
+            .leases("k8s")
             .iter()
             .any(|(ip, pod, st)| *ip == ips[1] && pod == "kv-1" && st == "held"),
         "a recorded pod's holding is kept"
@@ -185,7 +137,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
         !records(p).contains_key("kv-2")
     })
     .await;
-    wait_leases(data.path(), &socket, "kv-2's holding released", |l| {
+    wait_leases(&agent, "kv-2's holding released", |l| {
         !l.iter().any(|(ip, _, _)| *ip == ips[2])
     })
     .await;
@@ -212,7 +164,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     for pod in ["kv-0", "kv-1", "kv-2"] {
         remove_pod(&c.client, pod).await;
     }
-    wait_leases(data.path(), &socket, "every kv holding released", |l| {
+    wait_leases(&agent, "every kv holding released", |l| {
         l.iter().all(|(_, pod, _)| !pod.starts_with("kv-"))
     })
     .await;
@@ -233,29 +185,6 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     controller.stop().await.unwrap();
 }
 
-/// An agent for node `node` with fast sweeps and graces, against a real kube-apiserver.
-fn quick_agent(data: &Path, kubeconfig: &Path, node: &str) -> Agent {
-    Agent::start(
-        data,
-        AgentOptions {
-            args: [
-                "--node-name",
-                node,
-                "--sweep-interval",
-                "1s",
-                "--release-grace",
-                "1s",
-                "--missed-del-grace",
-                "1s",
-            ]
-            .map(String::from)
-            .to_vec(),
-            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
-            ..AgentOptions::default()
-        },
-    )
-}
-
 /// Found by review: a static pod's mirror Pod has another UID than the one the runtime passes
 /// as `K8S_POD_UID`; the agent took its DEL for missed and gave the running pod's address to
 /// another pod. The mirror Pod's `kubernetes.io/config.mirror` annotation carries the UID the
@@ -264,9 +193,8 @@ fn quick_agent(data: &Path, kubeconfig: &Path, node: &str) -> Agent {
 async fn a_running_static_pod_keeps_its_address() {
     let Some(c) = cluster().await else { return };
     let data = tempfile::tempdir().unwrap();
-    let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
-    let agent = quick_agent(data.path(), &kubeconfig, "n1");
+    let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1", "1s");
+    let agent = Agent::start(data.path(), options);
     let conf = conf(data.path(), agent.socket());
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::default_namespaced(c.client.clone());
@@ -289,7 +217,7 @@ async fn a_running_static_pod_keeps_its_address() {
     let ip = out.ips().remove(0);
     // Well past the missed-DEL grace, with sweeps every second.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let now = leases(data.path(), agent.socket());
+    let now = agent.leases("k8s");
     assert!(
         now.iter()
             .any(|(i, pod, st)| *i == ip && pod == "etcd-n1" && st == "active"),
@@ -306,9 +234,8 @@ async fn a_running_static_pod_keeps_its_address() {
 async fn a_wrong_node_name_releases_nothing() {
     let Some(c) = cluster().await else { return };
     let data = tempfile::tempdir().unwrap();
-    let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
-    let agent = quick_agent(data.path(), &kubeconfig, "n1-typo");
+    let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1-typo", "1s");
+    let agent = Agent::start(data.path(), options);
     let conf = conf(data.path(), agent.socket());
     let sts = create_sts(&c.client, "kv", 2, 0, &annotations(&[])).await;
     let mut ips = Vec::new();
@@ -318,7 +245,7 @@ async fn a_wrong_node_name_releases_nothing() {
         ips.push(ip);
     }
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let now = leases(data.path(), agent.socket());
+    let now = agent.leases("k8s");
     for ip in &ips {
         assert!(
             now.iter().any(|(i, _, st)| i == ip && st == "active"),
@@ -352,9 +279,8 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
     let Some(c) = cluster().await else { return };
     let controller = start_controller(&c.client, None, "c1");
     let data = tempfile::tempdir().unwrap();
-    let kubeconfig = data.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
-    let agent = quick_agent(data.path(), &kubeconfig, "n1");
+    let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1", "1s");
+    let agent = Agent::start(data.path(), options);
     let socket = agent.socket().to_path_buf();
     let plain = conf_with(data.path(), &socket, "");
     let forged = conf_with(
@@ -400,7 +326,9 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
         let (cid, pod) = (format!("l{i}"), format!("late-{i}"));
         cni(&c.ns, "DEL", &cid, &pod, &plain);
         assert!(
-            leases(data.path(), &socket).contains(&(ip.clone(), pod.clone(), "held".into())),
+            agent
+                .leases("k8s")
+                .contains(&(ip.clone(), pod.clone(), "held".into())),
             "{pod}'s first DEL holds {ip}\n{}",
             agent.log().join("\n")
         );
@@ -413,7 +341,7 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
     }
 
     cni(&c.ns, "DEL", "w0", "web-0", &forged);
-    let now = leases(data.path(), &socket);
+    let now = agent.leases("k8s");
     assert!(
         !now.iter().any(|(ip, _, _)| *ip == web_ip),
         "web-0's forged link holds nothing: {now:?}"

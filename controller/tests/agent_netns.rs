@@ -21,30 +21,6 @@ fn conf(data: &Path, socket: &Path) -> String {
     with_agent_socket(&base, socket)
 }
 
-/// `(pod, state)` of every lease, through the agent.
-fn leases(data: &Path, socket: &Path) -> Vec<(String, String)> {
-    let out = std::process::Command::new(ipkeep_bin())
-        .arg("--agent-socket")
-        .arg(socket)
-        .args(["list", "--json", "--network", "k8s", "--data-dir"])
-        .arg(data)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["leases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            (
-                l["pod"]["name"].as_str().unwrap_or("").to_string(),
-                l["state"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
 /// Found by review: the agent took a sandbox whose namespace it could not see for gone. Its pod
 /// has left the API (a force delete, say) but the sandbox still runs: the sweep must not apply
 /// the DEL that "never came" and free its address under it. Where the agent does see the
@@ -67,27 +43,11 @@ async fn netns_root_the_sweep_applies_no_missed_del_to_a_sandbox_it_cannot_see()
         std::fs::create_dir_all(dir).unwrap();
     }
     ns.mount_tmpfs(&hidden, "1m");
-    let kubeconfig = tmp.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, c.kubeconfig()).unwrap();
-    let agent = Agent::start(
-        &data,
-        AgentOptions {
-            args: [
-                "--node-name",
-                "n1",
-                "--sweep-interval",
-                "1s",
-                "--release-grace",
-                "1s",
-                "--missed-del-grace",
-                "1s",
-            ]
-            .map(String::from)
-            .to_vec(),
-            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
-            prefix: ns.prefix(),
-        },
-    );
+    let options = AgentOptions {
+        prefix: ns.prefix(),
+        ..AgentOptions::kubernetes(&c.kubeconfig_file(tmp.path()), "n1", "1s")
+    };
+    let agent = Agent::start(&data, options);
     let conf = conf(&data, agent.socket());
     let alive = SandboxNetns::new(&hidden.join("sandbox-alive"));
     let gone = SandboxNetns::new(&visible.join("sandbox-gone"));
@@ -101,14 +61,16 @@ async fn netns_root_the_sweep_applies_no_missed_del_to_a_sandbox_it_cannot_see()
     // Neither pod is in the API. db-1's sandbox goes without a DEL; db-0's keeps running.
     drop(gone);
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let now = leases(&data, agent.socket());
+    let now = agent.leases("k8s");
     let log = agent.log().join("\n");
     assert!(
-        now.iter().any(|(pod, st)| pod == "db-0" && st == "active"),
+        now.iter()
+            .any(|(_, pod, st)| pod == "db-0" && st == "active"),
         "the live sandbox keeps its address: {now:?}\n{log}"
     );
     assert!(
-        !now.iter().any(|(pod, st)| pod == "db-1" && st == "active"),
+        !now.iter()
+            .any(|(_, pod, st)| pod == "db-1" && st == "active"),
         "the gone sandbox got its DEL: {now:?}\n{log}"
     );
     assert!(agent.metrics().contains("ipkeep_agent_kubernetes_synced 1"));

@@ -286,7 +286,7 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, ns.server.kubeconfig("default")).unwrap();
-    let listen = support::free_port();
+    let listen = ipkeep_tests::free_addr();
     let ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([
             "--insecure-http",

@@ -17,9 +17,10 @@ use ipkeep_listener::{Limits as ListenerLimits, Server};
 use ipkeep_scheduler_ext::http::{AppState, Limits, router};
 use ipkeep_scheduler_ext::metrics::Metrics;
 use ipkeep_scheduler_ext::tls::{CertFiles, ServingTls};
+use ipkeep_tests::pki::client as client_pki;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use support::{Pki, SERVICE, caches, client_pki, pki, pps_json};
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::{Pki, SERVICE, caches, pki, pps_json};
 use tokio_rustls::client::TlsStream;
 
 const REVIEW: &str = include_str!("fixtures/admission-review-sts-pod-create.json");
@@ -79,27 +80,8 @@ async fn try_connect_from(
     alpn: &[&[u8]],
     client: Option<&Pki>,
 ) -> std::io::Result<TlsStream<tokio::net::TcpStream>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    let mut config = match client {
-        None => builder.with_no_client_auth(),
-        Some(pki) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(pki.cert.as_bytes())
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_slice(pki.key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-    };
+    let client = client.map(|pki| (pki.cert.as_bytes(), pki.key.as_bytes()));
+    let mut config = ipkeep_tests::pki::client_config(ca.as_bytes(), client);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(from, 0))?;

@@ -20,6 +20,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::{SERVICE, pki};
+use tokio_rustls::client::TlsStream;
 
 /// `/mutate-pods` requests served so far, all outcomes, from `/metrics`.
 async fn webhook_calls(probe: SocketAddr) -> u64 {
@@ -31,45 +32,25 @@ async fn webhook_calls(probe: SocketAddr) -> u64 {
         .sum()
 }
 
-/// Whether a TLS handshake with the server succeeds when only `ca` (PEM) is trusted.
-async fn handshake(addr: SocketAddr, ca: &str) -> bool {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+/// A TLS connection to the server (which must accept TCP) trusting only `ca` (PEM).
+async fn tls(addr: SocketAddr, ca: &str) -> std::io::Result<TlsStream<tokio::net::TcpStream>> {
+    let config = ipkeep_tests::pki::client_config(ca.as_bytes(), None);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from(SERVICE).unwrap();
-    connector.connect(name, tcp).await.is_ok()
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+}
+
+/// Whether a TLS handshake with the server succeeds when only `ca` (PEM) is trusted.
+async fn handshake(addr: SocketAddr, ca: &str) -> bool {
+    tls(addr, ca).await.is_ok()
 }
 
 /// A POST over HTTPS (trusting only `ca`): the status code and the body.
 async fn https_post(addr: SocketAddr, ca: &str, path: &str, body: &str) -> (u16, String) {
     use http_body_util::BodyExt;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from(SERVICE).unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    let tls = tls(addr, ca).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
             .await
@@ -167,8 +148,8 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_calls_the_webhook_over_https_on_pod_create() {
-    let listen = support::free_port();
-    let probe = support::free_port();
+    let listen = ipkeep_tests::free_addr();
+    let probe = ipkeep_tests::free_addr();
     let Some(ns) = ipkeep_tests::apiserver::namespace(
         "api_server_calls_the_webhook_over_https_on_pod_create",
         "webhook",
@@ -246,6 +227,10 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     }))
     .await;
     let sts_uid = sts.uid().unwrap();
+    // A pod of db in prod, as the StatefulSet controller creates it, with `spec` added.
+    let prod_pod = |name: &str, spec: Value| {
+        create::<Pod>(&client, "prod", statefulset_pod(name, &sts_uid, spec))
+    };
     let pps_api: Api<ipkeep_api::PersistentPodState> = Api::namespaced(client.clone(), "prod");
     let pps: ipkeep_api::PersistentPodState = serde_json::from_value(json!({
         "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
@@ -280,12 +265,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     .await;
 
     // db-0: recorded on n1 → pinned, retention from the PersistentPodState.
-    let p: Pod = create(
-        &client,
-        "prod",
-        statefulset_pod("db-0", &sts_uid, json!({})),
-    )
-    .await;
+    let p = prod_pod("db-0", json!({})).await;
     assert_eq!(p.annotations()["ipkeep.dev/pinned-by"], "db");
     assert_eq!(p.annotations()["ipkeep.dev/ip-retention"], "6h");
     let terms = serde_json::to_value(&p.spec.as_ref().unwrap().affinity).unwrap();
@@ -295,25 +275,15 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     );
 
     // db-1: no record → retention only.
-    let p: Pod = create(
-        &client,
-        "prod",
-        statefulset_pod("db-1", &sts_uid, json!({})),
-    )
-    .await;
+    let p = prod_pod("db-1", json!({})).await;
     assert_eq!(p.annotations()["ipkeep.dev/ip-retention"], "6h");
     assert!(p.spec.as_ref().unwrap().affinity.is_none());
 
     // db-2: the template insists on n2, the record says n3 → skipped, said on the pod (the
     // controller turns the mark into a PinSkipped Event once it sees the pod).
-    let p: Pod = create(
-        &client,
-        "prod",
-        statefulset_pod(
-            "db-2",
-            &sts_uid,
-            json!({"nodeSelector": {"kubernetes.io/hostname": "n2"}}),
-        ),
+    let p = prod_pod(
+        "db-2",
+        json!({"nodeSelector": {"kubernetes.io/hostname": "n2"}}),
     )
     .await;
     assert!(p.annotations()["ipkeep.dev/pin-skipped"].contains("kubernetes.io/hostname=n2"));
@@ -424,12 +394,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
         pods.get_opt("db-0").await.unwrap().is_none()
     })
     .await;
-    let p: Pod = create(
-        &client,
-        "prod",
-        statefulset_pod("db-0", &sts_uid, json!({})),
-    )
-    .await;
+    let p = prod_pod("db-0", json!({})).await;
     assert_eq!(
         p.annotations()["ipkeep.dev/pinned-by"],
         "db",

@@ -792,20 +792,17 @@ fn main() {
     for s in &scenarios {
         let a = stats(&s.runs[0].walls(None));
         let b = stats(&s.runs[1].walls(None));
-        walls.row([
-            s.name.clone(),
-            s.ops.to_string(),
-            format!("{:.2}", a.median),
-            format!("{:.2}", a.p90),
-            format!("{:.2}", a.p99),
-            format!("{:.2}", b.median),
-            format!("{:.2}", b.p90),
-            format!("{:.2}", b.p99),
+        let percentiles = ["median", "p90", "p99"];
+        let mut row = vec![s.name.clone(), s.ops.to_string()];
+        row.extend(a.cells(&percentiles, 2));
+        row.extend(b.cells(&percentiles, 2));
+        row.extend([
             ratio(a.median, Some(b.median)),
             ratio(a.p99, Some(b.p99)),
             format!("{:.0}", s.runs[0].ops_per_sec()),
             format!("{:.0}", s.runs[1].ops_per_sec()),
         ]);
+        walls.row(row);
     }
     print!("{walls}");
     println!("\n### ipkeep phases (mean ms per op, ADD and DEL together)\n");

@@ -220,17 +220,10 @@ async fn main() -> Result<()> {
     ]);
     let base = results.first().map(|r| r.1.median);
     for (label, s, same_ip) in &results {
-        table.row([
-            label.to_string(),
-            s.n.to_string(),
-            format!("{:.0}", s.median),
-            format!("{:.0}", s.p90),
-            format!("{:.0}", s.p99),
-            format!("{:.0}", s.min),
-            format!("{:.0}", s.max),
-            format!("{same_ip}/{}", s.n),
-            ratio(s.median, base),
-        ]);
+        let mut row = vec![label.to_string()];
+        row.extend(s.cells(&["n", "median", "p90", "p99", "min", "max"], 0));
+        row.extend([format!("{same_ip}/{}", s.n), ratio(s.median, base)]);
+        table.row(row);
     }
     println!("\n{table}");
     Ok(())

@@ -41,6 +41,29 @@ pub struct AgentOptions {
     pub prefix: Vec<String>,
 }
 
+impl AgentOptions {
+    /// An agent of node `node` that watches the API server of `kubeconfig`, sweeping every
+    /// second, with a release grace of a second and a missed-DEL grace of `missed_del_grace`.
+    pub fn kubernetes(kubeconfig: &Path, node: &str, missed_del_grace: &str) -> AgentOptions {
+        AgentOptions {
+            args: [
+                "--node-name",
+                node,
+                "--sweep-interval",
+                "1s",
+                "--release-grace",
+                "1s",
+                "--missed-del-grace",
+                missed_del_grace,
+            ]
+            .map(String::from)
+            .to_vec(),
+            envs: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
+            prefix: Vec::new(),
+        }
+    }
+}
+
 impl Agent {
     /// Starts an agent serving `data_dir` on a socket in a fresh temporary directory.
     pub fn start(data_dir: &Path, options: AgentOptions) -> Agent {
@@ -120,28 +143,17 @@ impl Agent {
         }
     }
 
+    /// Waits until the agent listens on its socket and has logged its probe address.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while UnixStream::connect(&self.socket).is_err() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "ipkeep-agent exited with {status}:\n{}",
-                    self.log().join("\n")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ipkeep-agent did not listen on {} within 30 s:\n{}",
-                self.socket.display(),
-                self.log().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
         self.probe = None;
-        while self.probe.is_none() {
-            self.probe = self.log().iter().find_map(|line| probe_address(line));
-            if self.probe.is_some() {
-                return;
+        loop {
+            let listening = UnixStream::connect(&self.socket).is_ok();
+            if listening {
+                self.probe = self.log().iter().find_map(|line| probe_address(line));
+                if self.probe.is_some() {
+                    return;
+                }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
@@ -149,9 +161,14 @@ impl Agent {
                     self.log().join("\n")
                 );
             }
+            let what = if listening {
+                "log its probe address".to_string()
+            } else {
+                format!("listen on {}", self.socket.display())
+            };
             assert!(
                 Instant::now() < deadline,
-                "ipkeep-agent did not log its probe address within 30 s:\n{}",
+                "ipkeep-agent did not {what} within 30 s:\n{}",
                 self.log().join("\n")
             );
             std::thread::sleep(Duration::from_millis(10));
@@ -171,6 +188,34 @@ impl Agent {
     /// The agent's stderr so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// `(ip, pod name, state)` of every lease of `network`, asked through this agent
+    /// (`ipkeep list`).
+    pub fn leases(&self, network: &str) -> Vec<(String, String, String)> {
+        let out = Command::new(crate::ipkeep_bin())
+            .arg("--agent-socket")
+            .arg(&self.socket)
+            .args(["list", "--json", "--network", network, "--data-dir"])
+            .arg(&self.data_dir)
+            .output()
+            .expect("run ipkeep list");
+        assert!(out.status.success(), "{out:?}");
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("list JSON");
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        list["leases"]
+            .as_array()
+            .expect("leases")
+            .iter()
+            .map(|l| {
+                let pod = text(&l["pod"]["name"]).unwrap_or_default();
+                (
+                    text(&l["ip"]).expect("ip"),
+                    pod,
+                    text(&l["state"]).expect("state"),
+                )
+            })
+            .collect()
     }
 
     /// `/metrics`, as text.

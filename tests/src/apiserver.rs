@@ -23,9 +23,10 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use rcgen::KeyPair;
 
 use crate::cluster::{k8s_version_wanted, repo_root, require_go};
+use crate::free_port;
 use crate::kubectl::Kubectl;
 
 /// The prefix of every test namespace.
@@ -201,6 +202,12 @@ impl ApiServer {
         &self.url
     }
 
+    /// The directory of its state (certificates, etcd's data, logs), which its processes name
+    /// on their command lines; removed when they stop.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// kubectl as its admin.
     pub fn kubectl(&self) -> &Kubectl {
         &self.kubectl
@@ -252,23 +259,12 @@ fn read_line(from: &mut impl BufRead) -> String {
 /// kubeconfig, in `dir`; returns the token.
 fn write_credentials(dir: &Path, url: &str) -> String {
     let token = token(dir);
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).expect("CA");
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).expect("params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress([127, 0, 0, 1].into()));
-    let cert = params.signed_by(&key, &issuer).expect("certificate");
+    let pki = crate::pki::serving(&["localhost"]);
     let sa = KeyPair::generate().expect("key");
     let files = [
-        ("ca.crt", ca_cert.pem()),
-        ("apiserver.crt", cert.pem()),
-        ("apiserver.key", key.serialize_pem()),
+        ("ca.crt", pki.ca),
+        ("apiserver.crt", pki.cert),
+        ("apiserver.key", pki.key),
         ("sa.key", sa.serialize_pem()),
         ("sa.pub", sa.public_key_pem()),
         (
@@ -297,22 +293,6 @@ fn kubeconfig_yaml(dir: &Path, url: &str, token: &str, namespace: &str) -> Strin
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin, namespace: {namespace}}}\ncurrent-context: test\n",
         ca = dir.join("ca.crt").display()
     )
-}
-
-/// A loopback port nobody listens on now, below the kernel's ephemeral range (where an
-/// outgoing connection could take it first); each call moves on from the last.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = (std::process::id() * 7) % 10_000;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        assert!(n < 10_000, "no free port between 22000 and 32000");
-        let port = u16::try_from(22_000 + (base + n) % 10_000).expect("a port");
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 /// A test's namespace on the binary's server, with an admin client whose default namespace it
@@ -344,6 +324,14 @@ impl TestNamespace {
     /// An admin kubeconfig (YAML) for this namespace.
     pub fn kubeconfig(&self) -> String {
         self.server.kubeconfig(&self.name)
+    }
+
+    /// [`TestNamespace::kubeconfig`] written to `dir/kubeconfig`, for the binaries under test;
+    /// returns its path.
+    pub fn kubeconfig_file(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(&path, self.kubeconfig()).expect("write the kubeconfig");
+        path
     }
 
     /// Another namespace, named `name` exactly (for fixtures that name theirs; unique within

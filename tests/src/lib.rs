@@ -441,6 +441,27 @@ pub fn list_json(data_dir: &Path, network: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("list JSON")
 }
 
+/// A loopback port nobody listens on now, below the kernel's ephemeral range (where an
+/// outgoing connection could take it first); each call moves on from the last.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = (std::process::id() * 7) % 10_000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 10_000, "no free port between 22000 and 32000");
+        let port = u16::try_from(22_000 + (base + n) % 10_000).expect("a port");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// 127.0.0.1 with a [`free_port`].
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
 pub mod agent;
 pub mod apiserver;
 pub mod bench;
@@ -449,4 +470,5 @@ pub mod demo;
 pub mod faults;
 pub mod kubectl;
 pub mod mountns;
+pub mod pki;
 pub mod store;

@@ -31,38 +31,69 @@ use serde_json::Value;
 const NODES: usize = 50;
 const LONG: Duration = Duration::from_secs(90);
 
-fn statefulset(name: &str, replicas: u32) -> String {
+/// A StatefulSet `name` in `namespace` of `replicas` busybox pods on the kwok nodes (which they
+/// tolerate), labelled `app: NAME`, started in parallel and deleted without grace. `metadata`,
+/// `spec` and `pod_metadata` are more YAML lines of its metadata, its spec (both indented by two)
+/// and its pods' metadata (indented by six).
+fn kwok_statefulset(
+    namespace: &str,
+    name: &str,
+    replicas: u32,
+    metadata: &str,
+    spec: &str,
+    pod_metadata: &str,
+) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
 metadata:
   name: {name}
-  namespace: db
-  annotations:
-    ipkeep.dev/auto-generate-persistent-pod-state: "true"
-    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
-    ipkeep.dev/preferred-persistent-topology: topology.kubernetes.io/zone
-    ipkeep.dev/ip-retention: "24h"
-spec:
+  namespace: {namespace}
+{metadata}spec:
   serviceName: {name}
   replicas: {replicas}
   podManagementPolicy: Parallel
-  selector:
+{spec}  selector:
     matchLabels: {{app: {name}}}
   template:
     metadata:
       labels: {{app: {name}}}
-      annotations:
-        ipkeep.dev/persistent-pod-state: {name}
-    spec:
+{pod_metadata}    spec:
       terminationGracePeriodSeconds: 0
       tolerations:
         - {{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}}
       containers:
-        - name: db
+        - name: c
           image: localhost/ipkeep/busybox:1.35
 "#
     )
+}
+
+/// A PersistentPodState `name` in `namespace` for the StatefulSet of that name, its pods kept
+/// on their node; `spec` is more YAML lines of its spec (indented by two).
+fn persistent_pod_state(namespace: &str, name: &str, spec: &str) -> String {
+    format!(
+        r#"apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  targetRef: {{apiVersion: apps/v1, kind: StatefulSet, name: {name}}}
+  requiredPersistentTopology: {{nodeTopologyKeys: [kubernetes.io/hostname]}}
+{spec}"#
+    )
+}
+
+/// A StatefulSet of [`kwok_statefulset`] in `db`, with a generated PersistentPodState (24 h IP
+/// retention) that its pods name.
+fn statefulset(name: &str, replicas: u32) -> String {
+    let metadata = r#"  annotations:
+    ipkeep.dev/auto-generate-persistent-pod-state: "true"
+    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
+    ipkeep.dev/preferred-persistent-topology: topology.kubernetes.io/zone
+    ipkeep.dev/ip-retention: "24h"
+"#;
+    let pod = format!("      annotations:\n        ipkeep.dev/persistent-pod-state: {name}\n");
+    kwok_statefulset("db", name, replicas, metadata, "", &pod)
 }
 
 fn pod_states(cluster: &Cluster) -> Option<serde_json::Map<String, Value>> {
@@ -209,19 +240,15 @@ fn rebuild_in(cluster: &Cluster, namespace: &str, pod: &str, force: bool) -> Val
 /// NotReady, the controller marks the record lost, and after `nodeLossPolicy.after` a rebuilt
 /// pod is pinned by preference only and starts elsewhere.
 fn a_lost_node_lets_its_pod_go_after_the_policy(cluster: &Cluster) {
-    cluster.apply(
-        r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: lost, namespace: db}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: lost}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  preferredPersistentTopology:
+    cluster.apply(&persistent_pod_state(
+        "db",
+        "lost",
+        r#"  preferredPersistentTopology:
     - weight: 50
       preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
   nodeLossPolicy: {action: FallbackToPreferred, after: 5s}
 "#,
-    );
+    ));
     // The pod starts on a node of its own kwok: every other node is cordoned meanwhile.
     let mut kwok = cluster.lossable_node("lossy-0", "zone-0");
     let others = "type=kwok,kubernetes.io/hostname!=lossy-0";

@@ -57,7 +57,10 @@ fn flannel_on_real_nodes() {
         String::from_utf8_lossy(&out.stdout)
     );
     eprintln!("flannel cluster up in {:.0} s", t.elapsed().as_secs_f64());
-    let real = Real::new(&state);
+    let real = Real {
+        network: NETWORK,
+        ..Real::new(&state)
+    };
     flannel_runs_the_nodes(&real);
     real.kubectl.run(&["create", "namespace", NS]);
     let db = a_rebuilt_pod_keeps_node_and_ip_and_is_reached_over_vxlan(&real);
@@ -141,7 +144,7 @@ fn a_rebuilt_pod_keeps_node_and_ip_and_is_reached_over_vxlan(real: &Real) -> ret
     // The leases say the pods' IPs, in flannel's store.
     for (pod, (node, ip)) in &before {
         assert_eq!(
-            leases_of(real, node, pod),
+            real.leases_of(node, pod),
             [(ip.clone(), "active".to_string())],
             "{pod} on {node}"
         );
@@ -156,20 +159,8 @@ fn a_rebuilt_pod_keeps_node_and_ip_and_is_reached_over_vxlan(real: &Real) -> ret
         .into_keys()
         .find(|n| *n != node)
         .expect("two nodes");
-    real.kubectl.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: client, namespace: {NS}, labels: {{app: client}}}}
-spec:
-  nodeName: {other}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: sleep
-    image: localhost/ipkeep/busybox:dev
-    imagePullPolicy: Never
-    command: [sleep, '1d']
-"#
-    ));
+    real.kubectl
+        .apply(&retention::sleeper_pod("client", &other));
     real.wait_ready("client Ready", "app=client", &["client".to_string()]);
     let route = real.on_node(&other, &["ip", "route", "get", &ip]);
     assert!(
@@ -216,20 +207,7 @@ spec:
 /// the address is free again.
 fn a_pod_whose_del_flannel_skipped_gets_its_address_freed(real: &Real, db: &retention::Places) {
     let node = db["db-1"].0.clone();
-    real.kubectl.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: loner, namespace: {NS}, labels: {{app: loner}}}}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: sleep
-    image: localhost/ipkeep/busybox:dev
-    imagePullPolicy: Never
-    command: [sleep, '1d']
-"#
-    ));
+    real.kubectl.apply(&retention::sleeper_pod("loner", &node));
     let ip = real.wait_ready("loner Ready", "app=loner", &["loner".to_string()])["loner"]
         .1
         .clone();
@@ -238,7 +216,7 @@ spec:
     real.kubectl
         .run(&["delete", "pod", "loner", "-n", NS, "--wait=true"]);
     assert_eq!(
-        leases_of(real, &node, "loner"),
+        real.leases_of(&node, "loner"),
         [(ip.clone(), "active".to_string())],
         "flannel's DEL without its scratch file should not reach ipkeep"
     );
@@ -273,7 +251,7 @@ fn a_rebuilt_pod_whose_del_flannel_skipped_keeps_one_address(real: &Real, db: &r
     // Missed-DEL grace (30 s) and sweeps: the running pod keeps its one address.
     std::thread::sleep(Duration::from_secs(45));
     assert_eq!(
-        leases_of(real, &node, "db-1"),
+        real.leases_of(&node, "db-1"),
         [(ip.clone(), "active".to_string())],
         "db-1: one lease, its own"
     );
@@ -305,7 +283,7 @@ fn a_scaled_down_pod_whose_del_flannel_skipped_is_released(real: &Real, db: &ret
         "db-2's {ip} released {:.0} s after the scale-down",
         t.elapsed().as_secs_f64()
     );
-    assert!(leases_of(real, &node, "db-2").is_empty());
+    assert!(real.leases_of(&node, "db-2").is_empty());
 }
 
 /// Removes flannel's scratch file of `pod`'s sandbox on `node`, as a node whose
@@ -319,7 +297,7 @@ fn lose_scratch_file(real: &Real, node: &str, pod: &str) {
 
 /// The container ID (sandbox) of `pod`'s active lease on `node`.
 fn sandbox_of(real: &Real, node: &str, pod: &str) -> String {
-    let leases = leases(real, node);
+    let leases = real.leases(node);
     let active: Vec<&Value> = leases
         .iter()
         .filter(|l| {
@@ -333,38 +311,8 @@ fn sandbox_of(real: &Real, node: &str, pod: &str) -> String {
         .to_string()
 }
 
-/// The node's leases in flannel's network: `ipkeep list --json --network cbr0`.
-fn leases(real: &Real, node: &str) -> Vec<Value> {
-    let text = real.on_node(
-        node,
-        &[
-            "/opt/cni/bin/ipkeep",
-            "list",
-            "--json",
-            "--network",
-            NETWORK,
-        ],
-    );
-    let list: Value = serde_json::from_str(&text).unwrap();
-    list["leases"].as_array().cloned().unwrap_or_default()
-}
-
-/// Leases of `pod` on `node`, as (ip, state).
-fn leases_of(real: &Real, node: &str, pod: &str) -> Vec<(String, String)> {
-    leases(real, node)
-        .iter()
-        .filter(|l| l["pod"]["namespace"] == NS && l["pod"]["name"] == pod)
-        .map(|l| {
-            (
-                l["ip"].as_str().unwrap_or_default().to_string(),
-                l["state"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
-}
-
 fn lease_ips(real: &Real, node: &str) -> Vec<String> {
-    leases(real, node)
+    real.leases(node)
         .iter()
         .filter_map(|l| l["ip"].as_str().map(str::to_string))
         .collect()

@@ -32,9 +32,10 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// An admin kubeconfig (YAML) for the test's namespace, for the binaries under test.
-    pub fn kubeconfig(&self) -> String {
-        self._ns.kubeconfig()
+    /// An admin kubeconfig for the test's namespace in `dir/kubeconfig`, for the binaries
+    /// under test; returns its path.
+    pub fn kubeconfig_file(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        self._ns.kubeconfig_file(dir)
     }
 
     /// An admin client (default namespace [`Cluster::ns`]) with `faults` in front of it.

@@ -6,7 +6,6 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_scheduler_ext::cache::Caches;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::Event;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::{Value, json};
 
 pub const HOST: &str = "kubernetes.io/hostname";
@@ -104,75 +103,13 @@ pub async fn caches_with_pods(pps: &[Value], nodes: usize, pods: &[Value]) -> Ca
     caches
 }
 
-/// A loopback address with a port nobody listens on now, chosen outside the kernel's
-/// ephemeral range (`net.ipv4.ip_local_port_range`, 32768–60999 by default): a port from that
-/// range can be taken by any outgoing connection before the process it is meant for binds it.
-pub fn free_port() -> std::net::SocketAddr {
-    use std::hash::{BuildHasher, RandomState};
-    let start = RandomState::new().hash_one(std::process::id());
-    for i in 0..2000u64 {
-        let port = 10_000 + (start.wrapping_add(i) % 10_000) as u16;
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr().unwrap();
-        }
-    }
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// The Service name the certificates of [`pki`] are for.
 pub const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
 
-/// A CA (PEM) and a server certificate and key (PEM) it signed for [`SERVICE`] and 127.0.0.1
-/// (where kube-apiserver calls the webhook in tests/webhook_admission.rs).
-pub struct Pki {
-    pub ca: String,
-    pub cert: String,
-    pub key: String,
-}
+pub use ipkeep_tests::pki::Pki;
 
-/// A fresh [`Pki`].
+/// A fresh CA and a serving certificate it signed for [`SERVICE`] and 127.0.0.1 (where
+/// kube-apiserver calls the webhook in tests/webhook_admission.rs).
 pub fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec![SERVICE.to_string()]).unwrap();
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    Pki {
-        ca: ca_cert.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
-
-/// A client CA (PEM) and a client certificate and key it signed for `name`, as kube-apiserver
-/// or kube-scheduler would present.
-pub fn client_pki(name: &str) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    Pki {
-        ca: ca_cert.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
+    ipkeep_tests::pki::serving(&[SERVICE])
 }

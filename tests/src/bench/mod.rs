@@ -64,6 +64,18 @@ impl Summary {
             _ => return None,
         })
     }
+
+    /// The fields `names` (see [`Summary::field`]) with `decimals` decimals, as table cells
+    /// (`-` for a name that is no field).
+    pub fn cells(&self, names: &[&str], decimals: usize) -> Vec<String> {
+        names
+            .iter()
+            .map(|name| {
+                self.field(name)
+                    .map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+            })
+            .collect()
+    }
 }
 
 /// The nearest-rank percentile `p` (0 < p ≤ 1) of `sorted` (ascending, not empty): the smallest
@@ -216,6 +228,7 @@ mod tests {
         assert_eq!(Summary::of(&[3.0, 1.0, 2.0]).unwrap().median, 2.0);
         assert!(Summary::of(&[]).is_none());
         assert!(Summary::of(&[1.0, f64::NAN]).is_none());
+        assert_eq!(s.cells(&["n", "p90", "nope"], 1), ["100.0", "90.0", "-"]);
     }
 
     #[test]

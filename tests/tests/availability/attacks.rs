@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::task::JoinSet;
+use tokio_rustls::client::TlsStream;
 
 use super::clients::{Source, connect_from, tls_from};
 
@@ -40,6 +42,33 @@ impl Attack {
             });
         }
     }
+
+    /// [`Attack::repeat`] of: a TLS connection from the attacker offering `alpn`, handed to
+    /// `then` (nothing when it fails).
+    fn over_tls<F, Fut>(
+        addr: SocketAddr,
+        ca: &str,
+        alpn: &'static [u8],
+        copies: usize,
+        then: F,
+    ) -> Attack
+    where
+        F: Fn(TlsStream<TcpStream>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let ca: Arc<str> = ca.into();
+        let then = Arc::new(then);
+        let mut attack = Attack::new();
+        attack.repeat(copies, move || {
+            let (ca, then) = (ca.clone(), then.clone());
+            async move {
+                if let Ok(tls) = tls_from(Source::Attacker, addr, &ca, &[alpn]).await {
+                    then(tls).await;
+                }
+            }
+        });
+        attack
+    }
 }
 
 /// Waits until the peer closes `stream` (or the read fails).
@@ -61,80 +90,52 @@ pub fn silent_tcp(addr: SocketAddr, sockets: usize) -> Attack {
 
 /// TLS connections that negotiate HTTP/1.1 and never send a request (the review: 130).
 pub fn idle_tls_http1(addr: SocketAddr, ca: &str, connections: usize) -> Attack {
-    let ca = ca.to_string();
-    let mut attack = Attack::new();
-    attack.repeat(connections, move || {
-        let ca = ca.clone();
-        async move {
-            if let Ok(tls) = tls_from(Source::Attacker, addr, &ca, &[b"http/1.1"]).await {
-                until_closed(tls).await;
-            }
-        }
-    });
-    attack
+    Attack::over_tls(addr, ca, b"http/1.1", connections, until_closed)
 }
 
 /// HTTP/2 connections with no stream, answering the server's pings and pinging it every
 /// second (the review: 16, enough to hold every HTTP/2 slot).
 pub fn idle_http2(addr: SocketAddr, ca: &str, connections: usize) -> Attack {
-    let ca = ca.to_string();
-    let mut attack = Attack::new();
-    attack.repeat(connections, move || {
-        let ca = ca.clone();
-        async move {
-            let Ok(tls) = tls_from(Source::Attacker, addr, &ca, &[b"h2"]).await else {
-                return;
-            };
-            let Ok((_send, mut connection)) = h2::client::handshake(tls).await else {
-                return;
-            };
-            let Some(mut pings) = connection.ping_pong() else {
-                return;
-            };
-            let pinging = async {
-                while pings.ping(h2::Ping::opaque()).await.is_ok() {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            };
-            tokio::select! {
-                _ = connection => {}
-                () = pinging => {}
+    Attack::over_tls(addr, ca, b"h2", connections, |tls| async move {
+        let Ok((_send, mut connection)) = h2::client::handshake(tls).await else {
+            return;
+        };
+        let Some(mut pings) = connection.ping_pong() else {
+            return;
+        };
+        let pinging = async {
+            while pings.ping(h2::Ping::opaque()).await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        };
+        tokio::select! {
+            _ = connection => {}
+            () = pinging => {}
         }
-    });
-    attack
+    })
 }
 
 /// A `POST /filter` over HTTP/1.1 declaring `declared` bytes; sends `sent` of them and waits
 /// for the server to answer or close (the review: 4 requests declaring 6 MiB, 1 byte sent).
 pub fn bodies(addr: SocketAddr, ca: &str, requests: usize, declared: usize, sent: usize) -> Attack {
-    let ca = ca.to_string();
-    let mut attack = Attack::new();
-    attack.repeat(requests, move || {
-        let ca = ca.clone();
-        async move {
-            let Ok(mut tls) = tls_from(Source::Attacker, addr, &ca, &[b"http/1.1"]).await else {
-                return;
-            };
-            let head = format!(
-                "POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{"
-            );
-            if tls.write_all(head.as_bytes()).await.is_err() {
-                return;
-            }
-            let chunk = vec![b' '; 64 * 1024];
-            let mut left = sent.saturating_sub(1);
-            while left > 0 {
-                let n = left.min(chunk.len());
-                if tls.write_all(&chunk[..n]).await.is_err() {
-                    return;
-                }
-                left -= n;
-            }
-            until_closed(tls).await;
+    Attack::over_tls(addr, ca, b"http/1.1", requests, move |mut tls| async move {
+        let head = format!(
+            "POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{{"
+        );
+        if tls.write_all(head.as_bytes()).await.is_err() {
+            return;
         }
-    });
-    attack
+        let chunk = vec![b' '; 64 * 1024];
+        let mut left = sent.saturating_sub(1);
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if tls.write_all(&chunk[..n]).await.is_err() {
+                return;
+            }
+            left -= n;
+        }
+        until_closed(tls).await;
+    })
 }
 
 /// HTTP/2 connections each with as many streams as the server allows, every stream declaring
@@ -146,43 +147,34 @@ pub fn http2_streams(
     streams: usize,
     declared: usize,
 ) -> Attack {
-    let ca = ca.to_string();
-    let mut attack = Attack::new();
-    attack.repeat(connections, move || {
-        let ca = ca.clone();
-        async move {
-            let Ok(tls) = tls_from(Source::Attacker, addr, &ca, &[b"h2"]).await else {
-                return;
-            };
-            let Ok((send, connection)) = h2::client::handshake(tls).await else {
-                return;
-            };
-            let opening = async {
-                let mut open = Vec::new();
-                for _ in 0..streams {
-                    let Ok(mut send) = send.clone().ready().await else {
-                        break;
-                    };
-                    let request = hyper::Request::post("https://x/filter")
-                        .header("content-type", "application/json")
-                        .header("content-length", declared.to_string())
-                        .body(())
-                        .expect("request");
-                    let Ok((answer, mut body)) = send.send_request(request, false) else {
-                        break;
-                    };
-                    let _ = body.send_data(Bytes::from_static(b"{"), false);
-                    open.push((answer, body));
-                }
-                // Held until the connection ends.
-                std::future::pending::<()>().await;
-                drop(open);
-            };
-            tokio::select! {
-                _ = connection => {}
-                () = opening => {}
+    Attack::over_tls(addr, ca, b"h2", connections, move |tls| async move {
+        let Ok((send, connection)) = h2::client::handshake(tls).await else {
+            return;
+        };
+        let opening = async {
+            let mut open = Vec::new();
+            for _ in 0..streams {
+                let Ok(mut send) = send.clone().ready().await else {
+                    break;
+                };
+                let request = hyper::Request::post("https://x/filter")
+                    .header("content-type", "application/json")
+                    .header("content-length", declared.to_string())
+                    .body(())
+                    .expect("request");
+                let Ok((answer, mut body)) = send.send_request(request, false) else {
+                    break;
+                };
+                let _ = body.send_data(Bytes::from_static(b"{"), false);
+                open.push((answer, body));
             }
+            // Held until the connection ends.
+            std::future::pending::<()>().await;
+            drop(open);
+        };
+        tokio::select! {
+            _ = connection => {}
+            () = opening => {}
         }
-    });
-    attack
+    })
 }

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -56,17 +55,7 @@ pub async fn tls_from(
     ca: &str,
     alpn: &[&[u8]],
 ) -> std::io::Result<TlsStream<TcpStream>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()).flatten() {
-        roots.add(cert).map_err(std::io::Error::other)?;
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(std::io::Error::other)?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut config = ipkeep_tests::pki::client_config(ca.as_bytes(), None);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let tcp = connect_from(source, addr).await?;
     let name = ServerName::try_from(SERVICE).map_err(std::io::Error::other)?;

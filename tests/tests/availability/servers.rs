@@ -9,39 +9,12 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ipkeep_tests::apiserver::TestNamespace;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use ipkeep_tests::free_addr;
 
 use super::clients::{Source, plain_get};
 
 /// The name the serving certificate is for, as the API server checks it.
 pub const SERVICE: &str = "ipkeep-scheduler-ext.ipkeep-system.svc";
-
-/// A CA and the serving certificate, PEM.
-pub struct Pki {
-    pub ca: String,
-    pub cert: String,
-    pub key: String,
-}
-
-pub fn pki() -> Pki {
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).expect("CA");
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec![SERVICE.to_string()]).expect("params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress([127, 0, 0, 1].into()));
-    let cert = params.signed_by(&key, &issuer).expect("certificate");
-    Pki {
-        ca: ca_cert.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
 
 /// A namespace of its own on the binary's kube-apiserver, and an admin kubeconfig for it in a
 /// file; `None` when the test is skipped (no Go to build Kubernetes; a failure under CI).
@@ -52,26 +25,8 @@ pub struct Server {
 
 pub async fn api_server(test: &str, dir: &Path) -> Option<Server> {
     let ns = ipkeep_tests::apiserver::namespace(test, "db").await?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, ns.kubeconfig()).expect("kubeconfig");
+    let kubeconfig = ns.kubeconfig_file(dir);
     Some(Server { ns, kubeconfig })
-}
-
-/// A loopback port nobody listens on now, below the kernel's ephemeral range (where an
-/// outgoing connection could take it first).
-/// Each call starts after the last port it gave, so two calls never give the same one.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = std::process::id() % 10_000;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        assert!(n < 20_000, "no free port between 10000 and 30000");
-        let port = u16::try_from(10_000 + (base + n) % 20_000).expect("a port");
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 /// A binary under test, killed when dropped.
@@ -144,12 +99,12 @@ pub struct SchedulerExt {
 
 impl SchedulerExt {
     pub async fn start(server: &Server, dir: &Path) -> SchedulerExt {
-        let pki = pki();
+        let pki = ipkeep_tests::pki::serving(&[SERVICE]);
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
         std::fs::write(&cert, &pki.cert).expect("cert");
         std::fs::write(&key, &pki.key).expect("key");
-        let https = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let probes = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let https = free_addr();
+        let probes = free_addr();
         static BIN: OnceLock<PathBuf> = OnceLock::new();
         let bin = BIN.get_or_init(|| {
             ipkeep_tests::workspace_bin(
@@ -199,7 +154,7 @@ pub struct Controller {
 
 impl Controller {
     pub async fn start(server: &Server, dir: &Path, open_files: u32) -> Controller {
-        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let listen = free_addr();
         let bin = ipkeep_tests::workspace_bin(
             "ipkeep-controller",
             "IPKEEP_CONTROLLER_BIN",

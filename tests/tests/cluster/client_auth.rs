@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipkeep_tests::cluster::Cluster;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 
 /// `GET /healthz` over TLS to the webhook port, presenting `client` (certificate and key
 /// files) if given: the answer's status line, or the error.
@@ -21,29 +20,11 @@ fn healthz(cluster: &Cluster, client: Option<(&Path, &Path)>) -> Result<String, 
         .lines()
         .find_map(|l| l.strip_prefix("IPKEEP_EXT_URL=https://"))
         .expect("IPKEEP_EXT_URL");
-    let mut roots = rustls::RootCertStore::empty();
     let ca = std::fs::read(cluster.state().join("pki/ca.crt")).expect("the cluster's CA");
-    for cert in CertificateDer::pem_slice_iter(&ca).flatten() {
-        roots.add(cert).expect("a CA certificate");
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots);
-    let config = match client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .expect("a certificate file")
-                    .flatten()
-                    .collect(),
-                PrivateKeyDer::from_pem_file(key).expect("a key file"),
-            )
-            .expect("a client certificate"),
-    };
+    let read = |path: &Path| std::fs::read(path).expect("a client certificate or key file");
+    let client = client.map(|(cert, key)| (read(cert), read(key)));
+    let client = client.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice()));
+    let config = ipkeep_tests::pki::client_config(&ca, client);
     let name = ServerName::try_from("127.0.0.1").expect("a name");
     let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
     let tcp = TcpStream::connect(url).map_err(|e| e.to_string())?;

@@ -11,23 +11,25 @@ use ipkeep_tests::cluster::{Cluster, wait_until};
 use serde_json::{Value, json};
 
 use crate::hooks::{REGISTERED, STATE, gate};
+use crate::persistent_pod_state;
 
 const NS: &str = "guard";
 const HELD: &str = "ipkeep.dev/lifecycle-held";
 const SINCE: &str = "ipkeep.dev/lifecycle-since";
 
-const OBJECTS: &str = r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: guarded, namespace: guard}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: guarded}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  lifecycle:
+/// PersistentPodState `guarded` with a preDelete hook, and its StatefulSet: two pods started in
+/// order (the default), with a termination grace.
+fn objects() -> String {
+    let hook = r#"  lifecycle:
     preDelete:
       labelsHandler: {registry.example.com/registered: "true"}
       markPodNotReady: true
       timeoutSeconds: 5
----
+"#;
+    persistent_pod_state(NS, "guarded", hook) + STATEFULSET
+}
+
+const STATEFULSET: &str = r#"---
 apiVersion: apps/v1
 kind: StatefulSet
 metadata: {name: guarded, namespace: guard}
@@ -132,7 +134,7 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
         );
     }
     cluster.run(&["create", "namespace", NS]);
-    cluster.apply(OBJECTS);
+    cluster.apply(&objects());
     for name in ["guarded-0", "guarded-1"] {
         wait_until(
             &format!("{name} Normal with its gate"),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{LONG, rebuild_in};
+use super::{LONG, kwok_statefulset, rebuild_in};
 use ipkeep_tests::cluster::{Cluster, wait_until};
 use serde_json::Value;
 
@@ -13,32 +13,8 @@ const LABEL: &str = "ipkeep.dev/auto-generate-persistent-pod-state";
 
 /// A StatefulSet of [`NS`] with `annotations` (YAML lines, indented by four), on kwok nodes.
 fn statefulset(name: &str, replicas: u32, annotations: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: {name}
-  namespace: {NS}
-  annotations:
-    team.example.com/owner: payments
-{annotations}spec:
-  serviceName: {name}
-  replicas: {replicas}
-  podManagementPolicy: Parallel
-  selector:
-    matchLabels: {{app: {name}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      tolerations:
-        - {{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}}
-      containers:
-        - name: c
-          image: localhost/ipkeep/busybox:1.35
-"#
-    )
+    let metadata = format!("  annotations:\n    team.example.com/owner: payments\n{annotations}");
+    kwok_statefulset(NS, name, replicas, &metadata, "", "")
 }
 
 fn records(cluster: &Cluster, pps: &str) -> Option<serde_json::Map<String, Value>> {

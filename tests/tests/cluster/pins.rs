@@ -1,7 +1,7 @@
 //! How the webhook and the extender pin rebuilt pods on the real control plane, and how they
 //! explain a pin they cannot apply.
 
-use super::{LONG, kill, rebuild, statefulset, uid};
+use super::{LONG, kill, persistent_pod_state, rebuild, statefulset, uid};
 use ipkeep_tests::cluster::{Cluster, wait_until};
 use serde_json::Value;
 
@@ -9,16 +9,8 @@ use serde_json::Value;
 /// with kubectl sees the admission warning, the pod carries `ipkeep.dev/pin-skipped`, and the
 /// controller records a `PinSkipped` Event on the PersistentPodState naming the pod.
 pub fn a_conflicting_pin_is_skipped_and_explained(cluster: &Cluster) {
-    cluster.apply(
-        r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: cf, namespace: db}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: cf}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  persistentPodStateRetentionPolicy: WhenDeleted
-"#,
-    );
+    let retention = "  persistentPodStateRetentionPolicy: WhenDeleted\n";
+    cluster.apply(&persistent_pod_state("db", "cf", retention));
     let sts = statefulset("cf", 2).replace(
         "    ipkeep.dev/auto-generate-persistent-pod-state: \"true\"\n",
         "",

@@ -21,6 +21,7 @@ use ipkeep_tests::workspace_bin;
 use serde_json::Value;
 
 use crate::hooks::{GATE, REGISTERED, STATE, gate};
+use crate::{kwok_statefulset, persistent_pod_state};
 
 const NS: &str = "restarts";
 /// Starts: with the failure seen in 1 start of 2 or 3, ten pass together by chance once in
@@ -29,52 +30,31 @@ const STARTS: usize = 10;
 /// How long a stop may take: the documented grace of every ipkeep daemon, and a little.
 const STOP_GRACE: Duration = Duration::from_secs(22);
 
-const OBJECTS: &str = r#"apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: hooked, namespace: restarts}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: hooked}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  lifecycle:
+/// PersistentPodState `hooked` with a preNormal hook, its StatefulSet (3 pods, `OnDelete`) and
+/// StatefulSet `kept` (2 pods) with a generated PersistentPodState.
+fn objects() -> String {
+    let hook = r#"  lifecycle:
     preNormal:
       labelsHandler: {registry.example.com/registered: "true"}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: hooked, namespace: restarts}
-spec:
-  serviceName: hooked
-  replicas: 3
-  podManagementPolicy: Parallel
-  updateStrategy: {type: OnDelete}
-  selector: {matchLabels: {app: hooked}}
-  template:
-    metadata: {labels: {app: hooked}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]
-      containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: kept
-  namespace: restarts
-  annotations:
+"#;
+    let kept = r#"  annotations:
     ipkeep.dev/auto-generate-persistent-pod-state: "true"
     ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
-spec:
-  serviceName: kept
-  replicas: 2
-  podManagementPolicy: Parallel
-  selector: {matchLabels: {app: kept}}
-  template:
-    metadata: {labels: {app: kept}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      tolerations: [{key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}]
-      containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
 "#;
+    [
+        persistent_pod_state(NS, "hooked", hook),
+        kwok_statefulset(
+            NS,
+            "hooked",
+            3,
+            "",
+            "  updateStrategy: {type: OnDelete}\n",
+            "",
+        ),
+        kwok_statefulset(NS, "kept", 2, kept, "", ""),
+    ]
+    .join("---\n")
+}
 
 /// An ipkeep process of this step; killed on drop if still running.
 struct Process {
@@ -163,7 +143,7 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
     }
     let (ext, addresses) = start_scheduler_extension(cluster);
     cluster.run(&["create", "namespace", NS]);
-    cluster.apply(OBJECTS);
+    cluster.apply(&objects());
     let hooked = wait_until(
         "the hooked pods running with their state and gate",
         Duration::from_secs(90),

@@ -27,6 +27,8 @@ pub type Places = BTreeMap<String, (String, String)>;
 pub struct Real {
     pub state: PathBuf,
     pub kubectl: Kubectl,
+    /// The CNI network whose leases [`Real::leases`] lists (it names the store).
+    pub network: &'static str,
 }
 
 impl Real {
@@ -38,6 +40,7 @@ impl Real {
                 &Path::new(bin.trim()).join("kubectl"),
                 &state.join("admin.kubeconfig"),
             ),
+            network: "k8s-pod-network",
         }
     }
 
@@ -73,24 +76,22 @@ impl Real {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The node's leases: `ipkeep list --json` of the pod network.
+    /// The node's leases: `ipkeep list --json` of [`Real::network`].
     pub fn leases(&self, node: &str) -> Vec<Value> {
-        let text = self.on_node(
-            node,
-            &[
-                "/opt/cni/bin/ipkeep",
-                "list",
-                "--json",
-                "--network",
-                "k8s-pod-network",
-            ],
-        );
+        let list = [
+            "/opt/cni/bin/ipkeep",
+            "list",
+            "--json",
+            "--network",
+            self.network,
+        ];
+        let text = self.on_node(node, &list);
         let list: Value = serde_json::from_str(&text).unwrap();
         list["leases"].as_array().cloned().unwrap_or_default()
     }
 
     /// Leases of `pod` on `node`, as (ip, state).
-    fn leases_of(&self, node: &str, pod: &str) -> Vec<(String, String)> {
+    pub fn leases_of(&self, node: &str, pod: &str) -> Vec<(String, String)> {
         self.leases(node)
             .iter()
             .filter(|l| l["pod"]["namespace"] == NS && l["pod"]["name"] == pod)
@@ -218,6 +219,20 @@ spec:
       terminationGracePeriodSeconds: 1
 {}"#,
         sleeper("      ")
+    )
+}
+
+/// A pod `name` of [`NS`] (labelled `app: NAME`) sleeping on `node`.
+pub fn sleeper_pod(name: &str, node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}, labels: {{app: {name}}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+{}"#,
+        sleeper("  ")
     )
 }
 
@@ -547,16 +562,7 @@ fn a_recreated_statefulset_adopts_what_the_old_one_left(real: &Real) {
 fn a_reboot_without_del(real: &Real) {
     let kv = real.ready_places("app=kv");
     let node = kv["kv-0"].0.clone();
-    real.kubectl.apply(&format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: loner, namespace: {NS}, labels: {{app: loner}}}}
-spec:
-  nodeName: {node}
-  terminationGracePeriodSeconds: 1
-{}"#,
-        sleeper("  ")
-    ));
+    real.kubectl.apply(&sleeper_pod("loner", &node));
     let loner = real.wait_ready("loner Ready", "app=loner", &["loner".to_string()]);
     let containers = |selector: &str| -> BTreeMap<String, Value> {
         real.pods(selector)
