@@ -486,19 +486,6 @@ pub fn parse_leases(text: &str) -> Result<Vec<(String, String, String)>> {
         .collect())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::pod_addresses_of;
-
-    #[test]
-    fn addresses_of_both_families_from_ip_addr() {
-        let text = "2: eth0    inet 10.244.1.5/24 brd 10.244.1.255 scope global eth0\\       valid_lft forever preferred_lft forever\n\
-                    2: eth0    inet6 fd00:10:244:1::5/64 scope global \\       valid_lft forever preferred_lft forever\n";
-        assert_eq!(pod_addresses_of(text), ["10.244.1.5", "fd00:10:244:1::5"]);
-        assert!(pod_addresses_of("").is_empty());
-    }
-}
-
 /// Each pod's container restarts, summed over its containers.
 fn restarts(pods: &[Pod]) -> std::collections::BTreeMap<String, i32> {
     (pods.iter())
@@ -515,4 +502,17 @@ fn restarts(pods: &[Pod]) -> std::collections::BTreeMap<String, i32> {
             (p.name_any(), n)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pod_addresses_of;
+
+    #[test]
+    fn addresses_of_both_families_from_ip_addr() {
+        let text = "2: eth0    inet 10.244.1.5/24 brd 10.244.1.255 scope global eth0\\       valid_lft forever preferred_lft forever\n\
+                    2: eth0    inet6 fd00:10:244:1::5/64 scope global \\       valid_lft forever preferred_lft forever\n";
+        assert_eq!(pod_addresses_of(text), ["10.244.1.5", "fd00:10:244:1::5"]);
+        assert!(pod_addresses_of("").is_empty());
+    }
 }
