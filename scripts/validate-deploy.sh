@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Offline validation of what a cluster admin applies (deploy/, or the directory given):
+# Offline validation of what a cluster admin applies: the Helm chart charts/ipkeep and deploy/
+# (or the directory given).
 #
-# The checks are scripts/validate_deploy.py; this script makes its virtualenv and runs it:
+# With a helm ($IPKEEP_HELM; scripts/test.sh passes the one scripts/helm-build.sh builds), first
+# the chart:
+#  - `helm lint --strict` with the default values and with charts/ipkeep/ci/*.yaml;
+#  - values.schema.json refuses a few bad values, each with a message naming the key;
+#  - deploy/ is what scripts/render-deploy.sh renders from the chart now (else it fails naming
+#    each stale file; the fix is `scripts/render-deploy.sh`);
+#  - the chart rendered with the default values and with each charts/ipkeep/ci/*.yaml (into
+#    another namespace) passes every check below, as deploy/ does.
+# Without a helm these are skipped, saying so.
+#
+# The checks of each directory are scripts/validate_deploy.py; this script makes its
+# virtualenv and runs it:
 #
 #  1. every *.yaml / *.yml parses (PyYAML, duplicate keys refused) and every document is an
 #     object with apiVersion and kind; every *.conflist is JSON (duplicate keys refused) with
@@ -15,7 +27,9 @@
 #       and extender fields are checked against a small hand-written list of the v1 fields;
 #     - Kustomization: every listed resource must exist, and `kubectl kustomize` must render it;
 #     - kustomize Component (cni/): its files must exist, and the directory with the component
-#       must render into objects that pass the same strict validation;
+#       must render into objects that pass the same strict validation, and (with a helm) its
+#       agent DaemonSet must be the chart's with cni.enabled=true;
+#     - a ConfigMap's *.conflist (the chart's CNI template) is checked like a conflist file;
 #     (the renderings use the kubectl of the cluster build, $IPKEEP_KUBECTL, which
 #     scripts/test.sh passes; without it they are skipped, never run with another kubectl);
 #     - cert-manager Issuer/Certificate: skipped with a reason (cert-manager's CRDs cannot be
@@ -67,7 +81,52 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements" 2>/dev/null)" !
 fi
 
 # The kubectl of the cluster build (scripts/k8s-build.sh; scripts/test.sh passes it), never
-# one that happens to be installed: without it the kustomize renderings are skipped.
+# one that happens to be installed: without it the kustomize renderings are skipped. Likewise
+# helm: the one of scripts/helm-build.sh, never another.
 kubectl_bin="${IPKEEP_KUBECTL:-}"
-# The checks themselves: scripts/validate_deploy.py.
-K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" exec "$venv/bin/python" scripts/validate_deploy.py "$dir"
+helm_bin="${IPKEEP_HELM:-}"
+chart=charts/ipkeep
+validate() { # the checks of one directory: scripts/validate_deploy.py
+  K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" HELM="$helm_bin" CHART="$chart" \
+    "$venv/bin/python" scripts/validate_deploy.py "$1"
+}
+
+if [ -z "$helm_bin" ]; then
+  echo "validate-deploy: SKIP the chart $chart (lint, schema, renderings, deploy/ stale or not):" \
+    "no IPKEEP_HELM (scripts/helm-build.sh builds one; scripts/test.sh passes it)"
+else
+  [ -x "$helm_bin" ] || { echo "validate-deploy: IPKEEP_HELM=$helm_bin is not executable" >&2; exit 2; }
+  rendered=$(mktemp -d)
+  trap 'rm -rf "$rendered"' EXIT
+  "$helm_bin" lint --strict "$chart" --namespace ipkeep-system
+  "$helm_bin" template ipkeep "$chart" --namespace ipkeep-system --include-crds \
+    >"$rendered/chart-default-values.yaml"
+  ci_values=0
+  for values in "$chart"/ci/*.yaml; do
+    ci_values=$((ci_values + 1))
+    "$helm_bin" lint --strict "$chart" --namespace ipkeep-other -f "$values"
+    "$helm_bin" template ipkeep "$chart" --namespace ipkeep-other --include-crds -f "$values" \
+      >"$rendered/chart-$(basename "$values")"
+  done
+  # The schema refuses bad values, saying which key and why.
+  for bad in "webhook.failurePolicy=Fial|/webhook/failurePolicy" \
+             "webhook.timeoutSeconds=31|/webhook/timeoutSeconds" \
+             "networkPolicy.enabled=true|/networkPolicy/controlPlaneCIDRs" \
+             "cni.ipam.retention=5 minutes|/cni/ipam/retention" \
+             "controler.replicas=2|additional properties 'controler'"; do
+    if out=$("$helm_bin" template ipkeep "$chart" --set "${bad%%|*}" 2>&1 >/dev/null); then
+      echo "validate-deploy: FAIL: the chart accepts --set ${bad%%|*}; values.schema.json must refuse it" >&2
+      exit 1
+    elif [[ "$out" != *"${bad#*|}"* ]]; then
+      echo "validate-deploy: FAIL: --set ${bad%%|*} is refused, but the message does not name ${bad#*|}: $out" >&2
+      exit 1
+    fi
+  done
+  echo "validate-deploy: ok   $chart: helm lint --strict (default values, $ci_values ci values files), schema refuses 5 bad values"
+  if [ "$dir" = deploy ]; then
+    IPKEEP_HELM="$helm_bin" scripts/render-deploy.sh --check
+  fi
+  echo "validate-deploy: the chart's renderings ($rendered)"
+  validate "$rendered"
+fi
+validate "$dir"

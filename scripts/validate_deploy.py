@@ -3,7 +3,8 @@
 Run by scripts/validate-deploy.sh, which makes the virtualenv with the pinned tools and says
 what is checked; importable (the checks are functions, `main` runs them):
 
-    K8S_VERSIONS="1.25 1.33 1.37" KUBECTL=/path/to/kubectl python3 scripts/validate_deploy.py deploy
+    K8S_VERSIONS="1.25 1.33 1.37" KUBECTL=/path/to/kubectl HELM=/path/to/helm \
+        CHART=charts/ipkeep python3 scripts/validate_deploy.py deploy
 """
 
 import json
@@ -20,10 +21,13 @@ import yaml
 from kubernetes_validate import utils as kv
 
 # Set by main(): the directory checked, the Kubernetes versions, the kubectl of the cluster build
-# ("" skips the renderings), and what was found.
+# ("" skips the renderings), the helm of scripts/helm-build.sh and the chart ("" skips the
+# comparisons with the chart), and what was found.
 root = "deploy"
 versions = []
 kubectl = ""
+helm = ""
+chart = ""
 failures, passed, skipped = [], [], []
 documents = []  # (where, path, doc)
 crd_schemas = {}  # (group/version, kind) -> schema
@@ -106,10 +110,13 @@ def parse_documents():
 
 
 def check_conflist(path):
-    where = rel(path)
+    with open(path) as f:
+        check_conflist_text(rel(path), f.read())
+
+
+def check_conflist_text(where, text):
     try:
-        with open(path) as f:
-            conf = json.load(f, object_pairs_hook=no_duplicates)
+        conf = json.loads(text, object_pairs_hook=no_duplicates)
     except Exception as e:  # noqa: BLE001
         return fail(where, f"not valid JSON: {e}")
     problems = []
@@ -301,6 +308,33 @@ def check_component(where, path, doc):
     if not bad:
         ok(where, f"deploy/ with this component renders {len(rendered)} objects, each valid "
                   f"(kubernetes-validate --strict, Kubernetes {', '.join(versions)})")
+    if any(g.get("name") == "ipkeep-cni-config" for g in doc.get("configMapGenerator") or []):
+        same_as_chart(where, rendered)
+
+
+def same_as_chart(where, rendered):
+    """The kustomize component patches the agent DaemonSet by hand; the chart's cni.enabled
+    does the same in its template. Both must give the same DaemonSet (the ConfigMap's name
+    aside: kustomize appends a hash of its content)."""
+    if not helm:
+        return skip(f"{where} (same as the chart)", "no helm (IPKEEP_HELM)")
+    out = subprocess.run([helm, "template", "ipkeep", chart, "--namespace", "ipkeep-system",
+                          "--set", "cni.enabled=true", "--show-only",
+                          "templates/agent/daemonset.yaml"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return fail(where, f"helm template failed: {out.stderr.strip()}")
+    want = next(d for d in yaml.safe_load_all(out.stdout) if d)
+    got = next((d for d in rendered if d.get("kind") == "DaemonSet"), None)
+    if got is None:
+        return fail(where, "no DaemonSet in the rendering with this component")
+    for v in (got["spec"]["template"]["spec"].get("volumes") or []):
+        if (v.get("configMap") or {}).get("name", "").startswith("ipkeep-cni-config-"):
+            v["configMap"]["name"] = "ipkeep-cni-config"
+    if got != want:
+        return fail(where, "the agent DaemonSet with this component differs from the chart's "
+                           "with cni.enabled=true (charts/ipkeep/templates/agent/daemonset.yaml): "
+                           "make the component's patches do what the template does")
+    ok(f"{where} (same as the chart)", "its agent DaemonSet is the chart's with cni.enabled=true")
 
 
 def check_object(where, doc, quiet=False):
@@ -407,14 +441,21 @@ def check_documents():
             check_custom_resource(where, doc, crd_schemas[(gv, kind)])
             continue
         check_object(where, doc)
+        if gv == "v1" and kind == "ConfigMap":
+            # The chart's CNI template (cni.enabled): the node file the agent writes.
+            for key, text in sorted((doc.get("data") or {}).items()):
+                if key.endswith(".conflist"):
+                    check_conflist_text(f"{where} data.{key}", text)
 
 
 def main(argv):
-    global root, versions, kubectl
+    global root, versions, kubectl, helm, chart
     started = time.monotonic()
     root = argv[1]
     versions = os.environ["K8S_VERSIONS"].split()
     kubectl = os.environ.get("KUBECTL", "")
+    helm = os.environ.get("HELM", "")
+    chart = os.environ.get("CHART", "charts/ipkeep")
     parse_documents()
     check_conflists()
     collect_crd_schemas()

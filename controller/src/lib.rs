@@ -43,7 +43,8 @@ pub use run::{RunError, Settings, run};
 /// The field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "ipkeep-controller";
 
-/// The PersistentPodState CRD as YAML, exactly as committed in `deploy/crd.yaml`.
+/// The PersistentPodState CRD as YAML, exactly as committed in
+/// `charts/ipkeep/crds/persistentpodstates.yaml` (`deploy/crd.yaml` is rendered from it).
 pub fn crd_yaml() -> Result<String, serde_saphyr::SerializeError> {
     use kube::CustomResourceExt;
     let crd = ipkeep_api::PersistentPodState::crd();

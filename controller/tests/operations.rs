@@ -11,12 +11,15 @@ use support::*;
 
 #[test]
 fn committed_crd_yaml_is_current() {
-    let committed =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/crd.yaml"))
-            .unwrap();
+    let committed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/ipkeep/crds/persistentpodstates.yaml"
+    ))
+    .unwrap();
     assert!(
         committed == ipkeep_controller::crd_yaml().unwrap(),
-        "deploy/crd.yaml is stale: run `cargo run -p ipkeep-controller --bin crdgen > deploy/crd.yaml`"
+        "charts/ipkeep/crds/persistentpodstates.yaml is stale: run `cargo run -p ipkeep-controller \
+         --bin crdgen > charts/ipkeep/crds/persistentpodstates.yaml && scripts/render-deploy.sh`"
     );
 }
 

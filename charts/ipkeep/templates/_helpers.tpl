@@ -1,0 +1,104 @@
+{{/* The image of every component: repository:tag, or repository@digest when a digest is given. */}}
+{{- define "ipkeep.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The scheduler-ext Service's DNS name, which the certificate and the extender name. */}}
+{{- define "ipkeep.schedulerExtHost" -}}
+ipkeep-scheduler-ext.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{/* The webhooks' namespaceSelector: never the release namespace, the excluded ones, or a
+namespace labelled ipkeep.dev/webhook=disabled. */}}
+{{- define "ipkeep.webhookNamespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq | toJson }}
+    - key: ipkeep.dev/webhook
+      operator: NotIn
+      values: ["disabled"]
+{{- end -}}
+
+{{/* The webhook configurations' annotations: cert-manager's CA injection when it is used. */}}
+{{- define "ipkeep.webhookAnnotations" -}}
+{{- if .Values.certManager.enabled }}
+  annotations:
+    cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/ipkeep-scheduler-ext
+{{- end }}
+{{- end -}}
+
+{{/* clientConfig of a webhook on PATH. */}}
+{{- define "ipkeep.webhookClientConfig" -}}
+clientConfig:
+  service:
+    namespace: {{ .root.Release.Namespace }}
+    name: ipkeep-scheduler-ext
+    path: {{ .path }}
+    port: 443
+  {{- with .root.Values.webhook.caBundle }}
+  caBundle: {{ . }}
+  {{- end }}
+{{- end -}}
+
+{{/* The `extenders` stanza of kube-scheduler's KubeSchedulerConfiguration (NOTES.txt prints
+it; deploy/scheduler-ext/scheduler-config.yaml is rendered with it). */}}
+{{- define "ipkeep.schedulerExtenders" -}}
+extenders:
+  - urlPrefix: https://{{ .Values.schedulerExt.service.clusterIP | default (include "ipkeep.schedulerExtHost" .) }}:443
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    weight: 1
+    nodeCacheCapable: true
+    ignorable: true
+    httpTimeout: 2s
+    enableHTTPS: true
+    tlsConfig:
+      caFile: /etc/kubernetes/pki/ipkeep-scheduler-ext-ca.crt
+      serverName: {{ include "ipkeep.schedulerExtHost" . }}
+{{- end -}}
+
+{{/* The node CNI configuration (values `cni`): a bridge network with ipkeep IPAM. JSON, written
+by hand rather than with toPrettyJson, to keep the keys in the order people read them. */}}
+{{- define "ipkeep.cniConflist" -}}
+{{- $ipam := .Values.cni.ipam -}}
+{
+  "cniVersion": {{ .Values.cni.cniVersion | toJson }},
+  "name": {{ .Values.cni.name | toJson }},
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": {{ .Values.cni.bridge | toJson }},
+      "isGateway": true,
+      "ipMasq": {{ .Values.cni.ipMasq | toJson }},
+      "hairpinMode": {{ .Values.cni.hairpinMode | toJson }},
+      "capabilities": {
+        "io.kubernetes.cri.pod-annotations": true,
+        "ips": true
+      },
+      "ipam": {
+        "type": "ipkeep",
+        "ranges": [
+          {{- range $i, $set := .Values.cni.ranges }}{{ if $i }},{{ end }}
+          [{{ range $j, $r := $set }}{{ if $j }}, {{ end }}{{ $r | toJson }}{{ end }}]
+          {{- end }}
+        ],
+        "routes": [{{ range $i, $r := .Values.cni.routes }}{{ if $i }}, {{ end }}{{ $r | toJson }}{{ end }}],
+        "dataDir": "/var/lib/cni/ipkeep",
+        "retention": {{ $ipam.retention | toJson }},
+        {{- with $ipam.reuseCooldown }}
+        "reuseCooldown": {{ . | toJson }},
+        {{- end }}
+        "lockTimeout": {{ $ipam.lockTimeout | toJson }},
+        "logFile": {{ $ipam.logFile | toJson }}
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+{{- end -}}
