@@ -7,7 +7,7 @@
 # falls back to another node with a new IP), the StatefulSet scales down and up, and every
 # node's store is audited against the pods. It prints a timeline and a before/after table, and
 # the exit code says whether every expectation held. The first run builds Kubernetes (about 10
-# minutes) and ipkeep's release build; later runs take about two minutes.
+# minutes) and ipkeep's release build; later runs take about three and a half minutes.
 #
 # Without root, real nodes cannot run here (network and mount namespaces, cgroups, containerd):
 # it then runs the control-plane half of the story (--control-plane-only) on the same control
@@ -23,6 +23,24 @@
 # supported release (scripts/cluster.sh --k8s-version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# ipkeep-demo, as the build below leaves it (cargo's target directory: CARGO_TARGET_DIR or the
+# workspace's target/).
+demo_bin() {
+  echo "$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/ipkeep-demo"
+}
+
+case " $* " in
+  *" --help "*|*" -h "*)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    echo
+    if [ -x "$(demo_bin)" ]; then
+      "$(demo_bin)" --help
+    else
+      echo "ipkeep-demo's own flags: build it (cargo build --release -p ipkeep-e2e), then --help again."
+    fi
+    exit 0 ;;
+esac
 
 args=("$@")
 # The controller and scheduler-ext alone, as scripts/cluster.sh builds them (with other packages
@@ -45,6 +63,7 @@ else
   # Three kwok nodes (zone-0..zone-2): a pod each, so losing one node strands one pod only.
   case " $* " in *" --nodes "*|*" --kubeconfig "*) ;; *) args+=(--nodes 3) ;; esac
 fi
+echo "demo: building ipkeep's release binaries (cargo build --release; the first time takes several minutes)" >&2
 cargo build --release --quiet --locked "${cluster_packages[@]}" --bins
 cargo build --release --quiet --locked "${packages[@]}" --bins
-exec target/release/ipkeep-demo "${args[@]}"
+exec "$(demo_bin)" "${args[@]}"

@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
-use ipkeep_placement::lifecycle::{POD_INDEX_LABEL, REVISION_LABEL};
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
-use ipkeep_values::keys::STATE_LABEL;
-use ipkeep_values::keys::{AUTO_GENERATE, STATEFULSET_POD_NAME_LABEL};
+use ipkeep_values::keys::{
+    AUTO_GENERATE, LAST_APPLIED_ANNOTATION, POD_INDEX_LABEL, REVISION_LABEL, STATE_LABEL,
+    STATEFULSET_POD_NAME_LABEL,
+};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -116,9 +117,6 @@ impl CachedPodStatus {
             .any(|c| c.type_ == "Ready" && c.status == "True")
     }
 }
-
-/// kubectl's copy of the object it last applied: a StatefulSet's whole JSON again.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Read access to every cache.
 #[derive(Debug, Clone)]
@@ -306,7 +304,7 @@ pub fn trim_node(node: &mut Node) {
 pub fn trim_statefulset(sts: &mut StatefulSet) {
     sts.metadata.managed_fields = None;
     if let Some(a) = sts.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
+        a.remove(LAST_APPLIED_ANNOTATION);
     }
     if let Some(spec) = sts.spec.take() {
         sts.spec = Some(StatefulSetSpec {

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use ipkeep_placement::pin::{self, Decision, PinOutcome, Pinned};
+use ipkeep_values::keys::HOSTNAME_LABEL;
 use k8s_openapi::api::core::v1::Pod;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -316,7 +317,7 @@ pub fn filter(body: &[u8], caches: &Caches) -> Result<Served, RequestError> {
     // pod's addresses are held), so the other names need no cache lookup.
     let only = pinned
         .as_ref()
-        .filter(|p| p.required.iter().any(|r| r.key == pin::HOSTNAME_LABEL))
+        .filter(|p| p.required.iter().any(|r| r.key == HOSTNAME_LABEL))
         .map(|p| p.node.as_str());
     let node_names = args.node_names.as_ref().map(|names| {
         let mut kept = Vec::with_capacity(names.0.len());

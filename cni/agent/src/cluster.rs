@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
-use ipkeep_values::keys::{POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
+use ipkeep_values::keys::{MIRROR_ANNOTATION, POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -19,10 +19,6 @@ use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 
 use crate::release::{ClusterView, PpsView};
-
-/// The annotation a mirror Pod carries with its static pod's UID, which is the UID the
-/// container runtime (and so the CNI plugin) knows the pod by.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Whether Kubernetes-aware release can run, and if not, why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_placement::lifecycle::REVISION_LABEL;
-use ipkeep_values::keys::STATE_LABEL;
+use ipkeep_values::keys::{REVISION_LABEL, STATE_LABEL};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};

@@ -72,8 +72,11 @@ pub struct LifecycleSpec {
     pub pre_delete: Option<PreDeleteHook>,
 }
 
-/// The CEL rule every `labelsHandler` key passes: a label key (optional DNS-subdomain prefix).
-const LABELS_HANDLER_RULE: &str = "self.all(k, k.size() <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))";
+/// The CEL rule every `labelsHandler` key passes: a label key as Kubernetes checks one, an
+/// optional prefix (a DNS subdomain of at most 253 characters) and `/`, then a name of at most
+/// 63 characters. The first `matches` bounds the prefix's length, the second checks the syntax
+/// of both parts.
+const LABELS_HANDLER_RULE: &str = "self.all(k, k.matches('^([^/]{1,253}/)?[^/]*$') && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))";
 
 /// What a label value may be.
 const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";

@@ -13,9 +13,11 @@ use ipkeep_api::k8s_openapi::api::core::v1::{
     PreferredSchedulingTerm,
 };
 use ipkeep_values::Retention;
-use ipkeep_values::keys::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
+use ipkeep_values::keys::{
+    HOSTNAME_LABEL, IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY,
+};
 
-use crate::pinned::{HOSTNAME_LABEL, Managed, PinOutcome, Pinned, Requirement};
+use crate::pinned::{Managed, PinOutcome, Pinned, Requirement};
 
 /// Why pinning `spec` to `pinned` would leave the pod no node by construction, if it would.
 /// Only the required pin can conflict; preferences never make a pod unschedulable.

@@ -5,8 +5,8 @@
 //! spelling) decides when it is there: `"true"` turns generation on, any other value (`"false"`)
 //! off. Without it, the namespace's label of the same key decides: `"true"` turns it on. In a
 //! namespace so labelled, a StatefulSet whose annotations name no topology key is pinned by
-//! [`NAMESPACE_DEFAULT_TOPOLOGY`]; everything else comes from its annotations, with the same
-//! defaults either way.
+//! [`keys::HOSTNAME_LABEL`] (its pods come back to the node they were recorded on); everything
+//! else comes from its annotations, with the same defaults either way.
 
 use std::collections::BTreeMap;
 
@@ -21,10 +21,6 @@ use crate::spec::{self, SpecError};
 
 /// The weight of the preferred term generated from the preferred-topology annotation.
 pub const GENERATED_PREFERRED_WEIGHT: i32 = 100;
-
-/// The required topology of a StatefulSet in a namespace labelled for auto-generation when none
-/// of its annotations names a key: its pods come back to the node they were recorded on.
-pub const NAMESPACE_DEFAULT_TOPOLOGY: &str = "kubernetes.io/hostname";
 
 /// What turned auto-generation on for a StatefulSet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +100,7 @@ pub fn generated_spec(
         if !namespace_on {
             return Err(AutoGenerateError::NoTopology);
         }
-        required = vec![NAMESPACE_DEFAULT_TOPOLOGY.to_string()];
+        required = vec![keys::HOSTNAME_LABEL.to_string()];
     }
     let spec = PersistentPodStateSpec {
         target_ref: TargetReference {
@@ -410,7 +406,7 @@ mod tests {
             .spec;
         let annotated = ann(&[
             (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, NAMESPACE_DEFAULT_TOPOLOGY),
+            (keys::REQUIRED_TOPOLOGY, keys::HOSTNAME_LABEL),
         ]);
         let from_annotations = generated_spec("db", Some(&annotated), None)
             .unwrap()
@@ -476,7 +472,7 @@ mod tests {
                 .required_persistent_topology
                 .unwrap()
                 .node_topology_keys,
-            vec![NAMESPACE_DEFAULT_TOPOLOGY]
+            vec![keys::HOSTNAME_LABEL]
         );
 
         // Invalid annotations are refused on either path.

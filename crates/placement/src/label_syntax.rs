@@ -11,8 +11,11 @@ pub fn split_keys(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Checks a label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63
-/// characters of `[A-Za-z0-9-_.]` that starts and ends alphanumeric. Returns why it is invalid.
+/// Checks a label key as Kubernetes does: an optional prefix and `/`, then a name of at most 63
+/// characters of `[A-Za-z0-9-_.]` that starts and ends alphanumeric. The prefix is a DNS
+/// subdomain: at most 253 characters, dot-separated labels of lower-case letters, digits and `-`
+/// that start and end alphanumeric, with no limit of 63 on each (Kubernetes sets none). Returns
+/// why it is invalid.
 pub fn check_label_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
@@ -24,7 +27,6 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
         }
         let label_ok = |l: &str| {
             !l.is_empty()
-                && l.len() <= 63
                 && l.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !l.starts_with('-')
@@ -106,5 +108,8 @@ mod tests {
             assert!(check_label_key(bad).is_err(), "{bad}");
         }
         assert!(check_label_key(&"x".repeat(64)).is_err());
+        // A label of the prefix may be longer than a DNS name's 63; the prefix not past 253.
+        assert_eq!(check_label_key(&format!("{}/x", "a".repeat(64))), Ok(()));
+        assert!(check_label_key(&format!("{}/x", "a".repeat(254))).is_err());
     }
 }

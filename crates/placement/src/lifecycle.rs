@@ -10,7 +10,9 @@ use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodSpec, Pod
 use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ipkeep_lifecycle::going::{MaxUnavailable, Member, Rolling, SetFacts, resolve_max_unavailable};
 use ipkeep_lifecycle::{Going, Hook, Lifecycle, PodFacts, State, at_create};
-use ipkeep_values::keys::{HELD_ANNOTATION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL};
+use ipkeep_values::keys::{
+    HELD_ANNOTATION, POD_INDEX_LABEL, READINESS_GATE, REVISION_LABEL, SINCE_ANNOTATION, STATE_LABEL,
+};
 use ipkeep_values::ordinal;
 
 use crate::label_syntax::{check_label_key, check_label_value};
@@ -225,11 +227,6 @@ pub fn member(
         held: label(STATE_LABEL) == Some(State::PreparingDelete.as_str()),
     })
 }
-
-/// The StatefulSet controller's revision label of a pod.
-pub const REVISION_LABEL: &str = "controller-revision-hash";
-/// A pod's ordinal, as the StatefulSet controller labels it (Kubernetes 1.28 and later).
-pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 
 /// The fields `spec.lifecycle` has, by level (a misspelt field in an annotation is refused
 /// rather than silently dropped, as the API server would).

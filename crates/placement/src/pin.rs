@@ -11,7 +11,7 @@ use ipkeep_values::ordinal;
 
 use crate::affinity;
 pub use crate::pinned::{
-    HOSTNAME_LABEL, MAX_SCORE, Managed, PinOutcome, Pinned, PreferredTerm, Requirement, SkipReason,
+    MAX_SCORE, Managed, PinOutcome, Pinned, PreferredTerm, Requirement, SkipReason,
     UnrecordedReason,
 };
 use crate::spec::{self, check_ip_retention};

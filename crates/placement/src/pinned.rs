@@ -5,9 +5,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// The node label that names a node; a pin on it pins one node.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
 /// A pod of a StatefulSet with a PersistentPodState.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Managed {

@@ -209,6 +209,11 @@ async fn this_machine(cli: &Cli) -> Result<bool> {
         report.note("taking the cluster down");
     }
     drop(cluster);
+    if kwok {
+        report.note(
+            "\nthis was the CONTROL-PLANE HALF of the story (kwok nodes). NOT SHOWN: the node side (a rebuilt pod keeping its IP, the node stores, the agents' releases); run scripts/demo.sh as root for the whole story",
+        );
+    }
     Ok(ok)
 }
 
