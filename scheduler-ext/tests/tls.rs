@@ -303,11 +303,13 @@ async fn client_certificates_from_the_client_ca_only() {
             }
         );
     }
-    let text = metrics.encode();
-    assert!(
-        text.contains(r#"ipkeep_scheduler_ext_connections_refused_total{listener="webhook",reason="handshake-failed"} 2"#),
-        "{text}"
-    );
+    // The client may see its handshake fail before the server has counted the refusal.
+    let refused = r#"ipkeep_scheduler_ext_connections_refused_total{listener="webhook",reason="handshake-failed"} 2"#;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !metrics.encode().contains(refused) {
+        assert!(std::time::Instant::now() < deadline, "{}", metrics.encode());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The client CA is replaced: the new client is served, the old one refused.
     std::fs::write(dir.path().join("client-ca.crt"), &stranger.ca).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
