@@ -430,8 +430,13 @@ impl Run<'_, '_> {
     /// Step 2: delete a pod; it returns on the same node with the same IP.
     async fn delete_pod(&mut self, ordinal: i32) -> Result<()> {
         let name = self.pod_name(ordinal);
+        let promise = if self.target.ipkeep_assigns_ips() {
+            "the same node with the same IP"
+        } else {
+            "the same node (its IP is kwok's here, not ipkeep's)"
+        };
         self.report.step(&format!(
-            "delete pod {name}: it must come back on the same node with the same IP"
+            "delete pod {name}: it must come back on {promise}"
         ));
         let before = self.snap(&name).await?.context("the pod is missing")?;
         self.pods().delete(&name, &DeleteParams::default()).await?;
@@ -621,8 +626,9 @@ impl Run<'_, '_> {
             before.place,
             after.place,
             format!(
-                "NodeLost; after {} fell back to preferred (zone), replaced the stranded pod; new node, new IP",
-                self.node_loss_after()
+                "NodeLost; after {} fell back to preferred (zone), replaced the stranded pod; new node{}",
+                self.node_loss_after(),
+                if self.target.ipkeep_assigns_ips() { ", new IP" } else { "" }
             ),
         );
         if let Target::Nodes(cluster) = &self.target {
@@ -665,8 +671,13 @@ impl Run<'_, '_> {
             .await?;
         let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let name = self.pod_name(replicas - 1);
+        let released = if self.target.sees_node_side() {
+            " and its address released"
+        } else {
+            ""
+        };
         self.report.step(&format!(
-            "scale down to {}: the record of {name} is pruned and its address released",
+            "scale down to {}: the record of {name} is pruned{released}",
             replicas - 1
         ));
         let before = self.snap(&name).await?.context("the pod is missing")?;
@@ -782,8 +793,11 @@ impl Run<'_, '_> {
     /// The end state: records match the pods, and (where the scenario sees the nodes) every
     /// node's store holds exactly its pods' addresses.
     async fn audit(&mut self) -> Result<()> {
-        self.report
-            .step("audit: records and node stores against the pods");
+        self.report.step(if self.target.sees_node_side() {
+            "audit: records and node stores against the pods"
+        } else {
+            "audit: records against the pods (node stores need real nodes)"
+        });
         let pods = self.pods().list(&ListParams::default()).await?.items;
         let records = self.records().await?;
         for pod in &pods {
