@@ -11,15 +11,15 @@ pub const MAX_LABEL: usize = 63;
 /// manifest) 32; 64 leaves room for other hashes.
 pub const MAX_UID: usize = 64;
 
-/// A DNS-1123 subdomain: lower-case alphanumerics, `-` and `.`, starting and ending with an
-/// alphanumeric, at most [`MAX_SUBDOMAIN`] characters.
+/// A DNS-1123 subdomain: dot-separated parts, each lower-case alphanumerics and `-` starting
+/// and ending with an alphanumeric, at most [`MAX_SUBDOMAIN`] characters in all.
 pub fn is_subdomain(name: &str) -> bool {
-    is_dns1123(name, MAX_SUBDOMAIN, true)
+    name.len() <= MAX_SUBDOMAIN && name.split('.').all(|part| is_dns1123(part, MAX_SUBDOMAIN))
 }
 
 /// A DNS-1123 label: like a subdomain without dots, at most [`MAX_LABEL`] characters.
 pub fn is_label(name: &str) -> bool {
-    is_dns1123(name, MAX_LABEL, false)
+    is_dns1123(name, MAX_LABEL)
 }
 
 /// A pod UID as runtimes pass it (`K8S_POD_UID`): a UUID or a hex hash, so ASCII letters,
@@ -30,19 +30,16 @@ pub fn is_pod_uid(uid: &str) -> bool {
         && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-fn is_dns1123(name: &str, max: usize, allow_dots: bool) -> bool {
+/// One part: lower-case alphanumerics and `-`, an alphanumeric at both ends, at most `max`.
+fn is_dns1123(name: &str, max: usize) -> bool {
     let bytes = name.as_bytes();
     match (bytes.first(), bytes.last()) {
         (Some(first), Some(last)) => {
             bytes.len() <= max
                 && first.is_ascii_alphanumeric()
                 && last.is_ascii_alphanumeric()
-                && bytes.iter().all(|b| {
-                    b.is_ascii_lowercase()
-                        || b.is_ascii_digit()
-                        || *b == b'-'
-                        || (allow_dots && *b == b'.')
-                })
+                && (bytes.iter())
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         }
         _ => false,
     }
@@ -54,7 +51,7 @@ mod tests {
 
     #[test]
     fn subdomains_and_labels() {
-        for ok in ["db", "kv-0", "pg-0.db", "a", &"a".repeat(253)] {
+        for ok in ["db", "kv-0", "pg-0.db", "a", "a.b-c.0", &"a".repeat(253)] {
             assert!(is_subdomain(ok), "{ok:?}");
         }
         for bad in [
@@ -67,6 +64,11 @@ mod tests {
             "a b",
             &"a".repeat(254),
             "é",
+            // Every dot-separated part is a label of its own, as Kubernetes' validation says.
+            "a..b",
+            "a.-b",
+            "a-.b",
+            ".a",
         ] {
             assert!(!is_subdomain(bad), "{bad:?}");
         }
