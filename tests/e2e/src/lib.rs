@@ -22,9 +22,11 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 
-/// The repository root (deploy/ is read from here).
+/// The repository root (deploy/ is read from here), without `..` where it can be resolved (the
+/// path appears in what the demo tells the user to run).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+    let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    root.canonicalize().unwrap_or(root)
 }
 
 /// Every YAML document of a deploy/ file.
