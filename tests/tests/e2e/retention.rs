@@ -744,7 +744,19 @@ fn a_new_pod_cidr(real: &Real) {
     );
     // The kubelet of a Node registered anew takes a minute to report Ready here.
     let after = real.wait_ready("kv Ready again", "app=kv", &names("kv", 6));
-    let events = real.events("IPNotKept");
+    // The agent publishes Events from a queue after the ADD has answered (events.rs): wait for
+    // them a while rather than read once the pods are Ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let events = loop {
+        let events = real.events("IPNotKept");
+        let named = |pod: &String, ip: &String| {
+            (events.iter()).any(|e| e.starts_with(&format!("{pod}: ")) && e.contains(ip.as_str()))
+        };
+        if on_node.iter().all(|(pod, ip)| named(pod, ip)) || std::time::Instant::now() > deadline {
+            break events;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
     eprintln!("IPNotKept: {events:?}");
     for (pod, old_ip) in &on_node {
         let (n, ip) = &after[pod];
