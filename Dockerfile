@@ -5,7 +5,7 @@
 # ipkeep-scheduler-ext. Every manifest in deploy/ uses it as ghcr.io/ipkeep/ipkeep:<version>
 # and picks the binary with `command`.
 #
-#   docker build -t ghcr.io/ipkeep/ipkeep:0.1.0 .
+#   docker build -t ghcr.io/ipkeep/ipkeep:0.2.0 .
 #
 # The runtime stage is Debian slim, not distroless, on purpose: the agent's init container
 # (deploy/agent/daemonset.yaml) runs /bin/sh, cp, chmod and mv, and the scheduler extension's

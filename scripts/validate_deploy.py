@@ -448,6 +448,22 @@ def check_documents():
                     check_conflist_text(f"{where} data.{key}", text)
 
 
+def check_versions():
+    """The chart's version and appVersion are the workspace's version (the image tag follows
+    appVersion): one version for the project (CHANGELOG.md)."""
+    with open("Cargo.toml") as f:
+        m = re.search(r'^\[workspace\.package\][^\[]*?^version = "([^"]+)"', f.read(), re.M | re.S)
+    with open(os.path.join(chart, "Chart.yaml")) as f:
+        meta = yaml.safe_load(f)
+    where = os.path.join(chart, "Chart.yaml")
+    want = m.group(1) if m else None
+    got = (str(meta.get("version")), str(meta.get("appVersion")))
+    if got != (want, want):
+        return fail(where, f"version {got[0]} and appVersion {got[1]} must both be the workspace's "
+                           f"version {want} (Cargo.toml [workspace.package])")
+    ok(where, f"version and appVersion are the workspace's {want}")
+
+
 def main(argv):
     global root, versions, kubectl, helm, chart
     started = time.monotonic()
@@ -460,6 +476,7 @@ def main(argv):
     check_conflists()
     collect_crd_schemas()
     check_documents()
+    check_versions()
     elapsed = time.monotonic() - started
     print(f"validate-deploy: {len(passed)} valid, {len(failures)} invalid, {len(skipped)} skipped "
           f"(kubernetes-validate {kv.__version__}, Kubernetes {', '.join(versions)}; {elapsed:.1f}s)")
