@@ -151,12 +151,12 @@ expect() { # expect OK TEXT
   if [ "$1" = 0 ]; then echo "ok $2" >>"$work/results"; say "ok: $2"
   else echo "FAIL $2" >>"$work/results"; say "FAIL: $2"; fails=$((fails + 1)); fi
 }
-# expect_lines FILE: the ok/FAIL lines of upgrade_check.py.
 # check_that TEXT CMD...: the expectation that CMD succeeds.
 check_that() {
   local text=$1; shift
   if "$@"; then expect 0 "$text"; else expect 1 "$text"; fi
 }
+# expect_lines FILE: the ok/FAIL lines of upgrade_check.py.
 expect_lines() {
   local line
   while IFS= read -r line; do
@@ -343,6 +343,7 @@ main() {
   say "starting 2 real nodes with the old version installed by its own scripts/cluster.sh (its kubectl apply -k)"
   watch_pids=()
   trap teardown EXIT
+  trap 'exit 130' INT TERM
   "$old_tree/scripts/cluster.sh" up --nodes 2 --state "$state" --port-base "$port_base" >&2 ||
     die "the old tree's cluster.sh up failed (logs: $state/logs)"
   say "building and importing the images: localhost/ipkeep/ipkeep:$old_version (old tree), :$new_version (this tree)"
@@ -409,6 +410,7 @@ EOF
   local total=$(( $(date +%s) - t_start ))
   say "figures:"
   cat "$work/rebuilds.summary" >&2
+  cat "$work/history" >&2
   say "step times (s): $(tr '\n' ';' <"$work/times")  whole run after the build: $total s"
   say "$(grep -c '^ok ' "$work/results") expectations held, $fails failed (results: $work/results)"
   [ "$fails" = 0 ] || exit 1
