@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Kubernetes cluster on this machine, with ipkeep installed from deploy/.
+# A real Kubernetes cluster on this machine, with ipkeep installed with Helm (charts/ipkeep).
 #
 #   scripts/cluster.sh up [--nodes N] [--kwok-nodes N] [--state DIR] [--port-base P]
 #                         [--k8s-version V] [--without-ipkeep] [--without-extender] [--release]
@@ -36,10 +36,11 @@
 # configuration with a second (IPv6) range set (scripts/lib/dualstack.sh says what exactly).
 # ipkeep is then installed as a user installs it: its image (and a busybox and a pause image)
 # built by scripts/images.py from the release build and imported into every node (there is no
-# registry), `kubectl apply -k` of an overlay of deploy/ that sets the image names and adds the
-# deploy/cni component (the agent writes each node's CNI configuration), the webhook's
-# certificate by deploy/scheduler-ext/make-certificate.sh, and kube-scheduler configured with
-# deploy/scheduler-ext/scheduler-config.yaml (the extender at the Service's cluster IP). A
+# registry), `helm install` of charts/ipkeep (--dry-run=server first) with the values an
+# operator of this cluster sets (DIR/ipkeep-values.yaml: the image, the Service's cluster IP,
+# the agent writing each node's CNI configuration), the webhook's certificates made by
+# ipkeep-controller, kube-scheduler restarted with deploy/scheduler-ext/scheduler-config.yaml's
+# extender (at the Service's cluster IP, the CA from the Secret), then `helm test`. A
 # kube-proxy on the host gives kube-apiserver and kube-scheduler the Service IPs.
 #
 # --cni-data-size SIZE (default $IPKEEP_CNI_DATA_SIZE, else none) gives each real node's
@@ -419,12 +420,11 @@ up() {
     --concurrent-statefulset-syncs=10 --concurrent-gc-syncs=10 --kube-api-qps=500 --kube-api-burst=1000 \
     --feature-gates="$feature_gates"
   wait_for kube-controller-manager 60 kube-controller-manager curl -kfsS "https://127.0.0.1:$p_kcm/healthz"
-  # In-cluster ipkeep: kube-scheduler starts once the extender's certificate exists (below).
-  if ! [ "$nodes" -gt 0 ] || [ "$ipkeep" = 0 ]; then
-    local url=""
-    [ "$ipkeep" = 1 ] && [ "$extender" = 1 ] && url=https://127.0.0.1:$p_ext
-    scheduler_start "$url" "$(base64 -w0 <"$state/pki/ca.crt")"
-  fi
+  # In-cluster ipkeep: kube-scheduler starts without the extender, and restarts with it once
+  # ipkeep's controller has made the webhook's CA (ipkeep_install), as an operator adds it.
+  local url=""
+  [ "$nodes" -eq 0 ] && [ "$ipkeep" = 1 ] && [ "$extender" = 1 ] && url=https://127.0.0.1:$p_ext
+  scheduler_start "$url" "$(base64 -w0 <"$state/pki/ca.crt")"
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
 
   [ "$network" = flannel ] && flannel_setup
@@ -438,7 +438,7 @@ up() {
       nodes_host_local_conf
     fi
     wait_for "$nodes real nodes Ready" 180 "" real_nodes_ready "$nodes"
-    [ "$ipkeep" = 1 ] && ipkeep_wait
+    [ "$ipkeep" = 1 ] && ipkeep_wait && ipkeep_helm_test
   elif [ "$ipkeep" = 1 ]; then
     ipkeep_up "$ib"
   fi

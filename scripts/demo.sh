@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: ipkeep end to end on this machine (docs/demo.md). As root it starts a real
 # Kubernetes cluster (scripts/cluster.sh: the control plane built from upstream's Go modules,
-# two real nodes with containerd and kubelet, ipkeep installed from deploy/ as images), then a
+# two real nodes with containerd and kubelet, ipkeep installed with Helm as images), then a
 # 3-replica StatefulSet: every ipkeep component and a node's kubelet and containerd restart, a
 # pod is deleted (same node, same IP, reachable from the other node), a node stops (the pod
 # falls back to another node with a new IP), the StatefulSet scales down and up, and every

@@ -197,11 +197,15 @@ def ipkeep_image(release_dir, plugin_path):
             die(f"{src} is missing: build it first (cargo build --release; scripts/build-plugin.sh)")
         layer.copy(src, f"/usr/local/bin/{name}", 0o755)
         paths.append(src)
-    for lib in shared_libraries(paths):
+    # The chart's `helm test` pod runs bash (its /dev/tcp), as the Dockerfile's Debian base has it.
+    bash = shutil.which("bash") or die("bash is missing")
+    layer.copy(bash, "/bin/bash", 0o755)
+    for lib in shared_libraries(paths + [bash]):
         layer.copy(os.path.realpath(lib), lib, 0o755)
     # The agent's init container runs sh, cp, chmod and mv; the scheduler extension's preStop
-    # hook runs sleep (as with the Dockerfile's Debian base).
-    add_busybox(layer, {"sh", "cp", "chmod", "mv", "sleep", "cat", "ls", "rm", "mkdir"})
+    # hook runs sleep; the `helm test` pod seq and timeout (coreutils in the Debian base).
+    add_busybox(layer, {"sh", "cp", "chmod", "mv", "sleep", "cat", "ls", "rm", "mkdir", "seq",
+                        "timeout"})
     layer.file("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"
                b"nonroot:x:65532:65532:nonroot:/nonexistent:/usr/sbin/nologin\n")
     layer.file("/etc/group", b"root:x:0:\nnonroot:x:65532:\n")

@@ -301,6 +301,8 @@ def check_component(where, path, doc):
         name = f"{where} -> {d.get('kind')}/{(d.get('metadata') or {}).get('name', '')}"
         if (d["apiVersion"], d["kind"]) in crd_schemas or d["kind"] == "CustomResourceDefinition":
             continue
+        if d["apiVersion"].startswith("cert-manager.io/"):
+            continue  # checked as files (check_cert_manager)
         if d["apiVersion"].startswith("monitoring.coreos.com/"):
             bad += not check_prometheus_rule(name, d, quiet=True)
             continue
@@ -310,6 +312,35 @@ def check_component(where, path, doc):
                   f"(kubernetes-validate --strict, Kubernetes {', '.join(versions)})")
     if any(g.get("name") == "ipkeep-cni-config" for g in doc.get("configMapGenerator") or []):
         same_as_chart(where, rendered)
+    if any(r.endswith("certificate.yaml") for r in doc.get("resources") or []):
+        same_objects_as_chart(where, rendered, ["certManager.enabled=true"])
+
+
+def same_objects_as_chart(where, rendered, sets):
+    """deploy/ with a component whose patches turn the base into what the chart renders with
+    `sets` (deploy/cert-manager): every object the same, none more, none less (the CRD, which
+    Helm installs from crds/, aside)."""
+    if not helm:
+        return skip(f"{where} (same as the chart)", "no helm (IPKEEP_HELM)")
+    cmd = [helm, "template", "ipkeep", chart, "--namespace", "ipkeep-system", "--skip-tests",
+           "--set", "namespace.create=true"]
+    for s in sets:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return fail(where, f"helm template failed: {out.stderr.strip()}")
+
+    def by_identity(docs):
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs
+                if d and d["kind"] != "CustomResourceDefinition"}
+    want, got = by_identity(yaml.safe_load_all(out.stdout)), by_identity(rendered)
+    differ = sorted(f"{k}/{n}" for k, n in set(want) | set(got)
+                    if want.get((k, n)) != got.get((k, n)))
+    if differ:
+        return fail(where, f"deploy/ with this component differs from the chart with "
+                           f"{' '.join(sets)} in: {', '.join(differ)} (scripts/render-deploy.sh "
+                           "writes its patches; is deploy/ stale?)")
+    ok(f"{where} (same as the chart)", f"{len(got)} objects, each the chart's with {' '.join(sets)}")
 
 
 def same_as_chart(where, rendered):
@@ -420,8 +451,16 @@ def check_prometheus_rule(where, doc, quiet=False):
 
 
 def check_documents():
+    # A Component's patch files are not objects: checked with the component (kubectl kustomize).
+    patches = {os.path.normpath(os.path.join(os.path.dirname(path), p["path"])): where
+               for where, path, doc in documents
+               if doc["apiVersion"].startswith("kustomize.config.k8s.io/") and doc["kind"] == "Component"
+               for p in doc.get("patches") or [] if "path" in p}
     for where, path, doc in documents:
         gv, kind = doc["apiVersion"], doc["kind"]
+        if os.path.normpath(path) in patches:
+            skip(where, f"a patch of {patches[os.path.normpath(path)]}: checked with it")
+            continue
         if gv.startswith("kustomize.config.k8s.io/") and kind == "Kustomization":
             check_kustomization(where, path, doc)
             continue

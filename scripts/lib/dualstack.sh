@@ -126,23 +126,14 @@ host_local_ipam() {
   fi
 }
 
-# cni_template_for_cluster TEMPLATE CNI-VERSION: the agent's template as this cluster's overlay
-# sets it, on stdout, or nothing if deploy/cni's file is right as it is: the cniVersion the
-# nodes' runtime runs, and for dual-stack what deploy/cni/kustomization.yaml tells users to add
-# (a range set [{"subnet": "usePodCidrIPv6"}] and a "::/0" route).
-cni_template_for_cluster() {
-  python3 - "$1" "$2" "$ip_family" <<'EOF'
-import json, sys
-template, version, family = sys.argv[1:]
-d = json.load(open(template))
-changed = d["cniVersion"] != version
-d["cniVersion"] = version
-if family == "dual":
-    ipam = d["plugins"][0]["ipam"]
-    ipam["ranges"].append([{"subnet": "usePodCidrIPv6"}])
-    ipam["routes"].append({"dst": "::/0"})
-    changed = True
-if changed:
-    print(json.dumps(d))
-EOF
+# cni_values_for_cluster CNI-VERSION: the chart's `cni` values as this cluster sets them (YAML):
+# the agent writes the node configuration at the cniVersion the nodes' runtime runs, and for
+# dual-stack with what docs/install.md tells users to add (a range set
+# [{"subnet": "usePodCidrIPv6"}] and a "::/0" route).
+cni_values_for_cluster() {
+  printf 'cni:\n  enabled: true\n  cniVersion: "%s"\n' "$1"
+  if [ "$ip_family" = dual ]; then
+    printf '  ranges:\n    - - subnet: usePodCidr\n    - - subnet: usePodCidrIPv6\n'
+    printf '  routes:\n    - dst: 0.0.0.0/0\n    - dst: "::/0"\n'
+  fi
 }

@@ -1,10 +1,12 @@
 # Installing ipkeep for scripts/cluster.sh (sourced; uses its variables and helpers).
 #
-# - ipkeep_install: real nodes: as a user installs it. An overlay of deploy/ (image names set by
-#   kustomize, the scheduler extension's Service at a fixed cluster IP so that kube-scheduler on
-#   the host can call it, and the deploy/cni component: the agent writes each node's CNI
-#   configuration) applied with `kubectl apply -k`; the webhook's certificate by
-#   deploy/scheduler-ext/make-certificate.sh; kube-scheduler started with the extender.
+# - ipkeep_install: real nodes: as a user installs it (docs/install.md, "Install with Helm"):
+#   deploy/namespace.yaml, then `helm install` of charts/ipkeep (`--dry-run=server` first) with
+#   the values an operator of this cluster would set (the image, the scheduler extension's
+#   Service at a fixed cluster IP so that kube-scheduler on the host can call it, the agent
+#   writing each node's CNI configuration); the controller makes the webhook's certificates
+#   (the chart's default), and kube-scheduler starts with the extender and the CA read from
+#   the Secret, as NOTES.txt tells the operator.
 # - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
 #   processes, each with its own ServiceAccount's token; the webhooks with a url on loopback.
 
@@ -29,59 +31,51 @@ ipkeep_plugin() {
   "$repo/scripts/build-plugin.sh" | tail -1 || die "building the static plugin failed"
 }
 
+# helm_cmd ARGS...: the cached Helm 4 (scripts/helm-build.sh; its path in $state/helm) on this
+# cluster, with its own configuration and cache under $state/helm-home.
+helm_cmd() {
+  KUBECONFIG=$state/admin.kubeconfig HELM_CONFIG_HOME=$state/helm-home/config \
+    HELM_CACHE_HOME=$state/helm-home/cache HELM_DATA_HOME=$state/helm-home/data "$(cat "$state/helm")" "$@"
+}
+
 ipkeep_install() {
-  local overlay=$state/ipkeep rel
-  say "installing ipkeep: kubectl apply -k (deploy/ with the images localhost/ipkeep/ipkeep:$image_tag and the cni component)"
-  mkdir -p "$overlay"
-  rel=$(realpath --relative-to="$overlay" "$repo/deploy")
-  # The agent's template at the cniVersion the nodes' runtime runs (deploy/cni's is 1.1.0, which
-  # Debian's containerd 1.6 and CNI plugins 1.1 (--node-runtime debian) cannot run) and, for
-  # dual-stack, with the IPv6 range set docs/install.md tells users to add
-  # (cni_template_for_cluster).
-  local template cni_patch=""
-  template=$(cni_template_for_cluster "$repo/deploy/cni/10-ipkeep-bridge.conflist" "$cni_version")
-  if [ -n "$template" ]; then
-    cni_patch="  - target: {kind: ConfigMap, name: ipkeep-cni-config}
-    patch: |-
-      - op: replace
-        path: /data/10-ipkeep.conflist
-        value: $(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$template")
-"
-  fi
-  # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh): no component.
-  local components="components:
-  - $rel/cni"
-  flannel_enabled && components="" cni_patch=""
-  cat >"$overlay/kustomization.yaml" <<EOF
-# Made by scripts/cluster.sh: what a user of this cluster would write.
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - $rel
-$components
-images:
-  - name: ghcr.io/ipkeep/ipkeep
-    newName: localhost/ipkeep/ipkeep
-    newTag: $image_tag
-patches:
-  # kube-scheduler runs on the host, which cannot resolve *.svc: a fixed cluster IP for the
-  # extender's urlPrefix (deploy/README.md, "The scheduler configuration").
-  - target: {kind: Service, name: ipkeep-scheduler-ext}
-    patch: |-
-      - op: add
-        path: /spec/clusterIP
-        value: $ext_cluster_ip
-$cni_patch
-EOF
-  "${kubectl[@]}" apply -k "$overlay" >"$state/logs/apply.log" 2>&1 ||
-    { tail -20 "$state/logs/apply.log" >&2; die "kubectl apply -k $overlay failed (log: $state/logs/apply.log)"; }
+  local values=$state/ipkeep-values.yaml log=$state/logs/helm.log
+  local dir
+  dir=$("$repo/scripts/helm-build.sh" --print-dir | tail -1) || die "scripts/helm-build.sh failed"
+  echo "$dir/bin/helm" >"$state/helm"
+  say "installing ipkeep: helm install charts/ipkeep (values: $values)"
+  {
+    echo "# Made by scripts/cluster.sh: what an operator of this cluster would set."
+    printf 'image:\n  repository: localhost/ipkeep/ipkeep\n  tag: "%s"\n' "$image_tag"
+    echo "# kube-scheduler runs on the host, which cannot resolve *.svc: a fixed cluster IP for the"
+    echo "# extender's urlPrefix (docs/install.md, step 4)."
+    printf 'schedulerExt:\n  service:\n    clusterIP: %s\n' "$ext_cluster_ip"
+    # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh).
+    flannel_enabled || cni_values_for_cluster "$cni_version"
+  } >"$values"
+  "${kubectl[@]}" apply -f "$repo/deploy/namespace.yaml" >"$log" 2>&1 ||
+    { tail -20 "$log" >&2; die "kubectl apply -f deploy/namespace.yaml failed (log: $log)"; }
+  local install=(install ipkeep "$repo/charts/ipkeep" --namespace ipkeep-system --values "$values")
+  helm_cmd "${install[@]}" --dry-run=server >>"$log" 2>&1 ||
+    { tail -20 "$log" >&2; die "helm install --dry-run=server failed (log: $log)"; }
+  helm_cmd "${install[@]}" >>"$log" 2>&1 ||
+    { tail -20 "$log" >&2; die "helm install failed (log: $log)"; }
   wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
-  KUBECONFIG=$state/admin.kubeconfig "$repo/deploy/scheduler-ext/make-certificate.sh" \
-    --out "$state/pki/ipkeep-scheduler-ext" --cluster-ip "$ext_cluster_ip" --kubectl "$bin/kubectl" \
-    2>>"$state/logs/apply.log" || die "deploy/scheduler-ext/make-certificate.sh failed (log: $state/logs/apply.log)"
-  local url=""
-  [ "$extender" = 1 ] && url=https://$ext_cluster_ip:443
-  scheduler_start "$url" "$(base64 -w0 <"$state/pki/ipkeep-scheduler-ext/ca.crt")"
+  # The controller makes the CA and the serving certificate once its pods run; kube-scheduler
+  # trusts that CA (NOTES.txt, step 1).
+  wait_for "the webhook's CA (ipkeep-controller writes the Secret ipkeep-scheduler-ext-tls)" 240 "" webhook_ca_read
+  if [ "$extender" = 1 ]; then
+    say "restarting kube-scheduler with ipkeep's extender"
+    stop_one kube-scheduler
+    scheduler_start "https://$ext_cluster_ip:443" "$webhook_ca"
+  fi
+}
+
+# webhook_ca_read: the CA in the Secret ipkeep-scheduler-ext-tls (base64) into $webhook_ca;
+# fails while there is none.
+webhook_ca_read() {
+  webhook_ca=$("${kubectl[@]}" -n ipkeep-system get secret ipkeep-scheduler-ext-tls -o jsonpath='{.data.ca\.crt}') &&
+    [ -n "$webhook_ca" ]
 }
 
 # spread DEPLOYMENT: two of its pods Ready, on two nodes.
@@ -111,6 +105,13 @@ ipkeep_wait() {
     "${kubectl[@]}" -n ipkeep-system delete pod "$(tail -1 <<<"$pods" | cut -d' ' -f2)" --wait=false >/dev/null
     wait_for "ipkeep: $d on two nodes" 120 "" spread "$d"
   done
+}
+
+# ipkeep_helm_test: `helm test` of the release, as NOTES.txt tells the operator.
+ipkeep_helm_test() {
+  say "helm test ipkeep"
+  helm_cmd test ipkeep --namespace ipkeep-system --timeout 2m >>"$state/logs/helm.log" 2>&1 ||
+    { tail -20 "$state/logs/helm.log" >&2; die "helm test ipkeep failed (log: $state/logs/helm.log)"; }
 }
 
 ipkeep_up() {

@@ -6,13 +6,16 @@
 //!   deploy/ as images), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
-//!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`).
+//!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), and the webhook's
+//!   certificates renewing themselves under load (`e2e/certificates.rs`).
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Output, Stdio};
 
 use ipkeep_tests::{demo_bin, require_root};
 
+#[path = "e2e/certificates.rs"]
+mod certificates;
 #[path = "e2e/lifecycle.rs"]
 mod lifecycle;
 #[path = "e2e/network_ready.rs"]
@@ -124,6 +127,7 @@ fn story_on_real_nodes() {
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
     network_ready::follows_the_store(&state);
+    certificates::renew_on_real_nodes(&state);
     drop(down);
 }
 
@@ -133,7 +137,7 @@ fn story_on_real_nodes() {
 /// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two, `first-rebuild` the
 /// last retention step alone, `network-ready` the full-disk step (which needs a cluster brought
 /// up with `--cni-data-size`), `dual-stack` the dual-stack one (on a cluster up with
-/// `--ip-family dual`).
+/// `--ip-family dual`), `certificates` the certificates' renewal.
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -154,6 +158,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "dual-stack" {
         retention::dual_stack_on_real_nodes(state);
+    }
+    if steps == "certificates" {
+        certificates::renew_on_real_nodes(state);
     }
 }
 

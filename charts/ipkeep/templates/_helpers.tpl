@@ -25,6 +25,14 @@ namespaceSelector:
       values: ["disabled"]
 {{- end -}}
 
+{{/* "true" when ipkeep-controller makes the webhook's certificates (selfManagedCertificates,
+unless cert-manager makes them), else empty. */}}
+{{- define "ipkeep.selfManagedCertificates" -}}
+{{- if and .Values.selfManagedCertificates.enabled (not .Values.certManager.enabled) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* The webhook configurations' annotations: cert-manager's CA injection when it is used. */}}
 {{- define "ipkeep.webhookAnnotations" -}}
 {{- if .Values.certManager.enabled }}

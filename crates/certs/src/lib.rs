@@ -206,6 +206,15 @@ fn usable_leaf<'a>(
             leaf.dns_names, settings.dns_names
         ));
     }
+    // Shortened by the operator: at once. The margin keeps replicas whose clocks differ by
+    // less than the backdating from replacing each other's certificates.
+    if leaf.not_after > now + settings.cert_validity + BACKDATE {
+        return Err(format!(
+            "the serving certificate expires {}, longer than the validity asked for ({} s)",
+            rfc3339(leaf.not_after),
+            settings.cert_validity.as_secs()
+        ));
+    }
     if leaf.due(now) {
         return Err(format!(
             "the serving certificate is due for renewal (expires {})",

@@ -171,3 +171,36 @@ fn damaged_or_mismatched_contents_are_replaced_with_the_reason() {
         assert_eq!(again.change, None, "case {i}: stable once repaired");
     }
 }
+
+/// An operator who shortens the serving certificate's validity (--webhook-certificate-validity)
+/// gets it at once, not when the longer certificate comes due; the CA stays.
+#[test]
+fn a_serving_certificate_longer_than_the_validity_now_asked_for_is_replaced() {
+    let first = plan(&SecretData::new(), &settings(), t0()).expect("plan");
+    let shorter = Settings {
+        cert_validity: 2 * DAY,
+        ..settings()
+    };
+    let later = t0() + DAY;
+    let replaced = plan(&first.data, &shorter, later).expect("plan");
+    assert!(
+        matches!(&replaced.change, Some(Change::NewCertificate(why)) if why.contains("longer than")),
+        "{:?}",
+        replaced.change
+    );
+    assert_eq!(replaced.cert_expiry, later + 2 * DAY);
+    assert_eq!(
+        one(&replaced.data, CA_CERT).pem,
+        one(&first.data, CA_CERT).pem
+    );
+    // The new one is not replaced again while it runs its course.
+    let again = plan(&replaced.data, &shorter, later + DAY / 2).expect("plan");
+    assert_eq!(again.change, None);
+    // Lengthening the validity waits for the renewal.
+    assert_eq!(
+        plan(&replaced.data, &settings(), later + DAY / 2)
+            .expect("plan")
+            .change,
+        None
+    );
+}

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::cli::{Cli, binary, first_flag, flag_value, ipkeep_binary, port_of, resolve_port};
 use super::manifests::{
-    BINARIES, Doc, NAMESPACE, Workload, allows, documents, find, granted, image, of_kind,
+    BINARIES, Doc, NAMESPACE, Workload, allows, documents, find, granted, image, of_kind, parse,
     repo_root, selects, workload, workloads, yaml_files,
 };
 
@@ -272,11 +272,27 @@ fn webhook_extender_service_and_certificate_agree() {
         .filter_map(Value::as_str)
         .collect();
     assert!(dns.contains(&server_name.as_str()), "{dns:?}");
+    // The base: ipkeep-controller fills caBundle (no CA injector); the cert-manager component's
+    // patches add the injector's annotation naming that Certificate.
     for annotations in [&hook.metadata.annotations, &lifecycle.metadata.annotations] {
         let inject = annotations
             .as_ref()
             .and_then(|a| a.get("cert-manager.io/inject-ca-from"));
-        assert_eq!(inject, Some(&format!("{ns}/{}", cert.name())));
+        assert_eq!(
+            inject, None,
+            "the base's webhooks are the controller's to fill"
+        );
+    }
+    for patch in [
+        "cert-manager/mutating-webhook-annotations.yaml",
+        "cert-manager/validating-webhook-annotations.yaml",
+    ] {
+        let doc = &parse(patch)[0];
+        assert_eq!(
+            doc.value["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            format!("{ns}/{}", cert.name()),
+            "{patch}"
+        );
     }
     // Every Certificate's issuer is in the file, and every CA Issuer's Secret is a Certificate's.
     for c in of_kind("Certificate") {
@@ -555,17 +571,21 @@ fn selectors_budgets_and_spreading_match_their_own_pods() {
 
 #[test]
 fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
-    // Why each is left out is said in kustomization.yaml: cert-manager's kinds need its CRDs,
-    // the scheduler configuration is a file for kube-scheduler, examples are the user's, the
-    // cni, monitoring and network-policy components are opt-in (`components:`).
-    const LEFT_OUT: [&str; 8] = [
+    // Why each is left out is said in kustomization.yaml: the scheduler configuration is a
+    // file for kube-scheduler, examples are the user's, the cert-manager, cni, monitoring and
+    // network-policy components are opt-in (`components:`).
+    const LEFT_OUT: [&str; 12] = [
         "kustomization.yaml",
+        "cert-manager/kustomization.yaml",
+        "cert-manager/certificate.yaml",
+        "cert-manager/controller-args.yaml",
+        "cert-manager/mutating-webhook-annotations.yaml",
+        "cert-manager/validating-webhook-annotations.yaml",
         "cni/kustomization.yaml",
         "monitoring/kustomization.yaml",
         "monitoring/prometheus-rule.yaml",
         "network-policy/kustomization.yaml",
         "network-policy/network-policy.yaml",
-        "scheduler-ext/certificate.yaml",
         "scheduler-ext/scheduler-config.yaml",
     ];
     let kustomization = of_kind("Kustomization")
@@ -593,7 +613,7 @@ fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
 #[test]
 fn the_cni_component_adds_agent_flags_and_volumes_that_exist() {
     let component = of_kind("Component")
-        .next()
+        .find(|c| c.file == "cni/kustomization.yaml")
         .expect("deploy/cni/kustomization.yaml");
     let cli = Cli::of("ipkeep-agent");
     let patch: Vec<Value> = serde_saphyr::from_str(

@@ -144,26 +144,51 @@ pub fn yaml_files() -> Vec<String> {
         .collect()
 }
 
-/// Every document of every YAML file under `deploy/`, parsed by serde-saphyr.
+/// Every document of every YAML file under `deploy/`, parsed by serde-saphyr, but the
+/// patches of kustomize components (parts of objects, not objects; `patch_files`).
 pub fn documents() -> &'static [Doc] {
     static DOCS: OnceLock<Vec<Doc>> = OnceLock::new();
     DOCS.get_or_init(|| {
-        let mut docs = Vec::new();
-        for file in yaml_files() {
-            let text = std::fs::read_to_string(deploy_dir().join(&file)).expect("read a manifest");
-            let values: Vec<Value> = serde_saphyr::from_multiple(&text)
-                .unwrap_or_else(|e| panic!("deploy/{file} is not YAML: {e}"));
-            let values = values.into_iter().filter(|v| !v.is_null());
-            for (index, value) in values.enumerate() {
-                docs.push(Doc {
-                    file: file.clone(),
-                    index,
-                    value,
-                });
+        let all = yaml_files()
+            .into_iter()
+            .flat_map(|f| parse(&f))
+            .collect::<Vec<_>>();
+        let patches = patch_files(&all);
+        all.into_iter()
+            .filter(|d| !patches.contains(&d.file))
+            .collect()
+    })
+}
+
+/// The documents of `deploy/{file}`.
+pub fn parse(file: &str) -> Vec<Doc> {
+    let text = std::fs::read_to_string(deploy_dir().join(file)).expect("read a manifest");
+    let values: Vec<Value> = serde_saphyr::from_multiple(&text)
+        .unwrap_or_else(|e| panic!("deploy/{file} is not YAML: {e}"));
+    (values.into_iter().filter(|v| !v.is_null()).enumerate())
+        .map(|(index, value)| Doc {
+            file: file.to_string(),
+            index,
+            value,
+        })
+        .collect()
+}
+
+/// The files kustomizations name under `patches: [{path: ...}]`, relative to `deploy/`.
+fn patch_files(docs: &[Doc]) -> Vec<String> {
+    let mut out = Vec::new();
+    for doc in docs
+        .iter()
+        .filter(|d| d.file.ends_with("kustomization.yaml"))
+    {
+        let dir = Path::new(&doc.file).parent().unwrap_or(Path::new(""));
+        for patch in doc.value["patches"].as_array().into_iter().flatten() {
+            if let Some(path) = patch["path"].as_str() {
+                out.push(dir.join(path).display().to_string());
             }
         }
-        docs
-    })
+    }
+    out
 }
 
 /// The document of that kind and name (panics when there is none).
