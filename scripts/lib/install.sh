@@ -26,12 +26,13 @@ ipkeep_build() {
     echo "$IPKEEP_RELEASE_DIR"
     return
   fi
-  for p in "$@"; do pkgs+=(-p "$p"); done
+  # Each package's binary of its own name (not the controller's crdgen, a developer's tool).
+  for p in "$@"; do pkgs+=(-p "$p" --bin "$p"); done
   local release=(); [ "$profile" = release ] && release=(--release)
   say "building $* ($profile)"
   # Started from `cargo test`, the environment carries the test crate's variables
   # (scripts/lib/cargo-env.sh).
-  (cd "$repo" && drop_test_cargo_env && cargo_build "cluster: cargo build" --locked "${release[@]}" "${pkgs[@]}" --bins) ||
+  (cd "$repo" && drop_test_cargo_env && cargo_build "cluster: cargo build" --locked "${release[@]}" "${pkgs[@]}") ||
     die "cargo build failed"
   echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
 }
