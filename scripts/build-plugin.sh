@@ -34,8 +34,8 @@ triple=$(rustc -vV | sed -n 's/^host: //p')
 # shellcheck source=scripts/lib/cargo-env.sh
 . scripts/lib/cargo-env.sh
 drop_test_cargo_env
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --locked --profile "$profile" \
-  --target "$triple" -p ipkeep-cni --bin ipkeep >&2
+RUSTFLAGS="-C target-feature=+crt-static" cargo_build "build-plugin: cargo build" --locked --profile "$profile" \
+  --target "$triple" -p ipkeep-cni --bin ipkeep
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 bin=$target_dir/$triple/$dir/ipkeep
 if ldd "$bin" 2>/dev/null | grep -q '=>'; then

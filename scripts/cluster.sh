@@ -335,8 +335,11 @@ up() {
   dual_preflight
   local t0; t0=$(date +%s)
   say "building or reusing the Kubernetes $k8s_version binaries (scripts/k8s-build.sh)"
-  local without_node=(--without-kubelet); [ "$nodes" -gt 0 ] && without_node=()
-  bin=$("$repo/scripts/k8s-build.sh" --k8s-version "$k8s_version" "${without_node[@]}" --print-dir | tail -1)
+  # Only what this cluster runs (a later cluster with more builds what is missing).
+  local parts=etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubectl
+  [ "$nodes" -gt 0 ] && parts=$parts,kubelet,kube-proxy
+  [ "$kwok_nodes" -gt 0 ] && parts=$parts,kwok
+  bin=$("$repo/scripts/k8s-build.sh" --k8s-version "$k8s_version" --only "$parts" --print-dir | tail -1)
   if [ "$nodes" -gt 0 ] && [ "$node_runtime" = built ]; then
     say "building or reusing the node runtime (scripts/runtime-build.sh)"
     runtime_use built "$("$repo/scripts/runtime-build.sh" --print-dir | tail -1)"

@@ -6,8 +6,10 @@
 # pod is deleted (same node, same IP, reachable from the other node), a node stops (the pod
 # falls back to another node with a new IP), the StatefulSet scales down and up, and every
 # node's store is audited against the pods. It prints a timeline and a before/after table, and
-# the exit code says whether every expectation held. The first run builds Kubernetes (about 10
-# minutes) and ipkeep's release build; later runs take about three and a half minutes.
+# the exit code says whether every expectation held. The first run builds what the run needs,
+# showing its progress: the Kubernetes binaries the cluster runs (about 10 minutes) and one
+# release build of ipkeep that scripts/cluster.sh reuses; later runs take about three and a half
+# minutes.
 #
 # Without root, real nodes cannot run here (network and mount namespaces, cgroups, containerd):
 # it then runs the control-plane half of the story (--control-plane-only) on the same control
@@ -43,27 +45,51 @@ case " $* " in
 esac
 
 args=("$@")
-# The controller and scheduler-ext alone, as scripts/cluster.sh builds them (with other packages
-# in the same build their features differ, and cluster.sh would build them again).
-cluster_packages=(-p ipkeep-controller -p ipkeep-scheduler-ext)
-packages=(-p ipkeep-e2e)
-if [ "$(id -u)" -eq 0 ]; then
-  scripts/install-deps.sh
-  cluster_packages=(-p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext)
-  packages+=(-p ipkeep-cni)
-else
-  case " $* " in
-    *" --control-plane-only "*|*" --kubeconfig "*) ;;
-    *)
-      echo "demo: NOT ROOT: real nodes cannot run here (they need network and mount namespaces, cgroups and containerd)." >&2
-      echo "demo: running the CONTROL-PLANE HALF of the story instead (--control-plane-only): the real control plane with kwok nodes;" >&2
-      echo "demo: NOT SHOWN: the node side (a rebuilt pod keeping its IP, the node stores, the agents). Run as root for the whole story." >&2
-      args+=(--control-plane-only) ;;
-  esac
+# What the run needs: ipkeep-demo always; the controller and scheduler-ext for a cluster of
+# kwok nodes (they run as local processes); with real nodes also the agent and the static plugin
+# (in the nodes' image); against another cluster (--kubeconfig) nothing more.
+mode=real
+case " $* " in
+  *" --kubeconfig "*) mode=kubeconfig ;;
+  *" --control-plane-only "*) mode=kwok ;;
+esac
+if [ "$(id -u)" -ne 0 ] && [ "$mode" = real ]; then
+  echo "demo: NOT ROOT: real nodes cannot run here (they need network and mount namespaces, cgroups and containerd)." >&2
+  echo "demo: running the CONTROL-PLANE HALF of the story instead (--control-plane-only): the real control plane with kwok nodes;" >&2
+  echo "demo: NOT SHOWN: the node side (a rebuilt pod keeping its IP, the node stores, the agents). Run as root for the whole story." >&2
+  args+=(--control-plane-only)
+  mode=kwok
+fi
+if [ "$(id -u)" -ne 0 ]; then
   # Three kwok nodes (zone-0..zone-2): a pod each, so losing one node strands one pod only.
   case " $* " in *" --nodes "*|*" --kubeconfig "*) ;; *) args+=(--nodes 3) ;; esac
 fi
-echo "demo: building ipkeep's release binaries (cargo build --release; the first time takes several minutes)" >&2
-cargo build --release --quiet --locked "${cluster_packages[@]}" --bins
-cargo build --release --quiet --locked "${packages[@]}" --bins
+[ "$mode" = real ] && scripts/install-deps.sh
+names=(ipkeep-e2e)
+case $mode in
+  real) names+=(ipkeep-agent ipkeep-controller ipkeep-scheduler-ext) ;;
+  kwok) names+=(ipkeep-controller ipkeep-scheduler-ext) ;;
+esac
+# Each package's binary of its own name (ipkeep-e2e's is ipkeep-demo); not the controller's
+# crdgen, a developer's tool.
+packages=() bins=(--bin ipkeep-demo)
+for p in "${names[@]}"; do
+  packages+=(-p "$p")
+  [ "$p" = ipkeep-e2e ] || bins+=(--bin "$p")
+done
+
+# One cargo build for everything the run needs: scripts/cluster.sh then uses these binaries
+# (IPKEEP_RELEASE_DIR, IPKEEP_PLUGIN) instead of building its own set of packages, whose features
+# would unify differently and compile most of the tree a second time.
+# shellcheck source=scripts/lib/cargo-env.sh
+. scripts/lib/cargo-env.sh
+echo "demo: building ipkeep's release binaries (cargo build --release ${packages[*]}; the first time takes about 10 minutes on two cores)" >&2
+cargo_build "demo: cargo build" --release --locked "${packages[@]}" "${bins[@]}"
+IPKEEP_RELEASE_DIR=$(dirname "$(demo_bin)")
+export IPKEEP_RELEASE_DIR
+if [ "$mode" = real ]; then
+  echo "demo: building the static ipkeep plugin for the nodes' image (scripts/build-plugin.sh)" >&2
+  IPKEEP_PLUGIN=$(scripts/build-plugin.sh | tail -1)
+  export IPKEEP_PLUGIN
+fi
 exec "$(demo_bin)" "${args[@]}"

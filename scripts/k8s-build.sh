@@ -3,7 +3,8 @@
 # kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, kwok) from their
 # published Go modules, into a cache outside the repository, and skips whatever is already cached.
 #
-#   scripts/k8s-build.sh [--k8s-version V] [--cache DIR] [--without-kubelet] [--print-dir]
+#   scripts/k8s-build.sh [--k8s-version V] [--cache DIR] [--only NAME,...] [--without-kubelet]
+#                        [--print-dir]
 #   scripts/k8s-build.sh --list                 the Kubernetes versions that can be built
 #   scripts/k8s-build.sh gen VERSION            write tests/k8s/tools/k8s/VERSION/ for a release
 #
@@ -14,6 +15,11 @@
 # (default /var/cache/ipkeep-k8s); each build goes in a directory named by the Kubernetes, etcd,
 # kwok and Go versions, so versions coexist, changing one rebuilds, and an old build stays until
 # deleted. --print-dir prints the directory holding every binary (last line).
+# --only NAME,... builds only those binaries (of etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kubelet, kube-proxy, kwok; kwok with its stage definitions), e.g. what
+# a cluster runs: scripts/cluster.sh asks for the control plane, kubelet and kube-proxy only with
+# real nodes, kwok only with kwok nodes. Each binary is cached on its own, so a later build of
+# more adds only what is missing. --without-kubelet leaves kubelet and kube-proxy out.
 # Go (>= 1.26 for v1.37) and gcc (kubelet uses cgo) are needed; a cold build takes 20-40 minutes
 # on two cores, a warm one (all cached) under a second.
 set -euo pipefail
@@ -22,7 +28,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 tools=$repo/tests/k8s/tools
 cache=${IPKEEP_K8S_CACHE:-/var/cache/ipkeep-k8s}
 k8s=${IPKEEP_K8S_VERSION:-v1.37.2}
-kubelet=1
+every=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok)
+wanted=("${every[@]}")
+without_node=0
 print_dir=0
 
 say() { echo "k8s-build: $*" >&2; }
@@ -83,12 +91,24 @@ while [ $# -gt 0 ]; do
     --k8s-version) k8s=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
     --list) versions; exit 0 ;;
     --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --without-kubelet) kubelet=0; shift ;;
+    --only)
+      IFS=, read -ra wanted <<<"${2:?--only needs binaries, e.g. etcd,kube-apiserver,kubectl}"; shift 2
+      for b in "${wanted[@]}"; do
+        [[ " ${every[*]} " == *" $b "* ]] || die "--only: no binary '$b' here (these are: ${every[*]})"
+      done ;;
+    --without-kubelet) without_node=1; shift ;;
     --print-dir) print_dir=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+
+if [ "$without_node" = 1 ]; then
+  kept=()
+  for b in "${wanted[@]}"; do [[ $b == kubelet || $b == kube-proxy ]] || kept+=("$b"); done
+  wanted=("${kept[@]}")
+fi
+wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 
 command -v go >/dev/null || die "Go is not installed (needed to build Kubernetes from its modules; https://go.dev/dl, >= 1.26)"
 gover=$(go env GOVERSION)
@@ -119,35 +139,35 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 static=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 missing=()
-for b in "${static[@]}"; do [ -x "$dir/$b" ] || missing+=("$b"); done
+for b in "${static[@]}"; do wants "$b" && [ ! -x "$dir/$b" ] && missing+=("$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
   pkgs=()
   for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   go_build "${missing[*]} $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/" "${pkgs[@]}"
 fi
 # The node components (real nodes: scripts/cluster.sh --nodes): kubelet (cgo) and kube-proxy.
-if [ "$kubelet" = 1 ] && [ ! -x "$dir/kubelet" ]; then
+if wants kubelet && [ ! -x "$dir/kubelet" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (kubelet builds with cgo): apt-get install gcc"
   go_build "kubelet $k8s" "k8s/$k8s" CGO_ENABLED=1 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kubelet" k8s.io/kubernetes/cmd/kubelet
 fi
-if [ "$kubelet" = 1 ] && [ ! -x "$dir/kube-proxy" ]; then
+if wants kube-proxy && [ ! -x "$dir/kube-proxy" ]; then
   go_build "kube-proxy $k8s" "k8s/$k8s" CGO_ENABLED=0 -tags=selinux,notest -ldflags "$ldf" -o "$dir/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy
 fi
-if [ ! -x "$dir/etcd" ]; then
+if wants etcd && [ ! -x "$dir/etcd" ]; then
   go_build "etcd $etcd" etcd CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/etcd" go.etcd.io/etcd/server/v3
 fi
-if [ ! -x "$dir/kwok" ]; then
+if wants kwok && [ ! -x "$dir/kwok" ]; then
   go_build "kwok $kwok" kwok CGO_ENABLED=0 -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok" -o "$dir/kwok" sigs.k8s.io/kwok/cmd/kwok
 fi
 # kwok needs its stage definitions at run time; they ship in its module, not in this repository.
-if [ ! -d "$dir/kwok-stages" ]; then
+if wants kwok && [ ! -d "$dir/kwok-stages" ]; then
   src=$(cd "$tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
   [ -d "$src/kustomize/stage" ] || die "kwok's module has no kustomize/stage directory ($src)"
   cp -r "$src/kustomize/stage" "$dir/kwok-stages.tmp"
   chmod -R u+w "$dir/kwok-stages.tmp"
   mv "$dir/kwok-stages.tmp" "$dir/kwok-stages"
 fi
-say "ready in $(( $(date +%s) - started )) s: $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"
+say "ready in $(( $(date +%s) - started )) s: ${wanted[*]} in $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"
 if [ "$print_dir" = 1 ]; then
   echo "$dir"
 fi

@@ -13,20 +13,41 @@
 # shellcheck source=scripts/lib/cargo-env.sh
 . "$repo/scripts/lib/cargo-env.sh"
 
-# ipkeep_build PROFILE PACKAGE...: builds the packages' binaries; prints their directory.
+# ipkeep_build PROFILE PACKAGE...: builds the packages' binaries; prints their directory. With
+# IPKEEP_RELEASE_DIR set (scripts/demo.sh sets it) a release build uses the binaries already
+# there instead: the demo builds them in the same cargo build as its own binary, and a second
+# build with another set of packages would unify features differently and compile them again.
 ipkeep_build() {
   local profile=$1 pkgs=() p; shift
-  for p in "$@"; do pkgs+=(-p "$p"); done
+  if [ "$profile" = release ] && [ -n "${IPKEEP_RELEASE_DIR:-}" ]; then
+    for p in "$@"; do
+      [ -x "$IPKEEP_RELEASE_DIR/$p" ] ||
+        die "IPKEEP_RELEASE_DIR=$IPKEEP_RELEASE_DIR has no $p (cargo build --release -p $p, or unset IPKEEP_RELEASE_DIR)"
+    done
+    say "using the release build of $* in $IPKEEP_RELEASE_DIR (IPKEEP_RELEASE_DIR)"
+    echo "$IPKEEP_RELEASE_DIR"
+    return
+  fi
+  # Each package's binary of its own name (not the controller's crdgen, a developer's tool).
+  for p in "$@"; do pkgs+=(-p "$p" --bin "$p"); done
   local release=(); [ "$profile" = release ] && release=(--release)
   say "building $* ($profile)"
   # Started from `cargo test`, the environment carries the test crate's variables
   # (scripts/lib/cargo-env.sh).
-  (cd "$repo" && drop_test_cargo_env && cargo build -q --locked "${release[@]}" "${pkgs[@]}" --bins >&2) || die "cargo build failed"
+  (cd "$repo" && drop_test_cargo_env && cargo_build "cluster: cargo build" --locked "${release[@]}" "${pkgs[@]}") ||
+    die "cargo build failed"
   echo "$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/$profile"
 }
 
 # ipkeep_plugin: builds the static plugin the image carries (scripts/build-plugin.sh); its path.
+# IPKEEP_PLUGIN (set by scripts/demo.sh, which built it) names one built already.
 ipkeep_plugin() {
+  if [ -n "${IPKEEP_PLUGIN:-}" ]; then
+    [ -x "$IPKEEP_PLUGIN" ] || die "IPKEEP_PLUGIN=$IPKEEP_PLUGIN is not an executable (scripts/build-plugin.sh builds it, or unset IPKEEP_PLUGIN)"
+    say "using the static ipkeep plugin $IPKEEP_PLUGIN (IPKEEP_PLUGIN)"
+    echo "$IPKEEP_PLUGIN"
+    return
+  fi
   say "building the static ipkeep plugin (scripts/build-plugin.sh)"
   "$repo/scripts/build-plugin.sh" | tail -1 || die "building the static plugin failed"
 }
