@@ -136,7 +136,7 @@ metadata:
   namespace: {NS}
   annotations:
     ipkeep.dev/auto-generate-persistent-pod-state: "true"
-    ipkeep.dev/ip-retention: "1h"
+    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
 spec:
   replicas: 2
   podManagementPolicy: Parallel
@@ -154,7 +154,8 @@ spec:
     )
 }
 
-/// Pod `name`'s (uid, IP) once it runs, stamped by the webhook.
+/// Pod `name`'s (uid, IP) once it runs with another uid than `not_uid`; a rebuild stamped by
+/// the webhook.
 fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String) {
     wait_until(
         &format!("{NS}/{name} running again"),
@@ -164,9 +165,11 @@ fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String) {
             let uid = p["metadata"]["uid"].as_str()?.to_string();
             let ip = p["status"]["podIP"].as_str()?.to_string();
             (uid != not_uid && p["status"]["phase"] == "Running").then_some(())?;
+            // A rebuild (the first pods may come before the generated PersistentPodState).
             assert!(
-                !p["metadata"]["annotations"]["ipkeep.dev/persistent-pod-state"].is_null(),
-                "{name} was created without the webhook's stamp: {p}"
+                not_uid.is_empty()
+                    || !p["metadata"]["annotations"]["ipkeep.dev/persistent-pod-state"].is_null(),
+                "{name} was rebuilt without the webhook's stamp: {p}"
             );
             Some((uid, ip))
         },
@@ -217,6 +220,10 @@ pub fn renew_on_real_nodes(state: &Path) {
             (n.to_string(), uid, ip)
         })
         .collect();
+    wait_until("both pods recorded", Duration::from_secs(60), || {
+        let pps = kubectl.get(&["persistentpodstate", "-n", NS, "web"])?;
+        (pps["status"]["recordedPods"] == 2).then_some(())
+    });
 
     // Until each server has served three certificates that verify (the first, the one of the
     // shortened validity, and its renewal), rebuild a pod every few seconds.
