@@ -31,6 +31,9 @@ NETWORK_POLICY_SETS = [
     # --skip-schema-validation for this rendering only.
     "networkPolicy.controlPlaneCIDRs={CONTROL-PLANE-CIDR}",
 ]
+# The Grafana dashboard's ConfigMap, with the PrometheusRule in the kustomize component
+# deploy/monitoring.
+DASHBOARD_SETS = ["monitoring.dashboards.enabled=true"]
 CNI_SETS = ["cni.enabled=true"]
 # The kustomize component deploy/cert-manager: cert-manager's Certificates, and patches that
 # turn the base (certificates made by the controller) into what the chart renders with
@@ -144,7 +147,9 @@ def render(helm, chart):
     files = {}
     for sets, extra in ((BASE_SETS, ["--include-crds"]),
                         (NETWORK_POLICY_SETS, ["--skip-schema-validation", "--show-only",
-                                               "templates/network-policy/network-policy.yaml"])):
+                                               "templates/network-policy/network-policy.yaml"]),
+                        (DASHBOARD_SETS, ["--show-only",
+                                          "templates/monitoring/grafana-dashboard.yaml"])):
         for source, docs in split(helm_template(helm, chart, sets, extra)).items():
             path = target(source)
             if path:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check CI runs: the Helm chart and the deploy/ manifests rendered from it (offline,
-# scripts/validate-deploy.sh with the helm of scripts/helm-build.sh), formatting,
+# scripts/validate-deploy.sh with the helm of scripts/helm-build.sh and the promtool of
+# scripts/promtool-build.sh), formatting,
 # clippy with warnings as errors, and all tests, including the network-namespace tests (which
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
@@ -21,6 +22,7 @@ also=${IPKEEP_K8S_ALSO-v1.35.4}
 scripts/install-deps.sh
 kubectl_bin=
 helm_bin=
+promtool_bin=
 runtime_dir=
 if command -v go >/dev/null; then
   # kubelet and kube-proxy only where real nodes can run (root).
@@ -28,6 +30,8 @@ if command -v go >/dev/null; then
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
   # Helm 4 for the chart checks (lint, renderings, deploy/ not stale), built or cached.
   helm_bin=$(scripts/helm-build.sh --print-dir | tail -1)/bin/helm
+  # promtool (Prometheus) for the alerting rules (check rules, test rules), built or cached.
+  promtool_bin=$(scripts/promtool-build.sh --print-dir | tail -1)/bin/promtool
   # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
   if [ "$(id -u)" -eq 0 ]; then
     runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1)
@@ -41,7 +45,8 @@ if command -v go >/dev/null; then
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi
-IPKEEP_KUBECTL=$kubectl_bin IPKEEP_HELM=$helm_bin scripts/validate-deploy.sh
+IPKEEP_KUBECTL=$kubectl_bin IPKEEP_HELM=$helm_bin IPKEEP_PROMTOOL=$promtool_bin \
+  scripts/validate-deploy.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --locked --bins

@@ -36,7 +36,11 @@
 #       fetched offline), after a check of the fields deploy/ relies on;
 #     - PrometheusRule (monitoring.coreos.com): its fields checked by hand (groups, rules with
 #       alert, expr, for, labels, annotations, nothing else) and every expr parsed as PromQL
-#       (promql-parser, the Rust parser of GreptimeDB's, pinned below);
+#       (promql-parser, the Rust parser of GreptimeDB's, pinned below); with a promtool
+#       ($IPKEEP_PROMTOOL; scripts/test.sh passes the one scripts/promtool-build.sh builds) also
+#       `promtool check rules` on its groups and `promtool test rules` with
+#       tests/monitoring/alerts-test.yaml, else skipped saying so;
+#     - a ConfigMap's *.json (the Grafana dashboard) is JSON whose panel queries parse as PromQL;
 #     - any other kind without a schema is an error.
 #
 # Exits non-zero, saying which file, document and field, when anything is invalid. Needs
@@ -85,10 +89,15 @@ fi
 # helm: the one of scripts/helm-build.sh, never another.
 kubectl_bin="${IPKEEP_KUBECTL:-}"
 helm_bin="${IPKEEP_HELM:-}"
+promtool_bin="${IPKEEP_PROMTOOL:-}"
+if [ -n "$promtool_bin" ] && [ ! -x "$promtool_bin" ]; then
+  echo "validate-deploy: IPKEEP_PROMTOOL=$promtool_bin is not executable" >&2
+  exit 2
+fi
 chart=charts/ipkeep
 validate() { # the checks of one directory: scripts/validate_deploy.py
   K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" HELM="$helm_bin" CHART="$chart" \
-    "$venv/bin/python" scripts/validate_deploy.py "$1"
+    PROMTOOL="$promtool_bin" "$venv/bin/python" scripts/validate_deploy.py "$1"
 }
 
 if [ -z "$helm_bin" ]; then

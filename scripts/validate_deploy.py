@@ -4,7 +4,7 @@ Run by scripts/validate-deploy.sh, which makes the virtualenv with the pinned to
 what is checked; importable (the checks are functions, `main` runs them):
 
     K8S_VERSIONS="1.25 1.33 1.37" KUBECTL=/path/to/kubectl HELM=/path/to/helm \
-        CHART=charts/ipkeep python3 scripts/validate_deploy.py deploy
+        CHART=charts/ipkeep PROMTOOL=/path/to/promtool python3 scripts/validate_deploy.py deploy
 """
 
 import json
@@ -22,12 +22,16 @@ from kubernetes_validate import utils as kv
 
 # Set by main(): the directory checked, the Kubernetes versions, the kubectl of the cluster build
 # ("" skips the renderings), the helm of scripts/helm-build.sh and the chart ("" skips the
-# comparisons with the chart), and what was found.
+# comparisons with the chart), the promtool of scripts/promtool-build.sh ("" skips `promtool
+# check rules` and `promtool test rules`), and what was found.
 root = "deploy"
 versions = []
 kubectl = ""
 helm = ""
 chart = ""
+promtool = ""
+# promtool's unit tests of a few alerts; they name the rule file ipkeep-rules.yaml.
+RULE_TESTS = "tests/monitoring/alerts-test.yaml"
 failures, passed, skipped = [], [], []
 documents = []  # (where, path, doc)
 crd_schemas = {}  # (group/version, kind) -> schema
@@ -447,7 +451,55 @@ def check_prometheus_rule(where, doc, quiet=False):
         fail(where, e)
     if not errors and not quiet:
         ok(where, f"PrometheusRule fields by hand, every expr parsed as PromQL (promql-parser {getattr(promql_parser, '__version__', '0.11.0')})")
+        check_rules_with_promtool(where, spec["groups"])
     return not errors
+
+
+def check_rules_with_promtool(where, groups):
+    """Prometheus's own checks of the rule groups (`promtool check rules`: syntax, durations,
+    templates, duplicates) and its unit tests of a few alerts (`promtool test rules`)."""
+    where = f"{where} (promtool)"
+    if not promtool:
+        return skip(where, "no promtool (IPKEEP_PROMTOOL; scripts/promtool-build.sh builds one)")
+    with tempfile.TemporaryDirectory() as t:
+        with open(os.path.join(t, "ipkeep-rules.yaml"), "w") as f:
+            yaml.safe_dump({"groups": groups}, f, sort_keys=False)
+        with open(RULE_TESTS) as src, open(os.path.join(t, "alerts-test.yaml"), "w") as dst:
+            dst.write(src.read())
+        for args in (["check", "rules", "ipkeep-rules.yaml"], ["test", "rules", "alerts-test.yaml"]):
+            out = subprocess.run([promtool, *args], cwd=t, capture_output=True, text=True)
+            if out.returncode != 0:
+                return fail(where, f"promtool {' '.join(args)}: {(out.stdout + out.stderr).strip()}")
+    ok(where, f"promtool check rules, and test rules with {RULE_TESTS}")
+
+
+def check_dashboard(where, text):
+    """A Grafana dashboard (a ConfigMap's *.json): JSON without duplicate keys, panels with
+    targets, and every target's expr PromQL once Grafana's interval variables are filled in.
+    Whether its metrics exist is tests/tests/monitoring.rs (it scrapes the binaries)."""
+    try:
+        dashboard = json.loads(text, object_pairs_hook=no_duplicates)
+    except Exception as e:  # noqa: BLE001
+        return fail(where, f"not JSON: {e}")
+    errors, exprs = [], 0
+    for panel in dashboard.get("panels") or []:
+        if panel.get("type") == "row":
+            continue
+        if not panel.get("targets"):
+            errors.append(f"panel {panel.get('title')!r} has no targets")
+        for target in panel.get("targets") or []:
+            expr = re.sub(r"\$__(rate_)?interval", "5m", str(target.get("expr", "")))
+            exprs += 1
+            try:
+                promql_parser.parse(expr)
+            except Exception as e:  # noqa: BLE001 - the parser's error is the message
+                errors.append(f"panel {panel.get('title')!r}: {target.get('expr')!r} is not PromQL: {e}")
+    if not exprs:
+        errors.append("no panel queries anything")
+    for e in errors:
+        fail(where, e)
+    if not errors:
+        ok(where, f"Grafana dashboard JSON, {exprs} panel queries parsed as PromQL")
 
 
 def check_documents():
@@ -485,6 +537,8 @@ def check_documents():
             for key, text in sorted((doc.get("data") or {}).items()):
                 if key.endswith(".conflist"):
                     check_conflist_text(f"{where} data.{key}", text)
+                elif key.endswith(".json"):
+                    check_dashboard(f"{where} data.{key}", text)
 
 
 def check_versions():
@@ -504,13 +558,14 @@ def check_versions():
 
 
 def main(argv):
-    global root, versions, kubectl, helm, chart
+    global root, versions, kubectl, helm, chart, promtool
     started = time.monotonic()
     root = argv[1]
     versions = os.environ["K8S_VERSIONS"].split()
     kubectl = os.environ.get("KUBECTL", "")
     helm = os.environ.get("HELM", "")
     chart = os.environ.get("CHART", "charts/ipkeep")
+    promtool = os.environ.get("PROMTOOL", "")
     parse_documents()
     check_conflists()
     collect_crd_schemas()

@@ -471,4 +471,5 @@ pub mod faults;
 pub mod kubectl;
 pub mod mountns;
 pub mod pki;
+pub mod promql;
 pub mod store;

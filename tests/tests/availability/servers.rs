@@ -133,16 +133,17 @@ impl SchedulerExt {
 
     /// Its metrics, read from an address no attack uses.
     pub async fn metrics(&self) -> String {
-        plain_get(
-            Source::Observer,
-            self.probes,
-            "/metrics",
-            Duration::from_secs(3),
-        )
+        metrics(self.probes).await
+    }
+}
+
+/// `/metrics` of a binary's plain-HTTP port, read from an address no attack uses (empty if it
+/// does not answer).
+pub async fn metrics(addr: SocketAddr) -> String {
+    plain_get(Source::Observer, addr, "/metrics", Duration::from_secs(3))
         .await
         .map(|(_, body)| body)
         .unwrap_or_default()
-    }
 }
 
 /// `ipkeep-controller` without leader election, its probe and metrics port on loopback, started

@@ -12,7 +12,7 @@ use ipkeep_api::k8s_openapi::api::admissionregistration::v1::{
 };
 use ipkeep_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use ipkeep_api::k8s_openapi::api::core::v1::{
-    Container, Namespace, PodTemplateSpec, Service, ServiceAccount,
+    ConfigMap, Container, Namespace, PodTemplateSpec, Service, ServiceAccount,
 };
 use ipkeep_api::k8s_openapi::api::networking::v1::NetworkPolicy;
 use ipkeep_api::k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -251,6 +251,7 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         ("v1", "Namespace") => round_trip::<Namespace>(value),
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(value),
         ("v1", "Service") => round_trip::<Service>(value),
+        ("v1", "ConfigMap") => round_trip::<ConfigMap>(value),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(value),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
             round_trip::<ClusterRoleBinding>(value)
