@@ -44,6 +44,27 @@ fn helm(state: &Path, args: &[&str]) -> String {
     text
 }
 
+/// `helm upgrade --reuse-values` of the release with the serving certificate's `validity` and
+/// the webhooks' failure `policy`.
+fn upgrade(state: &Path, validity: &str, policy: &str) {
+    let chart = ipkeep_tests::cluster::repo_root().join("charts/ipkeep");
+    helm(
+        state,
+        &[
+            "upgrade",
+            "ipkeep",
+            chart.to_str().unwrap(),
+            "-n",
+            "ipkeep-system",
+            "--reuse-values",
+            "--set",
+            &format!("selfManagedCertificates.certificateValidity={validity}"),
+            "--set",
+            &format!("webhook.failurePolicy={policy}"),
+        ],
+    );
+}
+
 /// SHA-256 fingerprint of the certificate `ip:8443` serves, if it verifies against `ca_file`
 /// for the Service's name; else why not.
 fn served(ip: &str, ca_file: &Path) -> Result<String, String> {
@@ -182,8 +203,6 @@ pub fn renew_on_real_nodes(state: &Path) {
         &Path::new(bin.trim()).join("kubectl"),
         &state.join("admin.kubeconfig"),
     );
-    let chart = ipkeep_tests::cluster::repo_root().join("charts/ipkeep");
-    let chart = chart.to_str().unwrap();
     let work = tempfile::tempdir().unwrap();
     let ca_file = work.path().join("ca.crt");
     let scheduler_log = state.join("logs/kube-scheduler.log");
@@ -191,21 +210,7 @@ pub fn renew_on_real_nodes(state: &Path) {
 
     let before = servers(&kubectl);
     assert_eq!(before.len(), 2, "{before:?}");
-    helm(
-        state,
-        &[
-            "upgrade",
-            "ipkeep",
-            chart,
-            "-n",
-            "ipkeep-system",
-            "--reuse-values",
-            "--set",
-            &format!("selfManagedCertificates.certificateValidity={VALIDITY}"),
-            "--set",
-            "webhook.failurePolicy=Fail",
-        ],
-    );
+    upgrade(state, VALIDITY, "Fail");
     kubectl.run(&["create", "namespace", NS]);
     let out = kubectl.try_run(&["apply", "-f", "-"], Some(&statefulset()));
     assert!(
@@ -296,20 +301,6 @@ pub fn renew_on_real_nodes(state: &Path) {
         errors.join("\n")
     );
 
-    helm(
-        state,
-        &[
-            "upgrade",
-            "ipkeep",
-            chart,
-            "-n",
-            "ipkeep-system",
-            "--reuse-values",
-            "--set",
-            "selfManagedCertificates.certificateValidity=365d",
-            "--set",
-            "webhook.failurePolicy=Ignore",
-        ],
-    );
+    upgrade(state, "365d", "Ignore");
     kubectl.run(&["delete", "namespace", NS, "--wait=false"]);
 }
