@@ -32,6 +32,18 @@ impl Error {
         }
     }
 
+    /// Every [`Error::kind`] (the metric's series are created with these at start).
+    pub const KINDS: [&'static str; 8] = [
+        "conflict",
+        "throttled",
+        "not_found",
+        "server",
+        "api",
+        "transport",
+        "cache_gone",
+        "missing_meta",
+    ];
+
     /// A short label for metrics: `conflict`, `throttled`, `server`, `not_found`, `api`, ...
     pub fn kind(&self) -> &'static str {
         match self {

@@ -8,6 +8,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::time::Instant;
 
+/// Every controller loop (the `controller` label).
+const LOOPS: [&str; 3] = ["record", "generate", "lifecycle"];
+
 /// Which controller loop.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoopLabel {
@@ -127,6 +130,15 @@ impl Default for Metrics {
             m.webhook_ca_expiry.clone(),
         );
         m.listeners.register(&mut registry);
+        // prometheus-client writes a family only once it has a series, and alerts and
+        // dashboards must find every family from the start: every loop's series at zero.
+        for controller in LOOPS {
+            drop(m.reconciles.get_or_create(&LoopLabel { controller }));
+            drop(m.duration.get_or_create(&LoopLabel { controller }));
+            for error in crate::Error::KINDS {
+                drop(m.errors.get_or_create(&ErrorLabels { controller, error }));
+            }
+        }
         Self { registry, ..m }
     }
 }

@@ -43,6 +43,10 @@ pub struct ReloadLabel {
     pub result: &'static str,
 }
 
+/// Every endpoint, and the outcomes any of them can have (an error's).
+const ENDPOINTS: [&str; 4] = ["mutate-pods", "validate-pods", "filter", "prioritize"];
+const ERROR_OUTCOMES: [&str; 3] = ["invalid", "not-ready", "busy"];
+
 /// Every metric the scheduler extension exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -112,11 +116,44 @@ impl Default for Metrics {
             "Request and response body bytes held now, out of --max-in-flight-bytes",
             m.in_flight.clone(),
         );
+        m.create_series();
         Self { registry, ..m }
     }
 }
 
 impl Metrics {
+    /// Creates the series every endpoint can have at zero: prometheus-client writes a family
+    /// only once it has a series, and alerts and dashboards must find every family from the
+    /// start. Series of the other outcomes appear with their first request.
+    fn create_series(&self) {
+        for endpoint in ENDPOINTS {
+            for outcome in ERROR_OUTCOMES {
+                drop(
+                    self.requests
+                        .get_or_create(&RequestLabels { endpoint, outcome }),
+                );
+            }
+            drop(self.duration.get_or_create(&EndpointLabel { endpoint }));
+        }
+        for endpoint in ["mutate-pods", "filter"] {
+            drop(self.pins_applied.get_or_create(&EndpointLabel { endpoint }));
+            for reason in ["conflict", "invalid-spec"] {
+                drop(
+                    self.pins_skipped
+                        .get_or_create(&SkipLabels { endpoint, reason }),
+                );
+            }
+        }
+        for file in ["certificate", "client-ca"] {
+            for result in ["ok", "error"] {
+                drop(
+                    self.cert_reloads
+                        .get_or_create(&ReloadLabel { file, result }),
+                );
+            }
+        }
+    }
+
     /// Counts a request and its duration.
     pub fn request(&self, endpoint: &'static str, outcome: &'static str, seconds: f64) {
         self.requests

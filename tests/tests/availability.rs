@@ -101,6 +101,10 @@ fn turned_away(metrics: &str) -> String {
         })
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
+            // Every series exists from the start; the table shows what counted.
+            if value == "0" {
+                return None;
+            }
             let labels = series.split_once('{')?.1.trim_end_matches('}');
             let kind = if series.contains("refused") {
                 "refused"

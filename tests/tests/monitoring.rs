@@ -6,9 +6,9 @@
 //! `ipkeep-agent`. A misspelt metric, or one a binary serves only after some event, makes an
 //! alert that never fires and a panel that stays empty; here it fails.
 //!
-//! Ignored for now: at startup the binaries serve only their unlabelled metrics (prometheus-client
-//! writes a labelled family once it has a series), so it fails on every labelled one. Run it with
-//! `cargo test -p ipkeep-tests --test monitoring -- --ignored`.
+//! prometheus-client writes a labelled family only once it has a series, so each binary creates
+//! its known series at zero when it starts; the agent's per-network ones come with a network
+//! (one pod's ADD and DEL here, then a sweep).
 #![allow(clippy::unwrap_used)]
 
 #[allow(dead_code)]
@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipkeep_tests::agent::{Agent, AgentOptions};
 use ipkeep_tests::cluster::repo_root;
 use ipkeep_tests::promql::{metric_names, served_names};
+use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
 use serde_json::Value;
 
 use servers::{Controller, SchedulerExt, api_server, metrics};
@@ -128,8 +129,6 @@ fn described(metrics_md: &str, name: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails today: a labelled family (requests_total{endpoint,outcome}, …) is served only \
-            after its first event; the binaries must create their known label values at start"]
 async fn every_metric_the_rules_and_the_dashboard_name_is_served_at_startup() {
     let dir = tempfile::tempdir().unwrap();
     let Some(server) = api_server("monitoring", dir.path()).await else {
@@ -138,7 +137,34 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_served_at_startup() {
     let ext = SchedulerExt::start(&server, dir.path()).await;
     let controller = Controller::start(&server, dir.path(), 1024).await;
     let data = tempfile::tempdir().unwrap();
-    let agent = Agent::start(data.path(), AgentOptions::default());
+    let agent = Agent::start(
+        data.path(),
+        AgentOptions {
+            args: vec!["--sweep-interval".into(), "1s".into()],
+            ..AgentOptions::default()
+        },
+    );
+    // The agent's per-network series come with a network: one StatefulSet pod's ADD and DEL
+    // (its address then held), and a sweep.
+    let conf = with_agent_socket(
+        &format!(
+            r#"{{"cniVersion":"1.0.0","name":"monitoring","ipam":{{"type":"ipkeep","dataDir":"{}","retention":"1h","ranges":[[{{"subnet":"10.61.0.0/24"}}]]}}}}"#,
+            data.path().display()
+        ),
+        agent.socket(),
+    );
+    for command in ["ADD", "DEL"] {
+        let out = Invocation::new(command, "db-0-sandbox")
+            .args("K8S_POD_NAMESPACE=monitoring;K8S_POD_NAME=db-0")
+            .run(&ipkeep_bin(), &conf);
+        assert!(out.ok(), "{command}: {out:?}");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !agent.metrics().contains("ipkeep_agent_held_addresses{")
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 
     let mut served = BTreeSet::new();
     for (binary, text) in [

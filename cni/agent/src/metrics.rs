@@ -95,6 +95,11 @@ fn latency_buckets() -> Histogram {
     ])
 }
 
+/// Every value of the `command` label.
+const COMMANDS: [&str; 8] = [
+    "ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "admin", "invalid",
+];
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("ipkeep_agent");
@@ -175,6 +180,26 @@ impl Default for Metrics {
             m.kubernetes_synced.clone(),
         );
         m.listeners.register(&mut registry);
+        // prometheus-client writes a family only once it has a series, and alerts and
+        // dashboards must find every family from the start: the series every agent has, at
+        // zero (the per-network ones appear with the first sweep that sees a network).
+        for command in COMMANDS {
+            for outcome in ["ok", "error"] {
+                drop(
+                    m.requests
+                        .get_or_create(&RequestLabels { command, outcome }),
+                );
+            }
+            drop(m.duration.get_or_create(&CommandLabel { command }));
+        }
+        for kind in ["new", "cooling", "retained"] {
+            drop(m.allocations.get_or_create(&AllocationLabel { kind }));
+        }
+        for reason in Reason::ALL {
+            drop(m.releases.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            }));
+        }
         Self { registry, ..m }
     }
 }

@@ -73,6 +73,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 9] = [
+        Reason::RecordPruned,
+        Reason::RecordedElsewhere,
+        Reason::StateDeleted,
+        Reason::MissedDel,
+        Reason::Expired,
+        Reason::Del,
+        Reason::Gc,
+        Reason::Admin,
+        Reason::Reclaimed,
+    ];
+
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {

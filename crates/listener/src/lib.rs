@@ -208,6 +208,7 @@ impl Server {
             server: self,
         });
         let (name, drain) = (shared.server.name, shared.server.limits.drain);
+        shared.server.metrics.listening(name);
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         tokio::pin!(shutdown);

@@ -24,6 +24,17 @@ pub struct ListenerLabel {
     pub listener: &'static str,
 }
 
+/// Why a connection is refused, evicted, or offered HTTP/1.1 only: every value of the `reason`
+/// label of each, created at zero when a listener starts.
+const REFUSED: [&str; 4] = [
+    "source-limit",
+    "capacity",
+    "handshake-timeout",
+    "handshake-failed",
+];
+const EVICTED: [&str; 3] = ["source-limit", "capacity", "idle"];
+const DECLINED: [&str; 2] = ["source-limit", "capacity"];
+
 /// The connection metrics of every listener of one process (clones share the counts).
 #[derive(Debug, Clone, Default)]
 pub struct ListenerMetrics {
@@ -56,6 +67,21 @@ impl ListenerMetrics {
             "Connections open now, by listener",
             self.open.clone(),
         );
+    }
+
+    /// Creates `listener`'s series at zero: prometheus-client writes a family only once it has a
+    /// series, and alerts and dashboards must find every family from the start.
+    pub fn listening(&self, listener: &'static str) {
+        for (family, reasons) in [
+            (&self.refused, &REFUSED[..]),
+            (&self.evicted, &EVICTED[..]),
+            (&self.http2_declined, &DECLINED[..]),
+        ] {
+            for &reason in reasons {
+                drop(family.get_or_create(&ReasonLabels { listener, reason }));
+            }
+        }
+        self.open(listener, 0);
     }
 
     /// Counts a connection closed unserved.
