@@ -23,6 +23,9 @@ BASE_SETS = [
     "namespace.create=true",
     "monitoring.enabled=true",
     "render.schedulerConfig=true",
+    # The webhook, which works on every supported Kubernetes; the chart's default (auto) picks
+    # by the cluster's API, which `helm template` does not see.
+    "admission.mode=webhook",
 ]
 NETWORK_POLICY_SETS = [
     "networkPolicy.enabled=true",
@@ -35,6 +38,9 @@ NETWORK_POLICY_SETS = [
 # deploy/monitoring.
 DASHBOARD_SETS = ["monitoring.dashboards.enabled=true"]
 CNI_SETS = ["cni.enabled=true"]
+# The kustomize component deploy/admission-policy: the MutatingAdmissionPolicy and its binding
+# (its kustomization.yaml deletes the mutating webhook).
+POLICY_SETS = ["admission.mode=policy"]
 # The kustomize component deploy/cert-manager: cert-manager's Certificates, and patches that
 # turn the base (certificates made by the controller) into what the chart renders with
 # certManager.enabled (the CA injector's annotation, the controller's arguments).
@@ -53,6 +59,8 @@ def target(source):
         return None
     if source == "templates/scheduler-ext/certificate.yaml":
         return "cert-manager/certificate.yaml"
+    if source == "templates/scheduler-ext/pin-policy.yaml":
+        return "admission-policy/pin-policy.yaml"
     if source.startswith("templates/"):
         return source[len("templates/"):]
     raise SystemExit(f"render-deploy: helm rendered {source}, which has no place in deploy/")
@@ -149,7 +157,8 @@ def render(helm, chart):
                         (NETWORK_POLICY_SETS, ["--skip-schema-validation", "--show-only",
                                                "templates/network-policy/network-policy.yaml"]),
                         (DASHBOARD_SETS, ["--show-only",
-                                          "templates/monitoring/grafana-dashboard.yaml"])):
+                                          "templates/monitoring/grafana-dashboard.yaml"]),
+                        (POLICY_SETS, ["--show-only", "templates/scheduler-ext/pin-policy.yaml"])):
         for source, docs in split(helm_template(helm, chart, sets, extra)).items():
             path = target(source)
             if path:

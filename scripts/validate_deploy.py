@@ -318,6 +318,8 @@ def check_component(where, path, doc):
         same_as_chart(where, rendered)
     if any(r.endswith("certificate.yaml") for r in doc.get("resources") or []):
         same_objects_as_chart(where, rendered, ["certManager.enabled=true"])
+    if any(r.endswith("pin-policy.yaml") for r in doc.get("resources") or []):
+        same_objects_as_chart(where, rendered, ["admission.mode=policy"])
 
 
 def same_objects_as_chart(where, rendered, sets):
@@ -372,10 +374,18 @@ def same_as_chart(where, rendered):
     ok(f"{where} (same as the chart)", "its agent DaemonSet is the chart's with cni.enabled=true")
 
 
+# Kinds served only from a Kubernetes release on: checked in the versions from that one.
+SINCE = {("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): (1, 36),
+         ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): (1, 36)}
+
+
 def check_object(where, doc, quiet=False):
-    """kubernetes-validate --strict in every version; whether it passed."""
+    """kubernetes-validate --strict in every version (that serves its kind); whether it passed."""
     checked = []
+    since = SINCE.get((doc["apiVersion"], doc["kind"]), (0, 0))
     for version in versions:
+        if tuple(int(p) for p in version.split(".")[:2]) < since:
+            continue
         try:
             checked.append(kv.validate(doc, version, strict=True))
         except kv.ValidationError as e:

@@ -18,11 +18,14 @@ use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
 use ipkeep_values::keys::{
-    AUTO_GENERATE, LAST_APPLIED_ANNOTATION, POD_INDEX_LABEL, REVISION_LABEL, STATE_LABEL,
-    STATEFULSET_POD_NAME_LABEL,
+    AUTO_GENERATE, IP_RETENTION, LAST_APPLIED_ANNOTATION, POD_INDEX_LABEL, REVISION_LABEL,
+    STATE_LABEL, STATEFULSET_POD_NAME_LABEL,
 };
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP};
+use k8s_openapi::api::core::v1::{
+    Affinity, Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec,
+    PodTemplateSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -299,8 +302,9 @@ pub fn trim_node(node: &mut Node) {
 }
 
 /// Keeps a StatefulSet's metadata (without managed fields and kubectl's copy of the last
-/// applied object), replicas and ordinals, and what says which pods its controller deletes next
-/// (pod management policy, update strategy, the status's generation and update revision).
+/// applied object), replicas and ordinals, what says which pods its controller deletes next
+/// (pod management policy, update strategy, the status's generation and update revision), and
+/// of its pod template what the pin decision reads ([`trim_template`]).
 pub fn trim_statefulset(sts: &mut StatefulSet) {
     sts.metadata.managed_fields = None;
     if let Some(a) = sts.metadata.annotations.as_mut() {
@@ -314,6 +318,7 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
             service_name: spec.service_name,
             pod_management_policy: spec.pod_management_policy,
             update_strategy: spec.update_strategy,
+            template: trim_template(spec.template),
             ..StatefulSetSpec::default()
         });
     }
@@ -322,6 +327,32 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
         update_revision: s.update_revision,
         ..StatefulSetStatus::default()
     });
+}
+
+/// Of a pod template, what the pin decision and the hooks' creation-time marks read
+/// (`ipkeep_placement::admission`): labels, the retention annotation, the node the pod is bound
+/// to, its node selector, node affinity and readiness gates.
+fn trim_template(template: PodTemplateSpec) -> PodTemplateSpec {
+    let metadata = template.metadata.map(|m| ObjectMeta {
+        labels: m.labels,
+        annotations: m.annotations.map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.as_str() == IP_RETENTION)
+                .collect()
+        }),
+        ..ObjectMeta::default()
+    });
+    let spec = template.spec.map(|s| PodSpec {
+        node_name: s.node_name,
+        node_selector: s.node_selector,
+        affinity: s.affinity.map(|a| Affinity {
+            node_affinity: a.node_affinity,
+            ..Affinity::default()
+        }),
+        readiness_gates: s.readiness_gates,
+        ..PodSpec::default()
+    });
+    PodTemplateSpec { metadata, spec }
 }
 
 /// Keeps a namespace's name and its auto-generation label, the only one the generate loop reads.
@@ -351,11 +382,17 @@ pub fn pod_fingerprint(pod: &CachedPod) -> u64 {
 /// What of a StatefulSet decides recording: identity, replicas, ordinals, deletion.
 pub fn statefulset_fingerprint(sts: &StatefulSet) -> u64 {
     let view = ipkeep_placement::view::TargetView::from_statefulset(sts);
+    // The template as trimmed: what the admission plan is decided from.
+    let template = sts
+        .spec
+        .as_ref()
+        .map(|s| serde_json::to_string(&s.template).unwrap_or_default());
     fingerprint(&(
         view.uid,
         view.replicas,
         view.ordinals_start,
         sts.metadata.deletion_timestamp.is_some(),
+        template,
     ))
 }
 

@@ -1,13 +1,16 @@
 //! Reconciling a PersistentPodState: read the caches, decide the whole status in one pure
-//! function (`ipkeep_placement::status`), write it by server-side apply if it changed, then
+//! function (`ipkeep_placement::status`) with the admission plan (`ipkeep_placement::admission`),
+//! write it by server-side apply if it changed, then
 //! publish Events and metrics for what changed and delete the pods a fallen-back pin stranded.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
+use ipkeep_api::{AdmissionPlan, PersistentPodState, PersistentPodStateStatus};
+use ipkeep_placement::admission::{self, PlanTarget};
 use ipkeep_placement::condition::{self, READY};
+use ipkeep_placement::pin;
 use ipkeep_placement::record::{self, RecordChange};
 use ipkeep_placement::status::{self, StatusInput, Verdict};
 use ipkeep_placement::view::{NodeView, PodView, TargetView, adopts};
@@ -48,7 +51,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         .filter(|s| s.meta().deletion_timestamp.is_none())
         .map(|sts| TargetView::from_statefulset(&sts));
     let (pods, nodes) = gather(&ctx, &namespace, target.as_ref(), &previous);
-    let decided = status::reconcile(&StatusInput {
+    let mut decided = status::reconcile(&StatusInput {
         name: &name,
         namespace: &namespace,
         spec: &pps.spec,
@@ -71,6 +74,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         }
         _ => {}
     }
+    decided.status.admission = admission_plan(&pps, &ctx, &namespace, &decided.status);
     write_status(&pps, &ctx, &previous, &decided.status).await?;
     publish_changes(&pps, &ctx, &decided.changes).await;
     announce_conditions(&pps, &ctx, &previous, &decided.status).await;
@@ -80,6 +84,45 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     Ok(decided.requeue.map_or_else(Action::await_change, |after| {
         Action::requeue(after + Duration::from_millis(100))
     }))
+}
+
+/// What the admission policy gives the new pods of the StatefulSet (`status.admission`), if
+/// `pps` is the PersistentPodState the webhook reads for it ([`pin::persistent_pod_state_of`])
+/// and the StatefulSet exists; decided as if `status` were already written.
+fn admission_plan(
+    pps: &PersistentPodState,
+    ctx: &Context,
+    namespace: &str,
+    status: &PersistentPodStateStatus,
+) -> Option<AdmissionPlan> {
+    let name = &pps.spec.target_ref.name;
+    let sts = ctx
+        .caches
+        .statefulsets
+        .get(&ObjectRef::new(name).within(namespace))
+        .filter(|s| s.meta().deletion_timestamp.is_none())?;
+    let candidates: Vec<Arc<PersistentPodState>> = (ctx.caches.pps_targeting(namespace, name))
+        .iter()
+        .filter_map(|r| ctx.caches.pps.get(r))
+        .collect();
+    let chosen = pin::persistent_pod_state_of(candidates.iter().map(Arc::as_ref), name)?;
+    if chosen.uid() != pps.uid() {
+        return None;
+    }
+    let decided_on = PersistentPodState {
+        status: Some(status.clone()),
+        ..pps.clone()
+    };
+    let uid = sts.uid()?;
+    admission::plan(
+        &decided_on,
+        namespace,
+        PlanTarget {
+            name,
+            uid: &uid,
+            template: &sts.spec.as_ref()?.template,
+        },
+    )
 }
 
 /// Whole seconds, as the API server stores `metav1.Time`: our remembered copy of the status

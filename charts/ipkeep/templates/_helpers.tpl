@@ -25,6 +25,18 @@ namespaceSelector:
       values: ["disabled"]
 {{- end -}}
 
+{{/* "true" when new StatefulSet pods get their pin from the MutatingAdmissionPolicy ipkeep-pin
+inside the API server rather than from the mutating webhook (value admission.mode). */}}
+{{- define "ipkeep.admissionPolicy" -}}
+{{- $mode := .Values.admission.mode -}}
+{{- if not (has $mode (list "auto" "policy" "webhook")) -}}
+{{- fail (printf "admission.mode is %q; use auto, policy or webhook" $mode) -}}
+{{- end -}}
+{{- if or (eq $mode "policy") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* "true" when ipkeep-controller makes the webhook's certificates (selfManagedCertificates,
 unless cert-manager makes them), else empty. */}}
 {{- define "ipkeep.selfManagedCertificates" -}}

@@ -258,6 +258,107 @@ pub struct PersistentPodStateStatus {
     /// ipkeep addition: `Ready` (spec valid, target found, recording) and `NodeLost`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// ipkeep addition: what the admission policy `ipkeep-pin` writes into the StatefulSet's
+    /// new pods, decided by the controller from the records (the webhook decides the same at
+    /// the pod's creation). Absent when this PersistentPodState manages no pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPlan>,
+}
+
+/// What every new pod of the StatefulSet gets at creation, and what each recorded pod gets on
+/// top: the decision of the scheduler extension, precomputed, in the shape the pod's fields
+/// take, so the admission policy copies values and decides nothing.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionPlan {
+    /// The UID of the StatefulSet the per-pod entries were decided for; a pod of another
+    /// StatefulSet of the name gets only what every pod gets.
+    #[serde(rename = "statefulSetUID")]
+    pub stateful_set_uid: String,
+    /// Annotations every new pod gets (the managing PersistentPodState, the IP retention).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Labels every new pod gets (the lifecycle state).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Readiness gates (condition types) every new pod gets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub readiness_gates: Vec<String>,
+    /// Per pod name: what a pod created under that name gets on top.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pods: BTreeMap<String, PodAdmission>,
+    /// The node constraints the per-pod entries were decided on: the StatefulSet template's.
+    /// The policy applies an entry only to a pod whose own constraints are exactly these.
+    #[serde(default)]
+    pub decided_on: DecidedOn,
+}
+
+/// A pod's node constraints, as its StatefulSet's template sets them (absent when unset).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecidedOn {
+    /// `spec.nodeName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// `spec.nodeSelector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`, as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
+    pub required: Option<serde_json::Value>,
+}
+
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
+/// What a pod created under one recorded name gets: the pin (or why it was skipped).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodAdmission {
+    /// Annotations (`ipkeep.dev/pinned-by`, or `ipkeep.dev/pin-skipped` with the reason).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// The required pin: node labels the pod's node must have, added to `spec.nodeSelector`
+    /// where the pod does not set the key itself.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// The preferred pin, appended to the pod's preferred node affinity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub preferred: Vec<PreferredNodeTerm>,
+}
+
+/// A `preferredDuringSchedulingIgnoredDuringExecution` term, in the pod's shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct PreferredNodeTerm {
+    /// 1–100.
+    pub weight: i32,
+    /// The node labels preferred.
+    pub preference: NodePreference,
+}
+
+/// A node selector term of `In` requirements, in the pod's shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePreference {
+    /// One requirement per recorded topology key.
+    #[schemars(length(max = 16))]
+    pub match_expressions: Vec<NodeRequirement>,
+}
+
+/// `key In [value]`, in the pod's shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct NodeRequirement {
+    /// The node label key.
+    pub key: String,
+    /// Always `In`.
+    pub operator: String,
+    /// The one recorded value.
+    #[schemars(length(max = 1))]
+    pub values: Vec<String>,
 }
 
 /// Where a pod last ran while Ready.

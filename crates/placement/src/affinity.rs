@@ -165,11 +165,17 @@ pub fn apply(managed: &Managed, pod: &mut Pod) {
             annotations.insert(PIN_SKIPPED.to_string(), why.to_string());
         }
         PinOutcome::Pinned(pinned) => {
-            annotations.insert(PINNED_BY.to_string(), managed.pps.clone());
-            annotations.remove(PIN_SKIPPED);
+            mark_pinned(&managed.pps, pod);
             inject(pod.spec.get_or_insert_default(), pinned);
         }
     }
+}
+
+/// Says on `pod` that PersistentPodState `pps` pinned it (the pin itself is written apart).
+pub fn mark_pinned(pps: &str, pod: &mut Pod) {
+    let annotations = pod.metadata.annotations.get_or_insert_default();
+    annotations.insert(PINNED_BY.to_string(), pps.to_string());
+    annotations.remove(PIN_SKIPPED);
 }
 
 /// Writes into a managed pod's `annotations` what decides how long the CNI plugin holds its

@@ -15,8 +15,10 @@
 //!   state machine, [`ipkeep_lifecycle`], and the facts of a pod it reads.
 //! - [`pin`]: what the scheduler extension does to a pod: pin it to its record, or why not
 //!   ([`pinned`]: the answer's types).
+//! - [`admission`]: the pin and the hooks' marks precomputed for the admission policy.
 //! - [`affinity`]: whether a pod's own constraints exclude its record, and writing a pin into it.
 
+pub mod admission;
 pub mod affinity;
 pub mod autogen;
 pub mod condition;

@@ -214,6 +214,9 @@ fn next_status(
         recorded_pods: i32::try_from(pod_states.len()).unwrap_or(i32::MAX),
         pod_states,
         conditions: condition::merge(&current, &desired, input.generation, input.now),
+        // Decided from the StatefulSet's template, which the status does not read:
+        // `crate::admission::plan`, once the rest of the status is known.
+        admission: None,
     }
 }
 

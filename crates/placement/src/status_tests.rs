@@ -100,6 +100,7 @@ impl World {
                     condition(READY, "True", "Recording", 0),
                 ],
                 observed_generation: Some(1),
+                admission: None,
             },
             target: Some(target()),
             pods: Vec::new(),
