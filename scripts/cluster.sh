@@ -7,7 +7,7 @@
 #                         [--webhook-client-auth] [--node-runtime built|debian]
 #                         [--cni-data-size SIZE]
 #                         [--network bridge|flannel]
-#                         [--ip-family ipv4|dual]
+#                         [--ip-family ipv4|dual] [--admission auto|policy|webhook]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -83,6 +83,10 @@
 # default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node grace 50
 # s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat neither
 # marks pods NotReady (kwok never marks them Ready again) nor evicts them: benchmarks.
+# --admission picks how new StatefulSet pods get their pin (docs/scheduler-ext.md): policy, the
+# MutatingAdmissionPolicy ipkeep-pin inside kube-apiserver (Kubernetes 1.36 and later); webhook,
+# the mutating webhook; auto (the default), policy where kube-apiserver serves it, else webhook,
+# as the chart's admission.mode=auto does. The choice is written to DIR/admission.
 # --webhook-client-auth (with --nodes 0) makes ipkeep-scheduler-ext require client
 # certificates (--client-ca, the cluster's CA): kube-apiserver presents one to the webhooks
 # through an AdmissionConfiguration (--admission-control-config-file: a WebhookAdmission
@@ -117,6 +121,7 @@ node_runtime=built
 cni_data_size=${IPKEEP_CNI_DATA_SIZE:-}
 network=bridge
 ip_family=ipv4
+admission=auto
 node_grace=8s lease_seconds=8 toleration_seconds=10
 
 say() { echo "cluster: $*" >&2; }
@@ -150,12 +155,14 @@ while [ $# -gt 0 ]; do
     --cni-data-size) cni_data_size=${2:?--cni-data-size needs a size such as 64m}; shift 2 ;;
     --network) network=${2:?--network needs bridge or flannel}; shift 2 ;;
     --ip-family) ip_family=${2:?--ip-family needs ipv4 or dual}; shift 2 ;;
+    --admission) admission=${2:?--admission needs auto, policy or webhook}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 [[ $port_base =~ ^[0-9]+$ ]] && (( port_base > 1023 && port_base < 65500 )) || die "--port-base must be a port number between 1024 and 65499"
 [[ $kwok_nodes =~ ^[0-9]+$ ]] || die "--kwok-nodes must be a number"
+[[ $admission =~ ^(auto|policy|webhook)$ ]] || die "--admission takes auto, policy or webhook, got '$admission'"
 [[ $k8s_version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "--k8s-version takes a release such as v1.37.2, got '$k8s_version'"
 [[ $nodes =~ ^[0-9]+$ ]] && [ "$nodes" -le 20 ] || die "--nodes must be a number from 0 to 20"
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"

@@ -52,6 +52,22 @@ ipkeep_plugin() {
   "$repo/scripts/build-plugin.sh" | tail -1 || die "building the static plugin failed"
 }
 
+# admission_resolve: the pinning path (--admission): auto becomes policy where kube-apiserver
+# serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, else webhook; written to
+# DIR/admission for the tests and benchmarks to read.
+admission_resolve() {
+  if [ "$admission" = auto ]; then
+    if "${kubectl[@]}" api-resources --api-group=admissionregistration.k8s.io -o name |
+        grep -q '^mutatingadmissionpolicies\.'; then
+      admission=policy
+    else
+      admission=webhook
+    fi
+  fi
+  echo "$admission" >"$state/admission"
+  say "new StatefulSet pods get their pin from the $( [ "$admission" = policy ] && echo "admission policy ipkeep-pin" || echo "mutating webhook") (--admission)"
+}
+
 # helm_cmd ARGS...: the cached Helm 4 (scripts/helm-build.sh; its path in $state/helm) on this
 # cluster, with its own configuration and cache under $state/helm-home.
 helm_cmd() {
@@ -64,6 +80,7 @@ ipkeep_install() {
   local dir
   dir=$("$repo/scripts/helm-build.sh" --print-dir | tail -1) || die "scripts/helm-build.sh failed"
   echo "$dir/bin/helm" >"$state/helm"
+  admission_resolve
   say "installing ipkeep: helm install charts/ipkeep (values: $values)"
   {
     echo "# Made by scripts/cluster.sh: what an operator of this cluster would set."
@@ -71,6 +88,7 @@ ipkeep_install() {
     echo "# kube-scheduler runs on the host, which cannot resolve *.svc: a fixed cluster IP for the"
     echo "# extender's urlPrefix (docs/install.md, step 4)."
     printf 'schedulerExt:\n  service:\n    clusterIP: %s\n' "$ext_cluster_ip"
+    printf 'admission:\n  mode: %s\n' "$admission"
     # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh).
     flannel_enabled || cni_values_for_cluster "$cni_version"
   } >"$values"
@@ -142,6 +160,7 @@ ipkeep_up() {
     "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
   done
   wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  admission_resolve
   ca=$(base64 -w0 <"$state/pki/ca.crt")
   "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[
     {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
@@ -171,7 +190,9 @@ ipkeep_up() {
   wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
   wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
   wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"
-  "${kubectl[@]}" apply -f "$state/webhook.yaml" -f "$state/lifecycle-webhook.yaml" >/dev/null
+  local pin=$state/webhook.yaml
+  [ "$admission" = policy ] && pin=$repo/deploy/admission-policy/pin-policy.yaml
+  "${kubectl[@]}" apply -f "$pin" -f "$state/lifecycle-webhook.yaml" >/dev/null
   cat >"$state/ipkeep.env" <<EOF
 IPKEEP_EXT_URL=https://127.0.0.1:$p_ext
 IPKEEP_EXT_PROBE=http://127.0.0.1:$p_ext_probe
