@@ -14,7 +14,10 @@
 # Kubernetes: everything runs on the default release (scripts/cluster.sh: v1.37.2, the newest
 # supported); the control-plane suite (--test cluster) runs again on each release in
 # $IPKEEP_K8S_ALSO (default v1.35.4, the oldest supported), so both ends of the window are
-# tested. IPKEEP_K8S_ALSO= (empty) skips that second run.
+# tested. IPKEEP_K8S_ALSO= (empty) skips that second run. New StatefulSet pods get their pin from
+# the admission policy on v1.37.2 and from the webhook on v1.35.4 (scripts/cluster.sh
+# --admission auto): the control-plane suite covers both, and tests/tests/e2e.rs runs the story
+# on real nodes with the policy (v1.37.2) and with the webhook (v1.35.4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,8 +43,10 @@ if command -v go >/dev/null; then
     scripts/e2e-build.sh >/dev/null
   fi
   for v in $also; do
-    scripts/k8s-build.sh --k8s-version "$v" --without-kubelet >/dev/null
+    # With kubelet where real nodes run: tests/tests/e2e.rs runs the webhook path on v1.35.4.
+    scripts/k8s-build.sh --k8s-version "$v" "${node[@]}" >/dev/null
   done
+  [ "$(id -u)" -eq 0 ] && scripts/k8s-build.sh --k8s-version v1.35.4 >/dev/null
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi

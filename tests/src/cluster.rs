@@ -55,6 +55,36 @@ pub fn k8s_version_of(state: &Path) -> String {
         .to_string()
 }
 
+/// How new StatefulSet pods get their pin on a cluster (`scripts/cluster.sh --admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The MutatingAdmissionPolicy `ipkeep-pin`: the required pin in `spec.nodeSelector`.
+    Policy,
+    /// The mutating webhook: the required pin in every required node affinity term.
+    Webhook,
+}
+
+/// The pinning path of the cluster whose state is in `state` (`DIR/admission`).
+pub fn admission_of(state: &Path) -> Admission {
+    match std::fs::read_to_string(state.join("admission"))
+        .expect("the state names its admission path (scripts/cluster.sh --admission)")
+        .trim()
+    {
+        "policy" => Admission::Policy,
+        _ => Admission::Webhook,
+    }
+}
+
+/// What requires `pod` (JSON) onto nodes: its required node affinity and its node selector,
+/// as text (a pin shows there as the recorded node's name, whichever path wrote it).
+pub fn required_placement(pod: &serde_json::Value) -> String {
+    format!(
+        "{} {}",
+        pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
+        pod["spec"]["nodeSelector"]
+    )
+}
+
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -114,6 +144,16 @@ impl Cluster {
             state,
             _dir: dir,
         }
+    }
+
+    /// The repository the cluster was started from.
+    pub fn repo(&self) -> &Path {
+        &self.repo
+    }
+
+    /// How new StatefulSet pods get their pin on it.
+    pub fn admission(&self) -> Admission {
+        admission_of(&self.state)
     }
 
     /// The Kubernetes release it runs (`v1.37.2`, …).

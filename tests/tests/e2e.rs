@@ -6,14 +6,17 @@
 //!   deploy/ as images), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
-//!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), and the webhook's
-//!   certificates renewing themselves under load (`e2e/certificates.rs`).
+//!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), pods created and pinned
+//!   with every ipkeep Deployment stopped (`e2e/admission.rs`, the admission policy), and the
+//!   webhook's certificates renewing themselves under load (`e2e/certificates.rs`).
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Output, Stdio};
 
 use ipkeep_tests::{demo_bin, require_root};
 
+#[path = "e2e/admission.rs"]
+mod admission;
 #[path = "e2e/certificates.rs"]
 mod certificates;
 #[path = "e2e/lifecycle.rs"]
@@ -33,11 +36,20 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn demo(args: &[&str]) -> String {
+    demo_on(None, args)
+}
+
+/// [`demo`] on Kubernetes `release` (`IPKEEP_K8S_VERSION`), else the default one.
+fn demo_on(release: Option<&str>, args: &[&str]) -> String {
+    let mut cmd = Command::new(demo_bin());
+    if let Some(release) = release {
+        cmd.env("IPKEEP_K8S_VERSION", release);
+    }
     let Output {
         status,
         stdout,
         stderr,
-    } = Command::new(demo_bin())
+    } = cmd
         .args(args)
         // The real nodes' ipkeep data on file systems of their own, which `network_ready`
         // fills (scripts/cluster.sh --cni-data-size).
@@ -100,6 +112,19 @@ fn story_on_real_nodes() {
     // start (3) + restarts (1) + delete pod (4) + node loss (4) + scale down (1) + scale up
     // (1) + audit (4 + 2 per node).
     assert!(expectations_held(&out) >= 22, "{out}");
+    // From 1.36 pins come through the admission policy (the webhook path: below).
+    let release = ipkeep_tests::cluster::k8s_version_of(&state);
+    let minor: u32 = release.split('.').nth(1).unwrap().parse().unwrap();
+    let expected = if minor >= 36 {
+        ipkeep_tests::cluster::Admission::Policy
+    } else {
+        ipkeep_tests::cluster::Admission::Webhook
+    };
+    assert_eq!(
+        ipkeep_tests::cluster::admission_of(&state),
+        expected,
+        "Kubernetes {release}: the wrong pinning path"
+    );
     for row in [
         "delete pod  db-0",
         "lose node   db-2",
@@ -127,7 +152,49 @@ fn story_on_real_nodes() {
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
     network_ready::follows_the_store(&state);
+    admission::pods_need_no_ipkeep_deployment(&state);
     certificates::renew_on_real_nodes(&state);
+    drop(down);
+}
+
+/// The oldest supported release, which has no MutatingAdmissionPolicy: pins come from the
+/// webhook there (scripts/cluster.sh --admission auto).
+const OLDEST: &str = "v1.35.4";
+
+/// The webhook path on real nodes: the story (IPv4) on the oldest supported release, where
+/// the webhook pins (the story above runs the admission policy), then the lifecycle steps and
+/// the first rebuild of an annotated StatefulSet.
+#[test]
+fn story_with_the_webhook_on_the_oldest_release() {
+    let _turn = one_at_a_time();
+    if !require_root("story_with_the_webhook_on_the_oldest_release")
+        || !ipkeep_tests::cluster::require_go("story_with_the_webhook_on_the_oldest_release")
+    {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let state = work.path().join("cluster");
+    let port_base = (21000 + (std::process::id() % 900) * 10 + 5).to_string();
+    let down = Down(state.clone());
+    let out = demo_on(
+        Some(OLDEST),
+        &[
+            "--keep-running",
+            "--port-base",
+            &port_base,
+            "--work-dir",
+            work.path().to_str().unwrap(),
+        ],
+    );
+    assert!(expectations_held(&out) >= 22, "{out}");
+    assert_eq!(ipkeep_tests::cluster::k8s_version_of(&state), OLDEST);
+    assert_eq!(
+        ipkeep_tests::cluster::admission_of(&state),
+        ipkeep_tests::cluster::Admission::Webhook,
+        "Kubernetes {OLDEST} was given the admission policy"
+    );
+    lifecycle::on_real_nodes(&state);
+    retention::first_rebuilds_on_real_nodes(&state);
     drop(down);
 }
 
@@ -137,7 +204,8 @@ fn story_on_real_nodes() {
 /// --ignored`; `IPKEEP_STEPS=lifecycle` or `retention` runs one of the two, `first-rebuild` the
 /// last retention step alone, `network-ready` the full-disk step (which needs a cluster brought
 /// up with `--cni-data-size`), `dual-stack` the dual-stack one (on a cluster up with
-/// `--ip-family dual`), `certificates` the certificates' renewal.
+/// `--ip-family dual`), `certificates` the certificates' renewal, `admission` the pods created
+/// with ipkeep's Deployments stopped.
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -161,6 +229,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "certificates" {
         certificates::renew_on_real_nodes(state);
+    }
+    if steps == "admission" {
+        admission::pods_need_no_ipkeep_deployment(state);
     }
 }
 

@@ -5,8 +5,9 @@
 //!
 //! The decision reads the pod's own constraints (`spec.nodeName`, `spec.nodeSelector`, the
 //! required node affinity) and its retention annotation; a StatefulSet creates its pods from its
-//! template, so the plan decides on a pod made from the template. What the webhook does to the
-//! pod and what the policy does differ in one place only: the required pin goes into
+//! template, so the plan decides on a pod made from the template, and says which constraints it
+//! saw (`decidedOn`): the policy pins no pod whose own constraints differ. What the webhook does
+//! to the pod and what the policy does differ in one place only: the required pin goes into
 //! `spec.nodeSelector` (ANDed with the pod's node affinity by the scheduler, as the webhook's
 //! edit of every required term is), because a map merges key by key where a list is replaced.
 

@@ -130,9 +130,9 @@ spec:
         .expect("a node")
         .to_string();
     let rebuilt = rebuild_in(cluster, NS, "plain-1", false);
-    let required = &rebuilt["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let required = ipkeep_tests::cluster::required_placement(&rebuilt);
     assert!(
-        required.to_string().contains(&node),
+        required.contains(&node),
         "namespace label: plain-1 is not pinned to {node}: {required}"
     );
     assert_eq!(

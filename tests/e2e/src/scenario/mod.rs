@@ -455,7 +455,7 @@ impl Run<'_, '_> {
         self.report.expect(
             pinned,
             format!(
-                "the webhook pinned the new {name} ({PINNED_BY}: {})",
+                "admission pinned the new {name} ({PINNED_BY}: {})",
                 show(&after.pinned_by)
             ),
         );
