@@ -322,9 +322,11 @@ node_daemons_start() {
     node_exec "$node" "$rt_ctr" -a /run/containerd/containerd.sock -n k8s.io images import "$f" >/dev/null ||
       die "$node: importing $f into containerd failed"
   done
+  # IPKEEP_KUBELET_V=4 logs every pod worker sync (tracing what a pod change costs the kubelet).
   alive "$node-kubelet" || start_in_node "$node-kubelet" "$node" "$bin/kubelet" --config="$dir/kubelet.yaml" \
     --kubeconfig="$dir/kubelet.kubeconfig" --hostname-override="$node" --node-ip="$(node_ips "$node")" \
-    --node-labels="topology.kubernetes.io/zone=$zone,ipkeep.dev/test-node=real"
+    --node-labels="topology.kubernetes.io/zone=$zone,ipkeep.dev/test-node=real" \
+    ${IPKEEP_KUBELET_V:+"--v=$IPKEEP_KUBELET_V"}
   if ! alive "$node-kube-proxy"; then
     start_in_node "$node-kube-proxy" "$node" "$bin/kube-proxy" --config="$dir/kube-proxy.yaml"
   fi

@@ -7,7 +7,9 @@
 //!
 //! `IPKEEP_CLUSTER_STATE` names a running cluster with real nodes (`scripts/cluster.sh up`;
 //! `scripts/bench-lifecycle.sh` brings one up), `IPKEEP_ROUNDS` the rebuilds of each
-//! StatefulSet (default 10). Does nothing unless cargo passes `--bench`.
+//! StatefulSet (default 10), `IPKEEP_OPERATOR_DELAY_MS` how long the operator takes to answer a
+//! hook (default 0; a registry's latency, part of the handshake). Does nothing unless cargo
+//! passes `--bench`.
 //!
 //! Two StatefulSets of one pod on the same real node (node-0), in the same run, rebuilt in turn
 //! as a person rebuilds one pod: `plain` (a PersistentPodState with retention, no hooks: the
@@ -45,7 +47,11 @@ struct Seen {
     ip: String,
     registered: bool,
     ready: bool,
+    /// The readiness gate's condition (`True`, `False`, or empty before ipkeep set it).
+    gate: String,
     deleting: bool,
+    /// The pod's resource version: one per write the API server took.
+    version: String,
 }
 
 fn manifests() -> String {
@@ -96,7 +102,7 @@ fn watch(kubectl: &Kubectl) -> (Child, mpsc::Receiver<Seen>) {
         .command()
         .args([
             "get", "pods", "-n", NS, "-l", "bench=lifecycle", "-w", "-o",
-            r#"jsonpath={.metadata.name}|{.metadata.uid}|{.metadata.labels.ipkeep\.dev/lifecycle-state}|{.status.podIP}|{.metadata.labels.registry\.example\.com/registered}|{.status.conditions[?(@.type=="Ready")].status}|{.metadata.deletionTimestamp}{"\n"}"#,
+            r#"jsonpath={.metadata.name}|{.metadata.uid}|{.metadata.labels.ipkeep\.dev/lifecycle-state}|{.status.podIP}|{.metadata.labels.registry\.example\.com/registered}|{.status.conditions[?(@.type=="Ready")].status}|{.metadata.deletionTimestamp}|{.status.conditions[?(@.type=="ipkeep.dev/lifecycle-ready")].status}|{.metadata.resourceVersion}{"\n"}"#,
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -107,7 +113,7 @@ fn watch(kubectl: &Kubectl) -> (Child, mpsc::Receiver<Seen>) {
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             let f: Vec<&str> = line.split('|').collect();
-            if f.len() != 7 {
+            if f.len() != 9 {
                 continue;
             }
             let seen = Seen {
@@ -119,6 +125,8 @@ fn watch(kubectl: &Kubectl) -> (Child, mpsc::Receiver<Seen>) {
                 registered: f[4] == "true",
                 ready: f[5] == "True",
                 deleting: !f[6].is_empty(),
+                gate: f[7].into(),
+                version: f[8].into(),
             };
             if tx.send(seen).is_err() {
                 break;
@@ -142,8 +150,35 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Rebuilds `name`-0 once; the operator answers the hooked pod's hooks as soon as they show.
-fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebuild {
+/// With `IPKEEP_TRACE`, a line for a command of the rebuild, on the watch lines' clocks.
+fn trace_command(started: Instant, at: Instant, what: &str) {
+    if std::env::var_os("IPKEEP_TRACE").is_some() {
+        eprintln!(
+            "  {:>6.0} ms  {}  -- {what}",
+            ms(at.saturating_duration_since(started)),
+            wall_clock(at)
+        );
+    }
+}
+
+/// `at` as unix seconds with milliseconds, to line the trace up with the kubelet's and the
+/// controller's logs.
+fn wall_clock(at: Instant) -> String {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(at.elapsed());
+    format!("{}.{:03}", wall.as_secs(), wall.subsec_millis())
+}
+
+/// Rebuilds `name`-0 once; the operator answers the hooked pod's hooks `operator_delay` after
+/// they show.
+fn rebuild(
+    kubectl: &Kubectl,
+    events: &mpsc::Receiver<Seen>,
+    name: &str,
+    operator_delay: Duration,
+) -> Rebuild {
     let pod = format!("{name}-0");
     while events.try_recv().is_ok() {}
     let current = kubectl.get(&["pod", &pod, "-n", NS]).unwrap();
@@ -151,6 +186,7 @@ fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebu
     let hooked = name == "hooked";
     let delete = ["delete", "pod", pod.as_str(), "-n", NS, "--wait=false"];
     let started = Instant::now();
+    trace_command(started, started, "the first command");
     if hooked {
         let asked = "ipkeep.dev/lifecycle-state=PreparingDelete";
         kubectl.run(&["label", "pod", pod.as_str(), "-n", NS, "--overwrite", asked]);
@@ -162,8 +198,14 @@ fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebu
     let (mut deregistered, mut registered) = (None::<Instant>, None::<Instant>);
     // The operator's answer: the label change, timed from the moment the watch showed why.
     let label = |arg: String, seen_at: Instant, r: &mut Rebuild| {
+        std::thread::sleep(operator_delay);
         kubectl.run(&["label", "pod", pod.as_str(), "-n", NS, &arg]);
         let done = Instant::now();
+        trace_command(
+            started,
+            done,
+            &format!("the operator's label {arg} returned"),
+        );
         r.handshake += ms(done - seen_at);
         done
     };
@@ -176,13 +218,16 @@ fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebu
         }
         if std::env::var_os("IPKEEP_TRACE").is_some() {
             eprintln!(
-                "  {:>6.0} ms  {} {} state={} ip={} registered={} ready={} deleting={}",
+                "  {:>6.0} ms  {}  {} {} rv={} state={} ip={} registered={} gate={} ready={} deleting={}",
                 ms(seen.at.saturating_duration_since(started)),
+                wall_clock(seen.at),
                 seen.name,
                 &seen.uid[..8.min(seen.uid.len())],
+                seen.version,
                 seen.state,
                 seen.ip,
                 seen.registered,
+                seen.gate,
                 seen.ready,
                 seen.deleting
             );
@@ -197,6 +242,7 @@ fn rebuild(kubectl: &Kubectl, events: &mpsc::Receiver<Seen>, name: &str) -> Rebu
                     deregistered = Some(done);
                     // The person deletes it now that the operator is done.
                     kubectl.run(&delete);
+                    trace_command(started, Instant::now(), "the person's delete returned");
                     r.handshake += ms(Instant::now() - done);
                 }
             }
@@ -240,16 +286,27 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
-    measure(Path::new(&state), rounds);
+    let operator_delay = Duration::from_millis(
+        std::env::var("IPKEEP_OPERATOR_DELAY_MS")
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0),
+    );
+    measure(Path::new(&state), rounds, operator_delay);
 }
 
 /// Runs `rounds` rebuilds of each, alternating, and prints the report.
-fn measure(state: &Path, rounds: usize) {
+fn measure(state: &Path, rounds: usize, operator_delay: Duration) {
     let bin = std::fs::read_to_string(state.join("bin")).unwrap();
     let kubectl = Kubectl::new(
         &Path::new(bin.trim()).join("kubectl"),
         &state.join("admin.kubeconfig"),
     );
+    // A run just before this one leaves its namespace terminating for a few seconds.
+    let gone_by = Instant::now() + Duration::from_secs(120);
+    while kubectl.get(&["namespace", NS]).is_some() && Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_secs(1));
+    }
     kubectl.run(&["create", "namespace", NS]);
     kubectl.apply(&manifests());
     let (mut watcher, events) = watch(&kubectl);
@@ -281,8 +338,8 @@ fn measure(state: &Path, rounds: usize) {
     eprintln!("both pods Ready in {:?}", first.elapsed());
     let (mut plain, mut hooked) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        let p = rebuild(&kubectl, &events, "plain");
-        let h = rebuild(&kubectl, &events, "hooked");
+        let p = rebuild(&kubectl, &events, "plain", operator_delay);
+        let h = rebuild(&kubectl, &events, "hooked", operator_delay);
         eprintln!("round {round}: plain {p:?}\n         hooked {h:?}");
         plain.push(p);
         hooked.push(h);
@@ -303,7 +360,10 @@ fn measure(state: &Path, rounds: usize) {
     let not_ready = column(&hooked, |r| r.not_ready);
     let completed = column(&hooked, |r| r.deletion_under_way);
     let ready = column(&hooked, |r| r.ready_after_registration);
-    println!("lifecycle hook cost, {rounds} rebuilds each (ms, median / p90):");
+    println!(
+        "lifecycle hook cost, {rounds} rebuilds each, the operator answering after {} ms (ms, median / p90):",
+        operator_delay.as_millis()
+    );
     println!(
         "  rebuild without hooks (baseline)          {:>7.0} / {:>7.0}",
         base.0, base.1

@@ -5,10 +5,10 @@
 //! its StatefulSet, that StatefulSet's pods, its Node), and writes back:
 //!
 //! - the state label, the unix second it changed in `ipkeep.dev/lifecycle-since` and why it is
-//!   held in `ipkeep.dev/lifecycle-held` (a merge patch with the pod's UID as a precondition);
-//! - the condition `ipkeep.dev/lifecycle-ready` in `status.conditions` (a strategic merge patch
-//!   of the status subresource keyed by the condition's type, so the kubelet's conditions are
-//!   untouched);
+//!   held in `ipkeep.dev/lifecycle-held`, and the condition `ipkeep.dev/lifecycle-ready` in
+//!   `status.conditions`, in one write ([`write`]: a strategic merge patch of the status
+//!   subresource, keyed by the condition's type so the kubelet's conditions are untouched, with
+//!   the pod's UID as a precondition);
 //! - and, once the preDelete hook lets go of a pod that its StatefulSet's scale-down or rolling
 //!   update wants gone, the deletion: the StatefulSet controller does not retry a not-Ready
 //!   pod's deletion. Before it deletes, the loop reads the StatefulSet from the API server
@@ -101,50 +101,33 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    // The condition first, then the label, so that whoever reacts to the label sees the
-    // condition already (the kubelet's reaction took the same ~1.9 s either way on 1.35).
-    if let Some(ready) = wanted.ready
-        && gate_status(&pod) != Some(if ready { "True" } else { "False" })
-    {
-        let condition = condition(&wanted, ready, &hooks);
-        let patch = serde_json::json!({"status": {"conditions": [condition]}});
+    let condition = wanted
+        .ready
+        .filter(|&ready| gate_status(&pod) != Some(if ready { "True" } else { "False" }))
+        .map(|ready| condition(&wanted, ready, &hooks));
+    let relabel = wanted.state.is_some()
+        && (wanted.state != facts.state()
+            || wanted.since != facts.since
+            || wanted.held != facts.held);
+    if let Some(patch) = write(pod.uid(), &wanted, condition.as_ref(), relabel) {
         api.patch_status(&name, &params, &Patch::Strategic(&patch))
             .await
             .map_err(|e| {
                 Error::api(
-                    "set the readiness gate of",
+                    "set the lifecycle state and readiness gate of",
                     format!("{namespace}/{name}"),
                     e,
                 )
             })?;
-        info!(namespace = ?namespace, pod = ?name, ready, reason = ?condition.reason,
-            "readiness gate {READINESS_GATE} set");
-    }
-    let changes = wanted.state.is_some()
-        && (wanted.state != facts.state()
-            || wanted.since != facts.since
-            || wanted.held != facts.held);
-    if changes {
-        let state = wanted.state.map_or("", State::as_str);
-        let patch = serde_json::json!({"metadata": {
-            "uid": pod.uid(),
-            "labels": {STATE_LABEL: state},
-            "annotations": {
-                SINCE_ANNOTATION: wanted.since.map(|s| s.to_string()),
-                HELD_ANNOTATION: wanted.held.map(Going::as_str),
-            },
-        }});
-        api.patch(&name, &params, &Patch::Merge(&patch))
-            .await
-            .map_err(|e| {
-                Error::api(
-                    "set the lifecycle state of",
-                    format!("{namespace}/{name}"),
-                    e,
-                )
-            })?;
-        info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
-            to = state, held = ?wanted.held.map(Going::as_str), "lifecycle state changed");
+        if let Some(c) = &condition {
+            info!(namespace = ?namespace, pod = ?name, ready = c.status == "True", reason = ?c.reason,
+                "readiness gate {READINESS_GATE} set");
+        }
+        if relabel {
+            info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
+                to = wanted.state.map_or("", State::as_str), held = ?wanted.held.map(Going::as_str),
+                "lifecycle state changed");
+        }
     }
     if wanted.delete {
         return complete_deletion(&pod, &hooks, &ctx, &api).await;
@@ -153,6 +136,39 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         Some(at) => Action::requeue(Duration::from_secs(at.saturating_sub(now).max(1))),
         None => Action::await_change(),
     })
+}
+
+/// The one write that brings a pod where the decision wants it: the gate's condition (when it
+/// changes) and the state label with its annotations (when `relabel`), as a strategic merge patch
+/// of the pod's status subresource, which takes the pod's labels and annotations too. One write,
+/// because the kubelet syncs a pod once per change it sees, and a sync less than a second after
+/// the pod's last one waits for the next PLEG relist (1 s): a condition and a label written
+/// apart were two syncs a relist apart, which cost a held pod's deletion up to a second
+/// (docs/benchmarks.md, "Real nodes: what the lifecycle hooks cost"). The pod's UID makes it a
+/// precondition: a pod re-created under the name is not touched. `None`: nothing to write.
+fn write(
+    uid: Option<String>,
+    wanted: &Wanted,
+    condition: Option<&PodCondition>,
+    relabel: bool,
+) -> Option<serde_json::Value> {
+    if condition.is_none() && !relabel {
+        return None;
+    }
+    let mut metadata = serde_json::json!({"uid": uid});
+    if relabel {
+        metadata["labels"] =
+            serde_json::json!({STATE_LABEL: wanted.state.map_or("", State::as_str)});
+        metadata["annotations"] = serde_json::json!({
+            SINCE_ANNOTATION: wanted.since.map(|s| s.to_string()),
+            HELD_ANNOTATION: wanted.held.map(Going::as_str),
+        });
+    }
+    let mut patch = serde_json::json!({"metadata": metadata});
+    if let Some(c) = condition {
+        patch["status"] = serde_json::json!({"conditions": [c]});
+    }
+    Some(patch)
 }
 
 /// Deletes a pod whose preDelete hook let it go, if its StatefulSet, read from the API server
@@ -337,6 +353,50 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A state change and the gate's condition that goes with it are one write, to the status
+    /// subresource (which takes labels and annotations too): written apart, the kubelet synced
+    /// the pod twice, a relist apart, and a held pod's deletion waited up to a second longer.
+    #[test]
+    fn the_state_and_the_condition_are_one_write() {
+        let wanted = Wanted {
+            state: Some(State::PreparingDelete),
+            since: Some(100),
+            held: Some(Going::Requested),
+            ready: Some(false),
+            recheck_at: None,
+            delete: false,
+        };
+        let hooks = Lifecycle::default();
+        let c = condition(&wanted, false, &hooks);
+        let patch = write(Some("u1".into()), &wanted, Some(&c), true).unwrap();
+        assert_eq!(patch["metadata"]["uid"], "u1");
+        assert_eq!(patch["metadata"]["labels"][STATE_LABEL], "PreparingDelete");
+        assert_eq!(patch["metadata"]["annotations"][SINCE_ANNOTATION], "100");
+        assert_eq!(patch["metadata"]["annotations"][HELD_ANNOTATION], "request");
+        let conditions = patch["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0]["type"], READINESS_GATE);
+        assert_eq!(conditions[0]["status"], "False");
+
+        // The condition alone leaves the labels and annotations as they are.
+        let alone = write(Some("u1".into()), &wanted, Some(&c), false).unwrap();
+        assert_eq!(alone["metadata"], serde_json::json!({"uid": "u1"}));
+        assert_eq!(alone["status"], patch["status"]);
+        // The state alone: no condition in the write, so the kubelet's stay as they are.
+        let state = write(Some("u1".into()), &wanted, None, true).unwrap();
+        assert!(state.get("status").is_none());
+        assert_eq!(state["metadata"], patch["metadata"]);
+        // A settled pod loses its annotations (null deletes in a strategic merge patch).
+        let settled = Wanted {
+            state: Some(State::Normal),
+            held: None,
+            ..wanted
+        };
+        let cleared = write(Some("u1".into()), &settled, None, true).unwrap();
+        assert!(cleared["metadata"]["annotations"][HELD_ANNOTATION].is_null());
+        assert_eq!(write(Some("u1".into()), &wanted, None, false), None);
+    }
 
     /// What the decision reads survives trimming (a dropped annotation once made every held
     /// deletion look like an eviction, so none was completed); the rest goes.

@@ -3,7 +3,8 @@
 //! who may patch a pod can write, delete nothing and mark nothing; what does start a preDelete
 //! hook is the StatefulSet as the API server has it.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ipkeep_tests::cluster::{Cluster, wait_until};
@@ -229,6 +230,7 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
 
     // What does start the hook: the StatefulSet scaled down. guarded-1 is held, not Ready,
     // until the operator deregisters it; then ipkeep deletes it.
+    let versions = watch_hold(cluster, "guarded-1");
     cluster.run(&["scale", "sts", "guarded", "-n", NS, "--replicas=1"]);
     let held = wait_or_explain(cluster, "guarded-1 held for the scale-down", || {
         pod(cluster, NS, "guarded-1").filter(|p| {
@@ -237,6 +239,15 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
                 && gate(p) == "False"
         })
     });
+    // ipkeep holds it in one write: every version of the pod is Normal and Ready by its gate,
+    // or held and not (the kubelet syncs a pod once per version it sees, each sync a relist
+    // after the last: a hold written in two cost a held pod's deletion up to a second).
+    for version in versions() {
+        assert!(
+            ["Normal||True", "PreparingDelete|scale-down|False"].contains(&version.as_str()),
+            "guarded-1 was seen half held (state|held|gate): {version}"
+        );
+    }
     std::thread::sleep(Duration::from_secs(2));
     let still = pod(cluster, NS, "guarded-1").expect("held while registered");
     assert_eq!(still["metadata"]["uid"], held["metadata"]["uid"]);
@@ -263,6 +274,43 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
         "--wait=false",
     ]);
     cluster.run(&["delete", "namespace", NS, "--wait=false"]);
+}
+
+/// Watches `name`'s state label, held annotation and gate (`state|held|gate`, one line per
+/// version from now); the returned function stops the watch and gives what it saw.
+fn watch_hold(cluster: &Cluster, name: &str) -> impl FnOnce() -> Vec<String> {
+    let mut child = cluster
+        .command()
+        .args([
+            "get",
+            "pod",
+            name,
+            "-n",
+            NS,
+            "-w",
+            "-o",
+            r#"jsonpath={.metadata.labels.ipkeep\.dev/lifecycle-state}|{.metadata.annotations.ipkeep\.dev/lifecycle-held}|{.status.conditions[?(@.type=="ipkeep.dev/lifecycle-ready")].status}{"\n"}"#,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl get -w");
+    let out = child.stdout.take().expect("its stdout");
+    let lines = std::thread::spawn(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    // The watch has shown the pod as it is before anything changes.
+    std::thread::sleep(Duration::from_secs(1));
+    move || {
+        // Versions written with the last one arrive within the second.
+        std::thread::sleep(Duration::from_secs(1));
+        let _ = child.kill();
+        let _ = child.wait();
+        lines.join().expect("the watch's reader")
+    }
 }
 
 /// Waits a minute for `f`, else fails with what the controllers said about this namespace and
