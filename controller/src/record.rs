@@ -87,8 +87,8 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
 }
 
 /// What the admission policy gives the new pods of the StatefulSet (`status.admission`), if
-/// `pps` is the PersistentPodState the webhook reads for it ([`pin::persistent_pod_state_of`])
-/// and the StatefulSet exists; decided as if `status` were already written.
+/// `pps` is the PersistentPodState the webhook reads for it ([`pin::persistent_pod_state_of`]);
+/// decided as if `status` were already written. Without the StatefulSet, what every pod gets.
 fn admission_plan(
     pps: &PersistentPodState,
     ctx: &Context,
@@ -96,11 +96,6 @@ fn admission_plan(
     status: &PersistentPodStateStatus,
 ) -> Option<AdmissionPlan> {
     let name = &pps.spec.target_ref.name;
-    let sts = ctx
-        .caches
-        .statefulsets
-        .get(&ObjectRef::new(name).within(namespace))
-        .filter(|s| s.meta().deletion_timestamp.is_none())?;
     let candidates: Vec<Arc<PersistentPodState>> = (ctx.caches.pps_targeting(namespace, name))
         .iter()
         .filter_map(|r| ctx.caches.pps.get(r))
@@ -112,6 +107,14 @@ fn admission_plan(
     let decided_on = PersistentPodState {
         status: Some(status.clone()),
         ..pps.clone()
+    };
+    let sts = ctx
+        .caches
+        .statefulsets
+        .get(&ObjectRef::new(name).within(namespace))
+        .filter(|s| s.meta().deletion_timestamp.is_none());
+    let Some(sts) = sts else {
+        return admission::plan_without_target(&decided_on, namespace);
     };
     let uid = sts.uid()?;
     admission::plan(

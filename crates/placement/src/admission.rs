@@ -19,7 +19,7 @@ use ipkeep_api::{
     AdmissionPlan, DecidedOn, NodePreference, NodeRequirement, PersistentPodState, PodAdmission,
     PreferredNodeTerm,
 };
-use ipkeep_values::keys::POD_INDEX_LABEL;
+use ipkeep_values::keys::{IP_RETENTION, POD_INDEX_LABEL};
 use ipkeep_values::ordinal;
 
 use crate::pin::{self, Decision, PinOutcome};
@@ -79,6 +79,25 @@ pub fn plan(
             plan.pods.insert(name.clone(), entry);
         }
     }
+    Some(plan)
+}
+
+/// The plan of a PersistentPodState whose StatefulSet does not exist (yet): what every new pod
+/// gets (the hooks' marks, the managing PersistentPodState), so that a PersistentPodState
+/// created before its StatefulSet has its plan in place when the first pods are created. No
+/// retention is stamped (the template, which may set its own, is unknown; the node agent
+/// applies the PersistentPodState's retention at the pod's ADD and DEL anyway) and no pod is
+/// pinned (no StatefulSet UID matches).
+pub fn plan_without_target(pps: &PersistentPodState, namespace: &str) -> Option<AdmissionPlan> {
+    let template = PodTemplateSpec::default();
+    let target = PlanTarget {
+        name: &pps.spec.target_ref.name,
+        uid: "",
+        template: &template,
+    };
+    let mut plan = plan(pps, namespace, target)?;
+    plan.annotations.remove(IP_RETENTION);
+    plan.pods.clear();
     Some(plan)
 }
 

@@ -219,3 +219,14 @@ fn the_plan_gives_what_the_webhook_gives() {
         }
     }
 }
+
+#[test]
+fn without_its_statefulset_a_plan_marks_every_pod_and_pins_none() {
+    let hooks =
+        json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}});
+    let plan = super::plan_without_target(&pps(hooks), "prod").unwrap();
+    assert_eq!(plan.stateful_set_uid, "");
+    assert_eq!(plan.annotations, map(json!({PERSISTENT_POD_STATE: "db"})));
+    assert_eq!(plan.readiness_gates, vec![READINESS_GATE.to_string()]);
+    assert!(plan.pods.is_empty());
+}

@@ -20,14 +20,14 @@ const SINCE: &str = "ipkeep.dev/lifecycle-since";
 
 /// PersistentPodState `guarded` with a preDelete hook, and its StatefulSet: two pods started in
 /// order (the default), with a termination grace.
-fn objects() -> String {
+fn persistent_pod_state_with_hooks() -> String {
     let hook = r#"  lifecycle:
     preDelete:
       labelsHandler: {registry.example.com/registered: "true"}
       markPodNotReady: true
       timeoutSeconds: 5
 "#;
-    persistent_pod_state(NS, "guarded", hook) + STATEFULSET
+    persistent_pod_state(NS, "guarded", hook)
 }
 
 const STATEFULSET: &str = r#"---
@@ -135,7 +135,18 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
         );
     }
     cluster.run(&["create", "namespace", NS]);
-    cluster.apply(&objects());
+    // The PersistentPodState first, and its admission plan written: the admission policy gives
+    // the hooks' marks only to pods created once the plan exists (docs/lifecycle.md).
+    cluster.apply(&persistent_pod_state_with_hooks());
+    wait_until(
+        "the admission plan of guarded",
+        Duration::from_secs(60),
+        || {
+            let pps = cluster.get(&["pps", "guarded", "-n", NS])?;
+            pps["status"]["admission"].is_object().then_some(())
+        },
+    );
+    cluster.apply(STATEFULSET);
     for name in ["guarded-0", "guarded-1"] {
         wait_until(
             &format!("{name} Normal with its gate"),
