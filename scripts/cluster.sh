@@ -397,10 +397,10 @@ up() {
   # is the advertised address; without, nothing outside this machine's loopback needs it.
   local endpoints=(--endpoint-reconciler-type=none)
   [ "$nodes" -gt 0 ] && endpoints=(--advertise-address="$api_host")
-  local admission=()
+  local admission_config=()
   if [ "$client_auth" = 1 ]; then
     webhook_client_auth_config
-    admission=(--admission-control-config-file="$state/admission.yaml")
+    admission_config=(--admission-control-config-file="$state/admission.yaml")
   fi
   say "starting kube-apiserver on https://$api_host:$p_api"
   start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
@@ -415,7 +415,7 @@ up() {
     --service-cluster-ip-range="$service_cidrs" --authorization-mode=Node,RBAC --allow-privileged=true \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds" \
-    "${admission[@]}" --feature-gates="$feature_gates"
+    "${admission_config[@]}" --feature-gates="$feature_gates"
   wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
   [ "$nodes" -gt 0 ] && host_proxy_start
 

@@ -57,8 +57,12 @@ ipkeep_plugin() {
 # DIR/admission for the tests and benchmarks to read.
 admission_resolve() {
   if [ "$admission" = auto ]; then
-    if "${kubectl[@]}" api-resources --api-group=admissionregistration.k8s.io -o name |
-        grep -q '^mutatingadmissionpolicies\.'; then
+    local served
+    # Read whole first: `grep -q` would close the pipe early, and with pipefail kubectl's
+    # SIGPIPE would read as "not served".
+    served=$("${kubectl[@]}" api-resources --api-group=admissionregistration.k8s.io -o name) ||
+      die "kubectl api-resources failed"
+    if grep -q '^mutatingadmissionpolicies\.' <<<"$served"; then
       admission=policy
     else
       admission=webhook
