@@ -1,38 +1,57 @@
 #!/usr/bin/env bash
 # kube-scheduler throughput on the real control plane, with and without ipkeep.
 #
-#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook full"] [--pin-cpus A:B]
+#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook policy full policy-full"]
+#                            [--pin-cpus A:B] [--k8s-version V] [--keep-metrics DIR]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
-#   none     no ipkeep at all (the baseline);
-#   webhook  ipkeep installed, kube-scheduler without the extender;
-#   full     ipkeep installed, kube-scheduler calling the extender.
+#   none         no ipkeep at all (the baseline);
+#   webhook      ipkeep installed, new pods pinned by the mutating webhook (--admission webhook),
+#                kube-scheduler without the extender;
+#   policy       ipkeep installed, new pods pinned by the admission policy ipkeep-pin inside
+#                kube-apiserver (--admission policy: Kubernetes 1.36 and later), no extender;
+#   full         webhook + the extender in kube-scheduler;
+#   policy-full  policy + the extender.
 # ipkeep runs its release build (scripts/cluster.sh --release).
 # Then a StatefulSet of N pods (default 1,000, podManagementPolicy Parallel) with a
 # PersistentPodState is created, and timed until kube-scheduler has bound all N ("create");
 # once every pod is recorded, all its pods are deleted at once and the StatefulSet controller
-# re-creates them, through the webhook and pinned to their recorded nodes when ipkeep runs,
-# timed again until all are bound ("rebuild"). Throughput is N over the wall time of a wave,
-# which covers pod creation (admission included) and scheduling (extender calls included).
-# kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
+# re-creates them, through the webhook or the policy and pinned to their recorded nodes when
+# ipkeep runs, timed again until all are bound ("rebuild"). Throughput is N over the wall time
+# of a wave, which covers pod creation (admission included) and scheduling (extender calls
+# included). kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
 # which includes its calls to the extender) is read from its /metrics before and after each
-# wave. Prints one table, with each mode's ratio to the baseline of the same run.
+# wave, and so is kube-apiserver's admission time from its /metrics: the mutating admission
+# step of every CREATE in the wave (apiserver_admission_step_admission_duration_seconds, p50 /
+# p99 bucket bounds and the mean), and ipkeep's own mutation, the pin webhook's calls
+# (apiserver_admission_webhook_admission_duration_seconds) or the policy's evaluations
+# (apiserver_mutating_admission_policy_check_duration_seconds): count and mean. Prints one
+# table, with each mode's ratio to the baseline of the same run. With ipkeep, after the rebuild
+# wave (every pod recorded) it also prints the PersistentPodState's size (kubectl's JSON, the
+# compact JSON the API server stores, status.admission alone) and how many re-created pods carry
+# ipkeep.dev/pinned-by, a nodeSelector with their recorded node, and run on it.
 # --pin-cpus A:B (scripts/cluster.sh) runs the control plane on CPUs A and ipkeep on CPUs B in
 # every mode, the baseline included: ipkeep's cost without its own CPU time competing with the
-# control plane's, as where ipkeep runs on worker nodes.
+# control plane's, as where ipkeep runs on worker nodes. --k8s-version V is scripts/cluster.sh's
+# (the policy modes need 1.36 or later). --keep-metrics DIR keeps every scrape (DIR/MODE/
+# apiserver-0..2.txt, scheduler-0..2.txt: before create, after create, after rebuild).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 pods=1000
 nodes=500
-modes="none webhook full"
+modes="none webhook policy full policy-full"
 pin_cpus=
+k8s_version=
+keep_metrics=
 while [ $# -gt 0 ]; do
   case $1 in
     --pods) pods=${2:?}; shift 2 ;;
     --nodes) nodes=${2:?}; shift 2 ;;
     --modes) modes=${2:?}; shift 2 ;;
     --pin-cpus) pin_cpus=${2:?}; shift 2 ;;
+    --k8s-version) k8s_version=${2:?}; shift 2 ;;
+    --keep-metrics) keep_metrics=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -52,6 +71,66 @@ bench_report_build
 attempts() {
   "$report" histogram scheduler_scheduling_attempt_duration_seconds "$1" "$2" \
     --label result=scheduled --quantiles 0.5,0.99 --scale 1000
+}
+
+# kube-apiserver's mutating admission step of every CREATE between two scrapes (files), in ms:
+# "p50/p99/mean".
+admit() {
+  "$report" histogram apiserver_admission_step_admission_duration_seconds "$1" "$2" \
+    --label type=admit --label operation=CREATE --scale 1000 --mean | awk '{print $2 "/" $3 "/" $4}'
+}
+
+# ipkeep's own mutation between two scrapes: the pin webhook's calls or the policy ipkeep-pin's
+# evaluations, "count/mean ms"; - without ipkeep.
+mutation() {
+  local metric label
+  case $mode in
+    none) echo -; return ;;
+    webhook|full) metric=apiserver_admission_webhook_admission_duration_seconds label=name=pin.ipkeep.dev ;;
+    *) metric=apiserver_mutating_admission_policy_check_duration_seconds label=policy=ipkeep-pin ;;
+  esac
+  "$report" histogram "$metric" "$1" "$2" --label "$label" --quantiles 0.5 --scale 1000 --mean |
+    awk '{print $1 "/" $3}'
+}
+
+# What else kube-apiserver's admission spent between two scrapes, for the log: the mutating
+# plugins MutatingAdmissionPolicy and MutatingAdmissionWebhook on CREATEs, the validating step
+# on DELETEs (the lifecycle webhook), and CEL evaluations ("count p99 mean", ms).
+admission_detail() {
+  local m
+  for m in "controller_admission_duration_seconds --label name=MutatingAdmissionPolicy --label type=admit --label operation=CREATE" \
+    "controller_admission_duration_seconds --label name=MutatingAdmissionWebhook --label type=admit --label operation=CREATE" \
+    "step_admission_duration_seconds --label type=validate --label operation=DELETE"; do
+    # shellcheck disable=SC2086 # the labels, split on purpose
+    printf '%s: %s; ' "${m// --label /,}" \
+      "$("$report" histogram "apiserver_admission_${m%% *}" "$1" "$2" ${m#* } --quantiles 0.99 --scale 1000 --mean)"
+  done
+  printf 'cel_evaluation: %s\n' "$("$report" histogram apiserver_cel_evaluation_duration_seconds "$1" "$2" --quantiles 0.99 --scale 1000 --mean)"
+}
+
+# With ipkeep, after the rebuild: the PersistentPodState's size and whether the re-created pods
+# are pinned to their recorded nodes (the policy writes spec.nodeSelector, the webhook node
+# affinity; both the annotation ipkeep.dev/pinned-by).
+records() {
+  $k -n bench get pps bench -o json >"$state/pps.json"
+  $k -n bench get pods -l app=bench -o json >"$state/pods.json"
+  python3 - "$state/pps.json" "$state/pods.json" <<'PY'
+import json, sys
+raw = open(sys.argv[1]).read()
+pps = json.loads(raw)
+compact = lambda v: len(json.dumps(v, separators=(",", ":")).encode())
+status = pps.get("status", {})
+states = status.get("podStates", {})
+pods = [p for p in json.load(open(sys.argv[2]))["items"] if not p["metadata"].get("deletionTimestamp")]
+node = lambda p: states.get(p["metadata"]["name"], {}).get("nodeName")
+by = sum("ipkeep.dev/pinned-by" in p["metadata"].get("annotations", {}) for p in pods)
+sel = sum(p["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname") == node(p) for p in pods)
+on = sum(p["spec"].get("nodeName") == node(p) for p in pods)
+print(f"PersistentPodState with {len(states)} records: {len(raw.encode())} bytes (kubectl -o json), "
+      f"{compact(pps)} compact ({compact(pps) * 100 / (1.5 * 1024 * 1024):.1f} % of etcd's 1.5 MiB request limit), "
+      f"status.admission {compact(status.get('admission'))}, status.podStates {compact(states)}; "
+      f"{len(pods)} re-created pods: {by} with ipkeep.dev/pinned-by, {sel} with nodeSelector = recorded node, {on} bound to it")
+PY
 }
 
 # How many pods kube-scheduler has bound so far (its scheduler_schedule_attempts_total with
@@ -74,6 +153,7 @@ for mode in $modes; do
   bench_up "$mode"
   port_sched=$(grep -o -- '--secure-port=[0-9]*' <(tr '\0' ' ' </proc/"$(cat "$state/c/pids/kube-scheduler")"/cmdline) | cut -d= -f2)
   scrape() { curl -ksS --cert "$state/c/pki/admin.crt" --key "$state/c/pki/admin.key" "https://127.0.0.1:$port_sched/metrics" >"$1"; }
+  ascrape() { $k get --raw /metrics >"$1"; }
   if [ "$mode" != none ]; then
     $k apply -f - >/dev/null <<EOF
 apiVersion: ipkeep.dev/v1alpha1
@@ -88,6 +168,7 @@ spec:
 EOF
   fi
   scrape "$state/m0"
+  ascrape "$state/a0"
   base=$(scheduled)
   t0=$(date +%s%N)
   $k apply -f - >/dev/null <<EOF
@@ -109,6 +190,7 @@ spec:
 EOF
   create=$(wave $((base + pods)) "$t0")
   scrape "$state/m1"
+  ascrape "$state/a1"
   if [ "$mode" != none ]; then
     # The records must be complete before the rebuild, or some pods come back unpinned.
     # kwok marks pods Ready slowly under load; give up on the rebuild after 3 minutes.
@@ -123,10 +205,24 @@ EOF
   $k -n bench delete pods -l app=bench --wait=false >/dev/null
   rebuild=$(wave $((base + pods)) "$t0")
   scrape "$state/m2"
+  ascrape "$state/a2"
   read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
   read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
-  say "mode $mode: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms)"
-  results+=("$mode $create $rebuild $p50c $p99c $p50r $p99r")
+  admit_c=$(admit "$state/a0" "$state/a1") admit_r=$(admit "$state/a1" "$state/a2")
+  mut_c=$(mutation "$state/a0" "$state/a1") mut_r=$(mutation "$state/a1" "$state/a2")
+  say "mode $mode: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms; mutating admission p50/p99/mean ${admit_c} ms, ipkeep's mutation calls/mean ${mut_c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms; mutating admission ${admit_r} ms, ipkeep's mutation ${mut_r} ms)"
+  say "mode $mode: create admission: $(admission_detail "$state/a0" "$state/a1")"
+  say "mode $mode: rebuild admission: $(admission_detail "$state/a1" "$state/a2")"
+  if [ "$mode" != none ]; then say "mode $mode: $(records)"; fi
+  if [ -n "$keep_metrics" ]; then
+    mkdir -p "$keep_metrics/$mode"
+    for i in 0 1 2; do
+      cp "$state/a$i" "$keep_metrics/$mode/apiserver-$i.txt"
+      cp "$state/m$i" "$keep_metrics/$mode/scheduler-$i.txt"
+    done
+    if [ "$mode" != none ]; then cp "$state/pps.json" "$state/pods.json" "$keep_metrics/$mode/"; fi
+  fi
+  results+=("$mode $create $rebuild $p50c $p99c $p50r $p99r $admit_c $admit_r $mut_c $mut_r")
   "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
 done
 

@@ -165,6 +165,31 @@ pub fn histogram_quantiles(
     (total as u64, values)
 }
 
+/// The sum of a Prometheus histogram's observations between two scrapes (`before`, `after`),
+/// over the series of `metric` whose labels include every `labels` pair: its `_sum` after minus
+/// before (0 without such a series). With the count of [`histogram_quantiles`], the mean, which
+/// says more than the bounds of coarse buckets.
+pub fn histogram_sum(before: &str, after: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let read = |text: &str| -> f64 {
+        let name = format!("{metric}_sum");
+        text.lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(&name)?;
+                let (inside, value) = match rest.strip_prefix('{') {
+                    Some(r) => r.split_once("} ")?,
+                    None => ("", rest.strip_prefix(' ')?),
+                };
+                labels
+                    .iter()
+                    .all(|(k, v)| inside.contains(&format!("{k}=\"{v}\"")))
+                    .then(|| value.trim().parse::<f64>().ok())
+                    .flatten()
+            })
+            .sum()
+    };
+    read(after) - read(before)
+}
+
 /// A markdown table.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
@@ -254,6 +279,16 @@ mod tests {
         let (n, q) = histogram_quantiles("", "", "m", &[], &[0.5]);
         assert_eq!(n, 0);
         assert!(q[0].is_nan());
+    }
+
+    #[test]
+    fn histogram_sum_between_two_scrapes() {
+        let before = "m_sum{name=\"a\",type=\"admit\"} 1.5\nm_sum{name=\"b\",type=\"admit\"} 7\nm_summary_sum 9\n";
+        let after = "m_sum{name=\"a\",type=\"admit\"} 4\nm_sum{name=\"b\",type=\"admit\"} 8\nm_summary_sum 99\nm_count{name=\"a\"} 3\n";
+        assert_eq!(histogram_sum(before, after, "m", &[("name", "a")]), 2.5);
+        assert_eq!(histogram_sum(before, after, "m", &[("type", "admit")]), 3.5);
+        assert_eq!(histogram_sum("", "m_sum 2\n", "m", &[]), 2.0);
+        assert_eq!(histogram_sum(before, after, "x", &[]), 0.0);
     }
 
     #[test]

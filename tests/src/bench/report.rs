@@ -4,7 +4,7 @@
 
 use std::io::Read;
 
-use super::{Summary, Table, histogram_quantiles, ratio};
+use super::{Summary, Table, histogram_quantiles, histogram_sum, ratio};
 
 /// Usage, printed by `--help` and on a wrong command line.
 pub const USAGE: &str = "\
@@ -13,12 +13,15 @@ ipkeep-bench-report: statistics and tables for scripts/bench-*.sh (docs/benchmar
   ipkeep-bench-report summary [--fields median,p90,p99]
       stdin: one sample per line. Prints n, median, p90, p99, min, max and mean (nearest-rank
       percentiles), or only the named fields, space-separated.
-  ipkeep-bench-report histogram METRIC BEFORE AFTER [--label K=V]... [--quantiles 0.5,0.99] [--scale S]
+  ipkeep-bench-report histogram METRIC BEFORE AFTER [--label K=V]... [--quantiles 0.5,0.99] [--scale S] [--mean]
       Two scrapes of a Prometheus /metrics (files): the observations of METRIC in between and
-      its quantiles (bucket upper bounds, times S). Prints: count q...
+      its quantiles (bucket upper bounds, times S); --mean adds their mean (from _sum, times S;
+      - without observations). Prints: count q... [mean]
   ipkeep-bench-report cluster PODS NODES
       stdin: one line per mode: MODE CREATE-MS REBUILD-MS P50-CREATE P99-CREATE P50-REBUILD
-      P99-REBUILD (scripts/bench-cluster.sh). Prints the table, each mode against `none`.
+      P99-REBUILD [ADMIT-CREATE ADMIT-REBUILD IPKEEP-CREATE IPKEEP-REBUILD]
+      (scripts/bench-cluster.sh; the last four are cells without spaces, `/` between values).
+      Prints the table, each mode against `none`.
   ipkeep-bench-report controller STATEFULSETS REPLICAS NODES
       stdin: one line per mode: MODE READY-MS LAG-S RSS0-MIB RSS1-MIB WRITES (scripts/bench-controller.sh;
       `-` where a mode has no value). Prints the table, each mode against `none`.
@@ -80,25 +83,40 @@ fn summary(input: &str, options: &[&str]) -> Result<String, String> {
 
 fn histogram(metric: &str, before: &str, after: &str, options: &[&str]) -> Result<String, String> {
     let (mut labels, mut quantiles, mut scale) = (Vec::new(), vec![0.5, 0.99], 1.0);
+    let mut mean = false;
     let mut rest = options;
-    while let [flag, value, tail @ ..] = rest {
-        match *flag {
-            "--label" => labels.push(value.split_once('=').ok_or("--label takes K=V")?),
-            "--quantiles" => {
-                quantiles = value.split(',').map(number).collect::<Result<_, _>>()?;
+    loop {
+        rest = match rest {
+            [] => break,
+            ["--mean", tail @ ..] => {
+                mean = true;
+                tail
             }
-            "--scale" => scale = number(value)?,
+            [flag, value, tail @ ..] => {
+                match *flag {
+                    "--label" => labels.push(value.split_once('=').ok_or("--label takes K=V")?),
+                    "--quantiles" => {
+                        quantiles = value.split(',').map(number).collect::<Result<_, _>>()?;
+                    }
+                    "--scale" => scale = number(value)?,
+                    _ => return Err(USAGE.to_string()),
+                }
+                tail
+            }
             _ => return Err(USAGE.to_string()),
-        }
-        rest = tail;
-    }
-    if !rest.is_empty() {
-        return Err(USAGE.to_string());
+        };
     }
     let file = |path: &str| std::fs::read_to_string(path).map_err(|e| format!("read {path}: {e}"));
     let (count, values) =
         histogram_quantiles(&file(before)?, &file(after)?, metric, &labels, &quantiles);
-    let words: Vec<String> = values.iter().map(|v| format!("{:.1}", v * scale)).collect();
+    let mut words: Vec<String> = values.iter().map(|v| format!("{:.1}", v * scale)).collect();
+    if mean {
+        let sum = histogram_sum(&file(before)?, &file(after)?, metric, &labels);
+        words.push(match count {
+            0 => "-".to_string(),
+            n => format!("{:.3}", sum * scale / n as f64),
+        });
+    }
     Ok(format!("{count} {}\n", words.join(" ")))
 }
 
@@ -119,14 +137,15 @@ fn rows(input: &str, n: usize) -> Result<Vec<Vec<&str>>, String> {
 }
 
 fn cluster(input: &str, pods: f64, nodes: &str) -> Result<String, String> {
-    let rows = rows(input, 7)?;
+    let rows = rows(input, 7).or_else(|_| rows(input, 11))?;
+    let admission = rows.first().is_some_and(|r| r.len() == 11);
     let rate = |ms: &str| number(ms).map(|ms| pods * 1000.0 / ms);
     let base = rows.iter().find(|r| r[0] == "none");
     let (base_create, base_rebuild) = match base {
         Some(r) => (Some(rate(r[1])?), Some(rate(r[2])?)),
         None => (None, None),
     };
-    let mut table = Table::new(&[
+    let mut header = vec![
         "mode",
         ">create pods/s",
         ">vs none",
@@ -134,10 +153,19 @@ fn cluster(input: &str, pods: f64, nodes: &str) -> Result<String, String> {
         ">vs none",
         ">attempt p50 / p99 ms (create)",
         ">attempt p50 / p99 ms (rebuild)",
-    ]);
+    ];
+    if admission {
+        header.extend([
+            ">mutating admission p50 / p99 / mean ms (create)",
+            ">mutating admission p50 / p99 / mean ms (rebuild)",
+            ">ipkeep's mutation calls / mean ms (create)",
+            ">ipkeep's mutation calls / mean ms (rebuild)",
+        ]);
+    }
+    let mut table = Table::new(&header);
     for r in &rows {
         let (create, rebuild) = (rate(r[1])?, rate(r[2])?);
-        table.row([
+        let mut cells = vec![
             r[0].to_string(),
             format!("{create:.1}"),
             ratio(create, base_create),
@@ -145,10 +173,17 @@ fn cluster(input: &str, pods: f64, nodes: &str) -> Result<String, String> {
             ratio(rebuild, base_rebuild),
             format!("{} / {}", r[3], r[4]),
             format!("{} / {}", r[5], r[6]),
-        ]);
+        ];
+        cells.extend(r[7..].iter().map(|cell| cell.replace('/', " / ")));
+        table.row(cells);
     }
+    let note = if admission {
+        "; mutating admission = kube-apiserver's admit step of every CREATE in the wave (pods, bindings, events); ipkeep's mutation = the pin webhook's calls or the ipkeep-pin policy's evaluations"
+    } else {
+        ""
+    };
     Ok(format!(
-        "\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until kube-scheduler bound all\n\n{table}"
+        "\n{pods} StatefulSet pods on {nodes} kwok nodes; throughput = pods / wall time until kube-scheduler bound all{note}\n\n{table}"
     ))
 }
 
@@ -220,6 +255,47 @@ mod tests {
             out.contains("| full | 50.0 | 0.50x | 200.0 | 1.00x |"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn cluster_table_with_admission() {
+        let out = run_on(
+            &["cluster", "1000", "500"],
+            "none 10000 5000 1.0 2.0 1.0 2.0 5.0/25.0/1.20 5.0/5.0/0.90 - -\npolicy 10000 5000 1.0 2.0 1.0 2.0 5.0/25.0/1.30 5.0/5.0/0.90 1000/0.05 1000/0.06\n",
+        )
+        .unwrap();
+        assert!(
+            out.contains("| policy | 100.0 | 1.00x | 200.0 | 1.00x | 1.0 / 2.0 | 1.0 / 2.0 | 5.0 / 25.0 / 1.30 | 5.0 / 5.0 / 0.90 | 1000 / 0.05 | 1000 / 0.06 |"),
+            "{out}"
+        );
+        assert!(out.contains("| none | 100.0 | 1.00x |"), "{out}");
+        assert!(run_on(&["cluster", "1000", "500"], "none 1 2 3 4 5 6 7 8\n").is_err());
+    }
+
+    #[test]
+    fn histogram_with_mean() {
+        let dir = std::env::temp_dir().join(format!("ipkeep-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (before, after) = (dir.join("before"), dir.join("after"));
+        std::fs::write(
+            &before,
+            "m_bucket{le=\"0.1\"} 0\nm_bucket{le=\"+Inf\"} 0\nm_sum 0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &after,
+            "m_bucket{le=\"0.1\"} 4\nm_bucket{le=\"+Inf\"} 4\nm_sum 0.2\n",
+        )
+        .unwrap();
+        let (b, a) = (before.to_str().unwrap(), after.to_str().unwrap());
+        let out = run_on(&["histogram", "m", b, a, "--mean", "--scale", "1000"], "");
+        assert_eq!(out.unwrap(), "4 100.0 100.0 50.000\n");
+        let out = run_on(
+            &["histogram", "m", a, a, "--quantiles", "0.5", "--mean"],
+            "",
+        );
+        assert_eq!(out.unwrap(), "0 NaN -\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
