@@ -154,6 +154,7 @@ pub fn the_extender_alone_pins(cluster: &Cluster) {
     let policy = cluster.admission() == Admission::Policy;
     if policy {
         cluster.run(&["delete", "mutatingadmissionpolicybinding", "ipkeep-pin"]);
+        policy_applies(cluster, false);
     } else {
         cluster.run(&[
             "delete",
@@ -192,6 +193,40 @@ pub fn the_extender_alone_pins(cluster: &Cluster) {
         cluster.state().join("webhook.yaml")
     };
     cluster.apply(&std::fs::read_to_string(&pin).expect("the pinning admission's manifest"));
+    if policy {
+        policy_applies(cluster, true);
+    }
+}
+
+/// Waits until kube-apiserver applies the policy's binding (`applies`) or no longer does (its
+/// informers are asynchronous): whether a pod of StatefulSet web created as a dry run gets the
+/// policy's annotation.
+fn policy_applies(cluster: &Cluster, applies: bool) {
+    let sts_uid = uid(&cluster.get(&["sts", "web", "-n", "db"]).expect("sts web"));
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: web-99
+  namespace: db
+  labels: {{app: web, statefulset.kubernetes.io/pod-name: web-99}}
+  ownerReferences:
+    - {{apiVersion: apps/v1, kind: StatefulSet, name: web, uid: "{sts_uid}", controller: true}}
+spec:
+  containers: [{{name: db, image: localhost/ipkeep/busybox:1.35}}]
+"#
+    );
+    let what = format!("kube-apiserver applying the policy: {applies}");
+    wait_until(&what, LONG, || {
+        let out = cluster.try_run(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&pod),
+        );
+        let created: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let annotated =
+            !created["metadata"]["annotations"]["ipkeep.dev/persistent-pod-state"].is_null();
+        (annotated == applies).then_some(())
+    });
 }
 
 fn an_unschedulable_pin_says_why(cluster: &Cluster, pod: &str, node: &str) {
@@ -247,8 +282,12 @@ pub fn pods_are_created_while_scheduler_ext_is_down(cluster: &Cluster) {
     assert_eq!(
         pinned,
         cluster.admission() == Admission::Policy,
-        "{:?}, ipkeep-scheduler-ext down: pinned-by: {}",
+        "{:?}, ipkeep-scheduler-ext down: pinned-by: {}; the plan: {}",
         cluster.admission(),
-        pod["metadata"]
+        pod["metadata"],
+        cluster
+            .get(&["pps", "web", "-n", "db"])
+            .map(|p| p["status"]["admission"].clone())
+            .unwrap_or_default()
     );
 }

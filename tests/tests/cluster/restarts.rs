@@ -32,11 +32,13 @@ const STOP_GRACE: Duration = Duration::from_secs(22);
 
 /// PersistentPodState `hooked` with a preNormal hook, its StatefulSet (3 pods, `OnDelete`) and
 /// StatefulSet `kept` (2 pods) with a generated PersistentPodState.
-fn objects() -> String {
-    let hook = r#"  lifecycle:
+const HOOK: &str = r#"  lifecycle:
     preNormal:
       labelsHandler: {registry.example.com/registered: "true"}
 "#;
+
+fn objects() -> String {
+    let hook = HOOK;
     let kept = r#"  annotations:
     ipkeep.dev/auto-generate-persistent-pod-state: "true"
     ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
@@ -128,6 +130,22 @@ fn pods(cluster: &Cluster, app: &str) -> Vec<Value> {
 
 /// The step (the cluster's own controllers are stopped by it and stay stopped).
 pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
+    // Through the admission policy, new pods get the hooks' marks from the plan the controller
+    // writes: the PersistentPodState first, while a controller runs (docs/lifecycle.md).
+    cluster.run(&["create", "namespace", NS]);
+    if cluster.admission() == ipkeep_tests::cluster::Admission::Policy {
+        cluster.apply(&persistent_pod_state(NS, "hooked", HOOK));
+        wait_until(
+            "the admission plan of hooked",
+            Duration::from_secs(60),
+            || {
+                let pps = cluster.get(&["pps", "hooked", "-n", NS])?;
+                pps["status"]["admission"]["readinessGates"]
+                    .is_array()
+                    .then_some(())
+            },
+        );
+    }
     for replica in ["controller-0", "controller-1"] {
         let pid = cluster.pid(replica).expect("the replica's pid");
         let alive = || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
@@ -142,7 +160,6 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
         );
     }
     let (ext, addresses) = start_scheduler_extension(cluster);
-    cluster.run(&["create", "namespace", NS]);
     cluster.apply(&objects());
     let hooked = wait_until(
         "the hooked pods running with their state and gate",

@@ -311,8 +311,10 @@ fn webhook_extender_service_and_certificate_agree() {
 
 #[test]
 fn everything_but_the_examples_is_in_ipkeep_system() {
-    const CLUSTER_SCOPED: [&str; 9] = [
+    const CLUSTER_SCOPED: [&str; 11] = [
         "Namespace",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",
@@ -572,10 +574,12 @@ fn selectors_budgets_and_spreading_match_their_own_pods() {
 #[test]
 fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
     // Why each is left out is said in kustomization.yaml: the scheduler configuration is a
-    // file for kube-scheduler, examples are the user's, the cert-manager, cni, monitoring and
-    // network-policy components are opt-in (`components:`).
-    const LEFT_OUT: [&str; 13] = [
+    // file for kube-scheduler, examples are the user's, the admission-policy, cert-manager,
+    // cni, monitoring and network-policy components are opt-in (`components:`).
+    const LEFT_OUT: [&str; 15] = [
         "kustomization.yaml",
+        "admission-policy/kustomization.yaml",
+        "admission-policy/pin-policy.yaml",
         "cert-manager/kustomization.yaml",
         "cert-manager/certificate.yaml",
         "cert-manager/controller-args.yaml",
