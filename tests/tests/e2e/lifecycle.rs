@@ -483,7 +483,8 @@ fn a_drain_waits_for_the_operator(hooks: &Hooks) {
 
 /// With the operator stopped: a force deletion of a registered pod passes at once, and so does
 /// a plain deletion while ipkeep-scheduler-ext is down (its webhooks fail open); the pod created
-/// meanwhile has no hooks at all, so it is Ready without the operator.
+/// meanwhile has no hooks at all through the webhook, so it is Ready without the operator, and
+/// its hooks through the admission policy (which needs no server), Ready once registered.
 fn nothing_blocks_a_force_deletion_or_a_stopped_webhook(hooks: &Hooks) {
     let forced = hooks.pod("broker-1").unwrap();
     assert_eq!(forced["metadata"]["labels"][REGISTERED], "true");
@@ -534,21 +535,50 @@ fn nothing_blocks_a_force_deletion_or_a_stopped_webhook(hooks: &Hooks) {
     hooks
         .kubectl
         .run(&["delete", "pod", "broker-0", "-n", NS, "--wait=false"]);
+    // Through the admission policy the pod gets its hooks with no ipkeep server running (and
+    // is Ready once registered); through the webhook it gets none and is Ready at once.
+    let policy = hooks
+        .kubectl
+        .get(&["mutatingadmissionpolicybinding", "ipkeep-pin"])
+        .is_some();
+    let recreated =
+        |p: &Value| uid(p) != uid(&held) && p["metadata"]["deletionTimestamp"].is_null();
+    if policy {
+        let back = wait_until(
+            "broker-0 re-created with its hooks by the admission policy",
+            Duration::from_secs(120),
+            || hooks.pod("broker-0").filter(|p| recreated(p)),
+        );
+        assert!(
+            back["metadata"]["labels"][STATE].is_string()
+                && !back["spec"]["readinessGates"].is_null(),
+            "created while ipkeep-scheduler-ext was down, through the policy: no hooks, {back:#}"
+        );
+        hooks.kubectl.run(&[
+            "label",
+            "pod",
+            "broker-0",
+            "-n",
+            NS,
+            &format!("{REGISTERED}=true"),
+            "--overwrite",
+        ]);
+    }
     let back = wait_until(
-        "broker-0 re-created without hooks and Ready",
+        "broker-0 re-created and Ready",
         Duration::from_secs(120),
         || {
-            hooks.pod("broker-0").filter(|p| {
-                uid(p) != uid(&held)
-                    && condition(p, "Ready") == "True"
-                    && p["metadata"]["deletionTimestamp"].is_null()
-            })
+            hooks
+                .pod("broker-0")
+                .filter(|p| recreated(p) && condition(p, "Ready") == "True")
         },
     );
-    assert!(
-        back["metadata"]["labels"][STATE].is_null() && back["spec"]["readinessGates"].is_null(),
-        "created while the webhook was down: no hooks, {back:#}"
-    );
+    if !policy {
+        assert!(
+            back["metadata"]["labels"][STATE].is_null() && back["spec"]["readinessGates"].is_null(),
+            "created while the webhook was down: no hooks, {back:#}"
+        );
+    }
     hooks
         .kubectl
         .run(&[&["scale", "--replicas=2"][..], &ext].concat());
