@@ -138,6 +138,54 @@ fn field(pod: &Pod, pointer: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The fields the policy sets on a pod, by name.
+fn compared(pod: &Pod) -> Vec<(&'static str, Value)> {
+    let selector = pod.spec.as_ref().and_then(|s| s.node_selector.clone());
+    vec![
+        ("annotations", field(pod, "/metadata/annotations")),
+        ("labels", field(pod, "/metadata/labels")),
+        ("readiness gates", field(pod, "/spec/readinessGates")),
+        (
+            "preferred terms",
+            field(
+                pod,
+                "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution",
+            ),
+        ),
+        (
+            "the pod's own required terms",
+            field(
+                pod,
+                "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+            ),
+        ),
+        ("the node selector", json!(selector.unwrap_or_default())),
+    ]
+}
+
+/// What the policy should give `pod`: the webhook's edit `web`, the required pin in the node
+/// selector instead of appended to the pod's own required terms.
+fn expected(pod: &Pod, web: &Pod) -> Vec<(&'static str, Value)> {
+    let own = field(
+        pod,
+        "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+    );
+    let mut selector: BTreeMap<String, String> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.clone())
+        .unwrap_or_default();
+    selector.extend(required_split(web, &own));
+    compared(web)
+        .into_iter()
+        .map(|(what, value)| match what {
+            "the pod's own required terms" => (what, own.clone()),
+            "the node selector" => (what, json!(selector)),
+            _ => (what, value),
+        })
+        .collect()
+}
+
 /// The webhook's required terms, each with the pin appended, as the pod's own terms and the pin.
 fn required_split(web: &Pod, own: &Value) -> BTreeMap<String, String> {
     let terms = field(
@@ -253,58 +301,20 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
         }
         for name in ["db-0", "db-1", "db-7"] {
             let pod = submitted(&t.name, name, &tpl, STS_UID);
-            // The status write reaches the policy's informer asynchronously.
-            let web = through_webhook(&pod, &t.name, &pps);
+            // The status write reaches the policy's informer asynchronously: wait until every
+            // compared field matches (the previous case's plan may share some of them).
+            let want = expected(&pod, &through_webhook(&pod, &t.name, &pps));
             let deadline = Instant::now() + Duration::from_secs(30);
             let got = loop {
-                let got = through_policy(&t, &pod).await;
-                if got.metadata.annotations == web.metadata.annotations || Instant::now() > deadline
-                {
+                let got = compared(&through_policy(&t, &pod).await);
+                if got == want || Instant::now() > deadline {
                     break got;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             };
-            let what = format!("{case}, {name}");
-            assert_eq!(
-                got.metadata.annotations, web.metadata.annotations,
-                "{what}: annotations"
-            );
-            assert_eq!(got.metadata.labels, web.metadata.labels, "{what}: labels");
-            for pointer in [
-                "/spec/readinessGates",
-                "/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution",
-            ] {
-                assert_eq!(
-                    field(&got, pointer),
-                    field(&web, pointer),
-                    "{what}: {pointer}"
-                );
+            for ((what, got), (_, want)) in got.iter().zip(&want) {
+                assert_eq!(got, want, "{case}, {name}: {what}");
             }
-            // The required pin: in the node selector, the pod's own required terms unchanged.
-            let own = field(
-                &pod,
-                "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
-            );
-            assert_eq!(
-                field(
-                    &got,
-                    "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution"
-                ),
-                own,
-                "{what}: the pod's own required terms"
-            );
-            let mut selector: BTreeMap<String, String> = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_selector.clone())
-                .unwrap_or_default();
-            selector.extend(required_split(&web, &own));
-            let got_selector: BTreeMap<String, String> = got
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_selector.clone())
-                .unwrap_or_default();
-            assert_eq!(got_selector, selector, "{what}: the node selector");
         }
     }
 
