@@ -3,6 +3,7 @@
 #
 #   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook policy full policy-full"]
 #                            [--pin-cpus A:B] [--k8s-version V] [--keep-metrics DIR]
+#                            [--port-base P]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
 #   none         no ipkeep at all (the baseline);
@@ -35,6 +36,8 @@
 # control plane's, as where ipkeep runs on worker nodes. --k8s-version V is scripts/cluster.sh's
 # (the policy modes need 1.36 or later). --keep-metrics DIR keeps every scrape (DIR/MODE/
 # apiserver-0..2.txt, scheduler-0..2.txt: before create, after create, after rebuild).
+# --port-base P is scripts/cluster.sh's (default its own): the clusters' ports, P to P+10, for a
+# run beside another cluster.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +47,7 @@ modes="none webhook policy full policy-full"
 pin_cpus=
 k8s_version=
 keep_metrics=
+port_base=
 while [ $# -gt 0 ]; do
   case $1 in
     --pods) pods=${2:?}; shift 2 ;;
@@ -52,6 +56,7 @@ while [ $# -gt 0 ]; do
     --pin-cpus) pin_cpus=${2:?}; shift 2 ;;
     --k8s-version) k8s_version=${2:?}; shift 2 ;;
     --keep-metrics) keep_metrics=${2:?}; shift 2 ;;
+    --port-base) port_base=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac

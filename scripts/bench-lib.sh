@@ -11,12 +11,12 @@ bench_report_build() {
 }
 #
 # bench_up MODE: a fresh cluster in $state/c with $nodes kwok nodes, ipkeep's release build and
-# upstream's node timeouts (and $pin_cpus, if set, as --pin-cpus; $k8s_version, if set, as
-# --k8s-version); MODE is none (no ipkeep), webhook (the pin webhook, no extender), full (webhook
-# and extender), policy (the admission policy ipkeep-pin, no extender) or policy-full (policy and
-# extender). The webhook modes force --admission webhook: auto would pick the policy where the API
-# server serves it (Kubernetes 1.36 and later). Exports KUBECONFIG, sets k (the cluster's kubectl)
-# and creates the namespace bench.
+# upstream's node timeouts (and, if set, $pin_cpus as --pin-cpus, $k8s_version as --k8s-version
+# and $port_base as --port-base); MODE is none (no ipkeep), webhook (the pin webhook, no
+# extender), full (webhook and extender), policy (the admission policy ipkeep-pin, no extender)
+# or policy-full (policy and extender). The webhook modes force --admission webhook: auto would
+# pick the policy where the API server serves it (Kubernetes 1.36 and later). Exports
+# KUBECONFIG, sets k (the cluster's kubectl) and creates the namespace bench.
 bench_up() {
   local mode=$1 flags=()
   case $mode in
@@ -30,6 +30,7 @@ bench_up() {
   say "mode $mode: starting a cluster with $nodes kwok nodes"
   [ -n "${pin_cpus:-}" ] && flags+=(--pin-cpus "$pin_cpus")
   [ -n "${k8s_version:-}" ] && flags+=(--k8s-version "$k8s_version")
+  [ -n "${port_base:-}" ] && flags+=(--port-base "$port_base")
   "$repo/scripts/cluster.sh" up --nodes 0 --release --upstream-node-timeouts --state "$state/c" \
     --kwok-nodes "$nodes" "${flags[@]}" >"$state/up.out"
   export KUBECONFIG=$state/c/admin.kubeconfig

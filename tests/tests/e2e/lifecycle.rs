@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ipkeep_tests::cluster::{repo_root, wait_until};
+use ipkeep_tests::cluster::{Admission, admission_of, repo_root, wait_until};
 use ipkeep_tests::kubectl::Kubectl;
 use serde_json::Value;
 
@@ -60,6 +60,8 @@ impl Drop for Operator {
 struct Hooks {
     kubectl: Kubectl,
     registry: PathBuf,
+    /// How the cluster's pods get their hooks at CREATE (scripts/cluster.sh --admission).
+    admission: Admission,
 }
 
 impl Hooks {
@@ -145,6 +147,7 @@ pub fn on_real_nodes(state: &Path) {
     let hooks = Hooks {
         kubectl,
         registry: work.path().join("registry"),
+        admission: admission_of(state),
     };
     hooks.kubectl.run(&["create", "namespace", NS]);
     // The example as a user applies it; the nodes have no registry, so our own busybox.
@@ -537,10 +540,7 @@ fn nothing_blocks_a_force_deletion_or_a_stopped_webhook(hooks: &Hooks) {
         .run(&["delete", "pod", "broker-0", "-n", NS, "--wait=false"]);
     // Through the admission policy the pod gets its hooks with no ipkeep server running (and
     // is Ready once registered); through the webhook it gets none and is Ready at once.
-    let policy = hooks
-        .kubectl
-        .get(&["mutatingadmissionpolicybinding", "ipkeep-pin"])
-        .is_some();
+    let policy = hooks.admission == Admission::Policy;
     let recreated =
         |p: &Value| uid(p) != uid(&held) && p["metadata"]["deletionTimestamp"].is_null();
     if policy {
