@@ -26,6 +26,36 @@ mod network_ready;
 #[path = "e2e/retention.rs"]
 mod retention;
 
+/// A StatefulSet `name` of two sleeping busybox pods in `namespace`, created in parallel, its
+/// PersistentPodState generated and pinning each pod to its node: what the steps that rebuild
+/// pods of their own apply.
+fn pinned_statefulset(namespace: &str, name: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: {name}
+  namespace: {namespace}
+  annotations:
+    ipkeep.dev/auto-generate-persistent-pod-state: "true"
+    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
+spec:
+  replicas: 2
+  podManagementPolicy: Parallel
+  selector: {{matchLabels: {{app: {name}}}}}
+  serviceName: {name}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+        - name: sleep
+          image: localhost/ipkeep/busybox:dev
+          command: ["sleep", "1000000"]
+"#
+    )
+}
+
 /// Runs `ipkeep-demo args` and returns its output, failing with it on a non-zero exit.
 /// One whole system at a time: each starts a dozen processes, and on a small CI machine two at
 /// once starved each other's timed expectations.

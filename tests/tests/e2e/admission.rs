@@ -14,33 +14,6 @@ use ipkeep_tests::kubectl::Kubectl;
 const NS: &str = "standalone";
 const DEPLOYMENTS: [&str; 2] = ["ipkeep-controller", "ipkeep-scheduler-ext"];
 
-fn statefulset() -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: db
-  namespace: {NS}
-  annotations:
-    ipkeep.dev/auto-generate-persistent-pod-state: "true"
-    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
-spec:
-  replicas: 2
-  podManagementPolicy: Parallel
-  selector: {{matchLabels: {{app: db}}}}
-  serviceName: db
-  template:
-    metadata: {{labels: {{app: db}}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-        - name: sleep
-          image: localhost/ipkeep/busybox:dev
-          command: ["sleep", "1000000"]
-"#
-    )
-}
-
 /// Pod `name` once it runs: (uid, node, IP).
 fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String, String) {
     wait_until(
@@ -122,7 +95,7 @@ pub fn pods_need_no_ipkeep_deployment(state: &Path) {
         "admission: {before} ipkeep controller/scheduler-ext pods Ready at the start"
     );
     kubectl.run(&["create", "namespace", NS]);
-    kubectl.apply(&statefulset());
+    kubectl.apply(&super::pinned_statefulset(NS, "db"));
     let mut pods: Vec<(String, String, String)> = ["db-0", "db-1"]
         .iter()
         .map(|n| running(&kubectl, n, ""))

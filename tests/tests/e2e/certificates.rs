@@ -148,33 +148,6 @@ fn servers(kubectl: &Kubectl) -> Vec<(String, String, String, u64)> {
     out
 }
 
-fn statefulset() -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: web
-  namespace: {NS}
-  annotations:
-    ipkeep.dev/auto-generate-persistent-pod-state: "true"
-    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
-spec:
-  replicas: 2
-  podManagementPolicy: Parallel
-  selector: {{matchLabels: {{app: web}}}}
-  serviceName: web
-  template:
-    metadata: {{labels: {{app: web}}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-        - name: sleep
-          image: localhost/ipkeep/busybox:dev
-          command: ["sleep", "1000000"]
-"#
-    )
-}
-
 /// Pod `name`'s (uid, IP) once it runs with another uid than `not_uid`; a rebuild stamped by
 /// the webhook.
 fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String) {
@@ -212,7 +185,10 @@ pub fn renew_on_real_nodes(state: &Path) {
     assert_eq!(before.len(), 2, "{before:?}");
     upgrade(state, VALIDITY, "Fail");
     kubectl.run(&["create", "namespace", NS]);
-    let out = kubectl.try_run(&["apply", "-f", "-"], Some(&statefulset()));
+    let out = kubectl.try_run(
+        &["apply", "-f", "-"],
+        Some(&super::pinned_statefulset(NS, "web")),
+    );
     assert!(
         out.status.success(),
         "{}",
