@@ -13,7 +13,12 @@
 
 use std::process::{Command, Output, Stdio};
 
+use std::time::Duration;
+
+use ipkeep_tests::cluster::wait_until;
+use ipkeep_tests::kubectl::Kubectl;
 use ipkeep_tests::{demo_bin, require_root};
+use serde_json::Value;
 
 #[path = "e2e/admission.rs"]
 mod admission;
@@ -53,6 +58,22 @@ spec:
           image: localhost/ipkeep/busybox:dev
           command: ["sleep", "1000000"]
 "#
+    )
+}
+
+/// Pod `name` of `namespace` once it runs with another uid than `not_uid` (empty: any).
+fn running_pod(kubectl: &Kubectl, namespace: &str, name: &str, not_uid: &str) -> Value {
+    wait_until(
+        &format!("{namespace}/{name} running"),
+        Duration::from_secs(90),
+        || {
+            let p = kubectl.get(&["pod", "-n", namespace, name])?;
+            let uid = p["metadata"]["uid"].as_str()?;
+            (uid != not_uid
+                && p["status"]["phase"] == "Running"
+                && p["status"]["podIP"].is_string())
+            .then_some(p)
+        },
     )
 }
 

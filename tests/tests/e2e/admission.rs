@@ -16,17 +16,12 @@ const DEPLOYMENTS: [&str; 2] = ["ipkeep-controller", "ipkeep-scheduler-ext"];
 
 /// Pod `name` once it runs: (uid, node, IP).
 fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String, String) {
-    wait_until(
-        &format!("{NS}/{name} running"),
-        Duration::from_secs(90),
-        || {
-            let p = kubectl.get(&["pod", "-n", NS, name])?;
-            let uid = p["metadata"]["uid"].as_str()?.to_string();
-            (uid != not_uid && p["status"]["phase"] == "Running").then_some(())?;
-            let node = p["spec"]["nodeName"].as_str()?.to_string();
-            let ip = p["status"]["podIP"].as_str()?.to_string();
-            Some((uid, node, ip))
-        },
+    let p = super::running_pod(kubectl, NS, name, not_uid);
+    let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    (
+        field(&p["metadata"]["uid"]),
+        field(&p["spec"]["nodeName"]),
+        field(&p["status"]["podIP"]),
     )
 }
 

@@ -151,23 +151,15 @@ fn servers(kubectl: &Kubectl) -> Vec<(String, String, String, u64)> {
 /// Pod `name`'s (uid, IP) once it runs with another uid than `not_uid`; a rebuild stamped by
 /// the webhook.
 fn running(kubectl: &Kubectl, name: &str, not_uid: &str) -> (String, String) {
-    wait_until(
-        &format!("{NS}/{name} running again"),
-        Duration::from_secs(90),
-        || {
-            let p = kubectl.get(&["pod", "-n", NS, name])?;
-            let uid = p["metadata"]["uid"].as_str()?.to_string();
-            let ip = p["status"]["podIP"].as_str()?.to_string();
-            (uid != not_uid && p["status"]["phase"] == "Running").then_some(())?;
-            // A rebuild (the first pods may come before the generated PersistentPodState).
-            assert!(
-                not_uid.is_empty()
-                    || !p["metadata"]["annotations"]["ipkeep.dev/persistent-pod-state"].is_null(),
-                "{name} was rebuilt without the webhook's stamp: {p}"
-            );
-            Some((uid, ip))
-        },
-    )
+    let p = super::running_pod(kubectl, NS, name, not_uid);
+    // A rebuild (the first pods may come before the generated PersistentPodState).
+    assert!(
+        not_uid.is_empty()
+            || !p["metadata"]["annotations"]["ipkeep.dev/persistent-pod-state"].is_null(),
+        "{name} was rebuilt without the webhook's stamp: {p}"
+    );
+    let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    (field(&p["metadata"]["uid"]), field(&p["status"]["podIP"]))
 }
 
 pub fn renew_on_real_nodes(state: &Path) {
