@@ -229,12 +229,6 @@ EOF
   fi
   results+=("$mode $create $rebuild $p50c $p99c $p50r $p99r $admit_c $admit_r $mut_c $mut_r")
   "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
-  # The next mode's cluster takes the same ports: wait until the last one's kube-apiserver has
-  # released its own (a run once found it still taken).
-  for _ in $(seq 1 120); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$(( ${port_base:-16440} + 2 ))") 2>/dev/null || break
-    sleep 0.5
-  done
 done
 
 printf '%s\n' "${results[@]}" | "$report" cluster "$pods" "$nodes"

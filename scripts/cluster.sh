@@ -220,8 +220,18 @@ start() {
 
 alive() { [ -f "$state/pids/$1" ] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null; }
 
+# gone PID: waits up to 10 s for PID to exit; fails if it still runs. A process killed with
+# SIGKILL holds its ports until it is gone, and the next `up` on the same ports checks them first.
+gone() {
+  local waited=0
+  while kill -0 "$1" 2>/dev/null; do
+    [ $waited -lt 100 ] || return 1
+    sleep 0.1; waited=$((waited + 1))
+  done
+}
+
 stop_all() {
-  local f pid waited
+  local f pid
   for f in "$state"/pids/*; do
     [ -f "$f" ] || continue
     pid=$(cat "$f")
@@ -230,21 +240,19 @@ stop_all() {
   for f in "$state"/pids/*; do
     [ -f "$f" ] || continue
     pid=$(cat "$f")
-    waited=0
-    while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
-    kill -KILL "$pid" 2>/dev/null || true
+    gone "$pid" || { kill -KILL "$pid" 2>/dev/null || true; gone "$pid" || say "process $pid still runs 10 s after SIGKILL"; }
     rm -f "$f"
   done
 }
 
-# stop_one NAME: stops one process up started (TERM, then KILL after 10 s).
+# stop_one NAME: stops one process up started (TERM, then KILL after 10 s) and waits until it
+# is gone.
 stop_one() {
-  local f=$state/pids/$1 pid waited=0
+  local f=$state/pids/$1 pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
   kill -TERM "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null && [ $waited -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
-  kill -KILL "$pid" 2>/dev/null || true
+  gone "$pid" || { kill -KILL "$pid" 2>/dev/null || true; gone "$pid" || say "process $pid still runs 10 s after SIGKILL"; }
   rm -f "$f"
 }
 
