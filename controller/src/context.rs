@@ -5,9 +5,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use ipkeep_api::PersistentPodStateStatus;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
 
+use crate::admission_plan::Plans;
 use crate::caches::Caches;
 use crate::metrics::Metrics;
 
@@ -27,6 +31,10 @@ pub struct Context {
     /// could drop a record written a moment ago. Only this replica (the leader) writes status,
     /// so its own last write is the newest status there is.
     written: Mutex<HashMap<String, PersistentPodStateStatus>>,
+    /// The admission plans the record loop decided ([`crate::admission_plan`]).
+    pub plans: Plans,
+    /// Namespaces whose admission plan is to be written again.
+    plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -36,12 +44,14 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Builds the context.
+    /// Builds the context; `plan_namespaces` receives the namespaces whose admission plan is
+    /// to be written again.
     pub fn new(
         client: Client,
         caches: Caches,
         recorder: Recorder,
         metrics: std::sync::Arc<Metrics>,
+        plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
     ) -> Self {
         Self {
             client,
@@ -49,7 +59,15 @@ impl Context {
             recorder,
             metrics,
             written: Mutex::default(),
+            plans: Plans::default(),
+            plan_namespaces,
         }
+    }
+
+    /// Asks for the admission plan of `namespace` to be written again.
+    pub fn plan_namespace(&self, namespace: &str) {
+        // The receiver goes only when the controller stops.
+        let _ = self.plan_namespaces.send(ObjectRef::new(namespace));
     }
 
     /// The newest status of PPS `uid`: our last write if the cache has not caught up with it.

@@ -10,7 +10,10 @@
 //! - [`watches`]: every watch, its cache and change filter, for the three loops.
 //! - [`caches`]: what the caches keep of each object, change fingerprints, and the event → PPS
 //!   mapping.
-//! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss).
+//! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss, and deciding
+//!   the admission plan of its StatefulSet's new pods).
+//! - [`admission_plan`]: writing each namespace's admission plans into its ConfigMap, which the
+//!   admission policy `ipkeep-pin` reads.
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
 //! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
 //! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
@@ -20,6 +23,7 @@
 //! - [`synced`]: when every watch cache had its first full list, for any number of waiters.
 //! - [`leader`], [`metrics`], [`http`]: leader election, Prometheus metrics, health endpoints.
 
+pub mod admission_plan;
 pub mod args;
 pub mod caches;
 pub mod certificates;

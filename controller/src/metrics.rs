@@ -9,13 +9,21 @@ use prometheus_client::registry::Registry;
 use std::time::Instant;
 
 /// Every controller loop (the `controller` label).
-const LOOPS: [&str; 3] = ["record", "generate", "lifecycle"];
+const LOOPS: [&str; 4] = ["record", "generate", "lifecycle", "admission-plan"];
 
 /// Which controller loop.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LoopLabel {
-    /// `record` (PersistentPodState), `generate` (StatefulSet) or `lifecycle` (pod).
+    /// `record` (PersistentPodState), `generate` (StatefulSet), `lifecycle` (pod) or
+    /// `admission-plan` (namespace).
     pub controller: &'static str,
+}
+
+/// A namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabel {
+    /// Its name.
+    pub namespace: String,
 }
 
 /// A failed reconcile.
@@ -42,6 +50,10 @@ pub struct Metrics {
     pub node_loss_fallbacks: Counter,
     /// Pending pods deleted because the pin they were created with fell back.
     pub stranded_pods_deleted: Counter,
+    /// Writes of a namespace's admission plan ConfigMap.
+    pub admission_plan_writes: Counter,
+    /// Per namespace: StatefulSets whose pins did not fit in its admission plan.
+    pub admission_plan_omitted: Family<NamespaceLabel, Gauge>,
     /// Records held by all PersistentPodStates in the cache (set at scrape time).
     pub records: Gauge,
     /// 1 while this replica holds the leader lease.
@@ -72,6 +84,8 @@ impl Default for Metrics {
             records_pruned: Counter::default(),
             node_loss_fallbacks: Counter::default(),
             stranded_pods_deleted: Counter::default(),
+            admission_plan_writes: Counter::default(),
+            admission_plan_omitted: Family::default(),
             records: Gauge::default(),
             leader: Gauge::default(),
             webhook_certificate_expiry: Gauge::default(),
@@ -108,6 +122,16 @@ impl Default for Metrics {
             "stranded_pods_deleted",
             "Pending pods deleted because the pin they were created with fell back to preferred terms",
             m.stranded_pods_deleted.clone(),
+        );
+        registry.register(
+            "admission_plan_writes",
+            "Writes of a namespace's admission plan (the ConfigMap ipkeep-admission-plan)",
+            m.admission_plan_writes.clone(),
+        );
+        registry.register(
+            "admission_plan_omitted_statefulsets",
+            "StatefulSets whose pins do not fit in their namespace's admission plan (their pods are pinned by the webhook or the scheduler extender)",
+            m.admission_plan_omitted.clone(),
         );
         registry.register(
             "records",

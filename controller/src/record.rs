@@ -1,16 +1,14 @@
-//! Reconciling a PersistentPodState: read the caches, decide the whole status in one pure
-//! function (`ipkeep_placement::status`) with the admission plan (`ipkeep_placement::admission`),
-//! write it by server-side apply if it changed, then
+//! Reconciling a PersistentPodState: read the caches, decide the whole status and the admission
+//! plan in one pure function (`ipkeep_placement::status`), hand the plan to the admission plan
+//! loop ([`crate::admission_plan`]), write the status by server-side apply if it changed, then
 //! publish Events and metrics for what changed and delete the pods a fallen-back pin stranded.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipkeep_api::{AdmissionPlan, PersistentPodState, PersistentPodStateStatus};
-use ipkeep_placement::admission::{self, PlanTarget};
-use ipkeep_placement::condition::{self, READY};
-use ipkeep_placement::pin;
+use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
+use ipkeep_placement::condition::{self, ADMISSION_PLANNED, READY};
 use ipkeep_placement::record::{self, RecordChange};
 use ipkeep_placement::status::{self, StatusInput, Verdict};
 use ipkeep_placement::view::{NodeView, PodView, TargetView, adopts};
@@ -44,12 +42,16 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     let uid = pps.uid().ok_or(Error::MissingMeta("uid"))?;
     let previous = ctx.newest_status(&uid, pps.status.as_ref());
     let now = now_in_whole_seconds();
-    let target = ctx
+    let sts = ctx
         .caches
         .statefulsets
         .get(&ObjectRef::new(&pps.spec.target_ref.name).within(&namespace))
-        .filter(|s| s.meta().deletion_timestamp.is_none())
-        .map(|sts| TargetView::from_statefulset(&sts));
+        .filter(|s| s.meta().deletion_timestamp.is_none());
+    let target = sts.as_deref().map(TargetView::from_statefulset);
+    let template = sts
+        .as_deref()
+        .and_then(|s| s.spec.as_ref())
+        .map(|s| &s.template);
     let (pods, nodes) = gather(&ctx, &namespace, target.as_ref(), &previous);
     let mut decided = status::reconcile(&StatusInput {
         name: &name,
@@ -59,6 +61,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         generation: pps.meta().generation,
         previous: &previous,
         target: target.as_ref(),
+        template,
         pods: &pods,
         nodes: &nodes,
         now: &now,
@@ -74,7 +77,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         }
         _ => {}
     }
-    decided.status.admission = admission_plan(&pps, &ctx, &namespace, &decided.status);
+    crate::admission_plan::plan_decided(&ctx, &pps, decided.plan.take());
     write_status(&pps, &ctx, &previous, &decided.status).await?;
     publish_changes(&pps, &ctx, &decided.changes).await;
     announce_conditions(&pps, &ctx, &previous, &decided.status).await;
@@ -84,48 +87,6 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     Ok(decided.requeue.map_or_else(Action::await_change, |after| {
         Action::requeue(after + Duration::from_millis(100))
     }))
-}
-
-/// What the admission policy gives the new pods of the StatefulSet (`status.admission`), if
-/// `pps` is the PersistentPodState the webhook reads for it ([`pin::persistent_pod_state_of`]);
-/// decided as if `status` were already written. Without the StatefulSet, what every pod gets.
-fn admission_plan(
-    pps: &PersistentPodState,
-    ctx: &Context,
-    namespace: &str,
-    status: &PersistentPodStateStatus,
-) -> Option<AdmissionPlan> {
-    let name = &pps.spec.target_ref.name;
-    let candidates: Vec<Arc<PersistentPodState>> = (ctx.caches.pps_targeting(namespace, name))
-        .iter()
-        .filter_map(|r| ctx.caches.pps.get(r))
-        .collect();
-    let chosen = pin::persistent_pod_state_of(candidates.iter().map(Arc::as_ref), name)?;
-    if chosen.uid() != pps.uid() {
-        return None;
-    }
-    let decided_on = PersistentPodState {
-        status: Some(status.clone()),
-        ..pps.clone()
-    };
-    let sts = ctx
-        .caches
-        .statefulsets
-        .get(&ObjectRef::new(name).within(namespace))
-        .filter(|s| s.meta().deletion_timestamp.is_none());
-    let Some(sts) = sts else {
-        return admission::plan_without_target(&decided_on, namespace);
-    };
-    let uid = sts.uid()?;
-    admission::plan(
-        &decided_on,
-        namespace,
-        PlanTarget {
-            name,
-            uid: &uid,
-            template: &sts.spec.as_ref()?.template,
-        },
-    )
 }
 
 /// Whole seconds, as the API server stores `metav1.Time`: our remembered copy of the status
@@ -223,7 +184,11 @@ async fn announce_conditions(
     previous: &PersistentPodStateStatus,
     status: &PersistentPodStateStatus,
 ) {
-    for (type_, bad) in [(READY, "False"), (condition::NODE_LOST, "True")] {
+    for (type_, bad) in [
+        (READY, "False"),
+        (condition::NODE_LOST, "True"),
+        (ADMISSION_PLANNED, "False"),
+    ] {
         let key = |s: &PersistentPodStateStatus| {
             s.condition(type_)
                 .map(|c| (c.status.clone(), c.reason.clone()))

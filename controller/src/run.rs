@@ -21,7 +21,7 @@ use crate::caches::CachedPod;
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderError, LeaderSettings};
-use crate::{generate, lifecycle, pin_skipped, record, watches};
+use crate::{admission_plan, generate, lifecycle, pin_skipped, record, watches};
 
 /// How long the loops get to finish their reconciles in flight once asked to stop (within the
 /// process's own grace, `ipkeep_daemon::STOP_GRACE`, so the lease is released before it ends).
@@ -150,6 +150,8 @@ async fn run_controllers(
         hooked: (hooked_cache, hooked_changes),
         triggers,
         pin_skipped: skipped,
+        plan_namespaces,
+        plan_sender,
     } = watches::open(&client);
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
     let recorder = Recorder::new(
@@ -164,6 +166,7 @@ async fn run_controllers(
         caches.clone(),
         recorder,
         health.metrics.clone(),
+        plan_sender,
     ));
     let config = controller::Config::default()
         .concurrency(settings.concurrency)
@@ -214,8 +217,27 @@ async fn run_controllers(
         .reconcile_on(triggered)
         .with_config(controller::Config::default().concurrency(settings.concurrency))
         .graceful_shutdown_on(stop.clone())
-        .run(lifecycle::reconcile, lifecycle::error_policy, ctx)
+        .run(lifecycle::reconcile, lifecycle::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(lifecycle::LOOP, result) });
+
+    // One namespace's admission plan at a time, coalesced like the record loop's triggers.
+    let plan_loop = Controller::for_stream(
+        futures::stream::empty::<Result<Namespace, kube::runtime::watcher::Error>>(),
+        caches.namespaces.clone(),
+    )
+    .reconcile_on(plan_namespaces)
+    .with_config(
+        controller::Config::default()
+            .concurrency(settings.concurrency)
+            .debounce(settings.debounce),
+    )
+    .graceful_shutdown_on(stop.clone())
+    .run(
+        admission_plan::reconcile,
+        admission_plan::error_policy,
+        ctx.clone(),
+    )
+    .for_each(|result| async move { log_result(admission_plan::LOOP, result) });
 
     let mark_ready = {
         let health = health.clone();
@@ -230,6 +252,7 @@ async fn run_controllers(
         record_loop,
         generate_loop,
         lifecycle_loop,
+        plan_loop,
         mark_ready,
         announce
     );

@@ -62,6 +62,11 @@ pub struct Watches {
     pub triggers: BoxStream<'static, Trigger>,
     /// Pods the webhook marked with a skipped pin, for [`pin_skipped::announce`].
     pub pin_skipped: mpsc::UnboundedReceiver<CachedPod>,
+    /// Namespaces whose admission plan is to be written again: a PersistentPodState of it was
+    /// deleted, or (through `plan_sender`) a plan of it changed.
+    pub plan_namespaces: BoxStream<'static, ObjectRef<Namespace>>,
+    /// The sender of `plan_namespaces`, for the record loop.
+    pub plan_sender: mpsc::UnboundedSender<ObjectRef<Namespace>>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -78,6 +83,8 @@ pub fn open(client: &Client) -> Watches {
 
     let (pps_reader, pps_writer) = reflector::store();
     let (generate_tx, generate_rx) = mpsc::unbounded_channel();
+    let (plan_tx, plan_rx) = mpsc::unbounded_channel();
+    let plan_on_delete = plan_tx.clone();
     let pps = tracker
         .track(
             synced::Cache::PersistentPodStates,
@@ -92,6 +99,13 @@ pub fn open(client: &Client) -> Watches {
         )
         .inspect(Tap::inspector(&trigger_tx))
         .inspect(caches::statefulsets_of_pps_events(generate_tx))
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(pps)) = event
+                && let Some(namespace) = pps.metadata.namespace.as_deref()
+            {
+                let _ = plan_on_delete.send(ObjectRef::new(namespace));
+            }
+        })
         .applied_objects();
 
     let (sts_reader, sts_writer) = reflector::store();
@@ -206,6 +220,8 @@ pub fn open(client: &Client) -> Watches {
         hooked: (hooked_reader, hooked.boxed()),
         triggers: receiver(trigger_rx),
         pin_skipped: skipped_rx,
+        plan_namespaces: receiver(plan_rx),
+        plan_sender: plan_tx,
     }
 }
 

@@ -18,8 +18,10 @@ const WEBHOOK: ListenerLimits = ListenerLimits::webhook();
 /// Pins a rebuilt StatefulSet pod to the node (or zone) its PersistentPodState recorded, so it
 /// finds its local disk and, through the ipkeep CNI plugin, its old IP.
 ///
-/// Serves a mutating admission webhook (POST /mutate-pods, AdmissionReview v1), the lifecycle
-/// hooks' validating webhook (POST /validate-pods: pod DELETE and pods/eviction), and a
+/// Serves a mutating admission webhook (POST /mutate-pods, AdmissionReview v1), the mutating
+/// webhook that holds a StatefulSet's pods until the admission plan has their lifecycle hooks
+/// (POST /mutate-persistentpodstates), the lifecycle hooks' validating webhook (POST
+/// /validate-pods: pod DELETE and pods/eviction), and a
 /// kube-scheduler extender (POST /filter and /prioritize, with nodeCacheCapable: true or
 /// false), plus /healthz, /readyz and /metrics. See deploy/ for the webhook configurations and
 /// the KubeSchedulerConfiguration extender stanza.

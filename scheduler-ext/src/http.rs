@@ -26,7 +26,7 @@ use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::metrics::Metrics;
 use crate::review::{Outcome, ReviewOut, Reviewed};
-use crate::{deletion, extender, webhook};
+use crate::{deletion, extender, pending, webhook};
 
 const MIB: usize = 1 << 20;
 
@@ -124,6 +124,10 @@ const BLOCKING_ABOVE: usize = 1 << 20;
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
+        .route(
+            "/mutate-persistentpodstates",
+            post(mutate_persistent_pod_states),
+        )
         .route("/validate-pods", post(validate_pods))
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
@@ -291,6 +295,32 @@ async fn admission<R: Send + 'static>(
 fn named(pod: &Option<(String, String)>) -> (&str, &str) {
     pod.as_ref()
         .map_or(("?", "?"), |(ns, name)| (ns.as_str(), name.as_str()))
+}
+
+async fn mutate_persistent_pod_states(
+    State(state): State<AppState>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let after = |reviewed: Reviewed| {
+        if reviewed.outcome == Outcome::Labelled {
+            let (namespace, pps) = named(&reviewed.pod);
+            tracing::info!(namespace = ?namespace, pps = ?pps, "PersistentPodState with new hooks labelled pending until they are in the admission plan");
+        }
+        reviewed.outcome
+    };
+    let request = (client, headers, body);
+    let endpoint = "mutate-persistentpodstates";
+    admission(
+        &state,
+        endpoint,
+        request,
+        pending::review,
+        |r| &r.review,
+        after,
+    )
+    .await
 }
 
 async fn mutate_pods(

@@ -7,6 +7,9 @@
 //!   `ipkeep.dev/pinned-by`; a pin the pod's own constraints exclude is skipped and explained
 //!   (`ipkeep.dev/pin-skipped` and an admission warning; the controller publishes the
 //!   `PinSkipped` Event once the pod exists).
+//! - **Mutating webhook** `/mutate-persistentpodstates` ([`pending`]): labels a
+//!   PersistentPodState that gets lifecycle hooks pending until ipkeep-controller has put them
+//!   into the admission plan, so the StatefulSet's first pods wait for them.
 //! - **Validating webhook** `/validate-pods` ([`deletion`]): holds the deletion and eviction of a
 //!   pod that carries its PreDelete lifecycle hook. An answer only: the server writes nothing to
 //!   the API (it takes requests nobody authenticates, so it holds no write permission).
@@ -29,6 +32,7 @@ pub mod error;
 pub mod extender;
 pub mod http;
 pub mod metrics;
+pub mod pending;
 pub mod pod;
 pub mod review;
 pub mod tls;

@@ -44,7 +44,13 @@ pub struct ReloadLabel {
 }
 
 /// Every endpoint, and the outcomes any of them can have (an error's).
-const ENDPOINTS: [&str; 4] = ["mutate-pods", "validate-pods", "filter", "prioritize"];
+const ENDPOINTS: [&str; 5] = [
+    "mutate-pods",
+    "mutate-persistentpodstates",
+    "validate-pods",
+    "filter",
+    "prioritize",
+];
 const ERROR_OUTCOMES: [&str; 3] = ["invalid", "not-ready", "busy"];
 
 /// Every metric the scheduler extension exports.

@@ -194,6 +194,8 @@ pub enum Outcome {
     Held,
     /// `/validate-pods`: held by its hook, let through by an escape hatch.
     Escaped,
+    /// `/mutate-persistentpodstates`: labelled pending until its hooks are in the plan.
+    Labelled,
 }
 
 impl Outcome {
@@ -208,6 +210,7 @@ impl Outcome {
             Outcome::Allowed => "allowed",
             Outcome::Held => "held",
             Outcome::Escaped => "escaped",
+            Outcome::Labelled => "labelled",
         }
     }
 }

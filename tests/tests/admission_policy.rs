@@ -2,17 +2,21 @@
 //! and later serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy), against the
 //! webhook's own edit of the same pod (`pin::decide`, `affinity::apply`, the hooks' marks):
 //! for each template shape and pod name, a pod created through the API server (dry run) with
-//! the plan the controller writes (`admission::plan`) in its PersistentPodState's status carries
-//! what the webhook gives it, the required pin in `spec.nodeSelector` instead of in every
-//! required term.
+//! the plan the controller writes (`admission::plan`, `admission::encode`) in the namespace's
+//! ConfigMap `ipkeep-admission-plan` carries what the webhook gives it, the required pin in
+//! `spec.nodeSelector` instead of in every required term. Then: the parameter is that one
+//! ConfigMap whatever else the namespace holds, and who may write it and the records
+//! (deploy/controller/admission-policies.yaml).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use ipkeep_placement::admission::{PlanTarget, plan};
-use ipkeep_placement::pin::{Decision, decide};
+use ipkeep_api::k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
+use ipkeep_placement::admission::{
+    AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL, PlanTarget, PodPlan, encode, plan,
+};
+use ipkeep_placement::pin::{Decision, Requirement, decide};
 use ipkeep_placement::{affinity, lifecycle};
 use ipkeep_tests::apiserver::{self, TestNamespace};
 use kube::Api;
@@ -23,6 +27,47 @@ const HOST: &str = "kubernetes.io/hostname";
 const ZONE: &str = "topology.kubernetes.io/zone";
 const STS_UID: &str = "6a1e4f0c-0000-4000-8000-000000000001";
 const SKIPPED: &str = "ipkeep.dev/pin-skipped";
+/// ipkeep-controller's user name in deploy/ (namespace ipkeep-system).
+const CONTROLLER: &str = "system:serviceaccount:ipkeep-system:ipkeep-controller";
+
+/// A client of the test's server as `user` in `groups` (the admin impersonating them).
+async fn client_as(t: &TestNamespace, user: &str, groups: &[&str]) -> kube::Client {
+    let mut config = t.server.config(&t.name).await;
+    config.auth_info.impersonate = Some(user.into());
+    config.auth_info.impersonate_groups = Some(
+        groups
+            .iter()
+            .copied()
+            .chain(["system:authenticated"])
+            .map(String::from)
+            .collect(),
+    );
+    kube::Client::try_from(config).expect("an impersonating client")
+}
+
+fn admission_policies_yaml() -> String {
+    let path = ipkeep_tests::cluster::repo_root().join("deploy/controller/admission-policies.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Whether this kube-apiserver serves MutatingAdmissionPolicy (1.36 and later); says so if not.
+fn serves_policies(t: &TestNamespace) -> bool {
+    let served = t.server.kubectl().run(&[
+        "api-resources",
+        "--api-group=admissionregistration.k8s.io",
+        "-o",
+        "name",
+    ]);
+    let yes = served
+        .lines()
+        .any(|l| l.starts_with("mutatingadmissionpolicies."));
+    if !yes {
+        eprintln!(
+            "skipped: this kube-apiserver does not serve MutatingAdmissionPolicy (Kubernetes 1.36 and later do): {served}"
+        );
+    }
+    yes
+}
 
 fn policy_yaml() -> String {
     let path = ipkeep_tests::cluster::repo_root().join("deploy/admission-policy/pin-policy.yaml");
@@ -104,12 +149,11 @@ async fn through_policy(t: &TestNamespace, pod: &Pod) -> Pod {
     api.create(&dry, pod).await.expect("a dry-run pod create")
 }
 
-/// Writes `pps` with its status and the plan the controller would add to it.
+/// Writes the plan the controller decides for `pps` and `template` into the namespace's
+/// ConfigMap, as the controller writes it (server-side apply).
 async fn write(t: &TestNamespace, pps: &PersistentPodState, template: &PodTemplateSpec) {
-    let api: Api<PersistentPodState> = Api::namespaced(t.client.clone(), &t.name);
-    let mut status = pps.status.clone().expect("a status");
-    status.admission = plan(
-        pps,
+    let plan = plan(
+        pps.into(),
         &t.name,
         PlanTarget {
             name: "db",
@@ -117,17 +161,25 @@ async fn write(t: &TestNamespace, pps: &PersistentPodState, template: &PodTempla
             template,
         },
     );
-    let body = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
-                      "metadata": {"name": "db"}, "spec": pps.spec});
-    let apply = PatchParams::apply("admission-policy-test").force();
-    api.patch("db", &apply, &Patch::Apply(&body))
-        .await
-        .expect("apply the PersistentPodState");
-    let body = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
-                      "status": status});
-    api.patch_status("db", &apply, &Patch::Apply(&body))
-        .await
-        .expect("apply its status");
+    write_plans(t, &t.name, plan.as_slice()).await;
+}
+
+/// Applies the encoding of `plans` as namespace `ns`'s admission plan, as ipkeep-controller.
+async fn write_plans(t: &TestNamespace, ns: &str, plans: &[AdmissionPlan]) {
+    let encoded = encode(plans, PLAN_BUDGET);
+    assert!(encoded.omitted.is_empty(), "{:?}", encoded.omitted);
+    let controller = client_as(t, CONTROLLER, &["system:masters"]).await;
+    let api: Api<ConfigMap> = Api::namespaced(controller, ns);
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": PLAN_CONFIGMAP, "labels": {PLAN_LABEL: "true"}},
+        "data": encoded.data});
+    api.patch(
+        PLAN_CONFIGMAP,
+        &PatchParams::apply("ipkeep-controller").force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .expect("apply the admission plan");
 }
 
 fn field(pod: &Pod, pointer: &str) -> Value {
@@ -238,22 +290,10 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
     let Some(t) = apiserver::namespace("admission_policy", "pin").await else {
         return;
     };
-    let kubectl = t.server.kubectl();
-    let served = kubectl.run(&[
-        "api-resources",
-        "--api-group=admissionregistration.k8s.io",
-        "-o",
-        "name",
-    ]);
-    if !served
-        .lines()
-        .any(|l| l.starts_with("mutatingadmissionpolicies."))
-    {
-        eprintln!(
-            "skipped: this kube-apiserver does not serve MutatingAdmissionPolicy (Kubernetes 1.36 and later do): {served}"
-        );
+    if !serves_policies(&t) {
         return;
     }
+    let kubectl = t.server.kubectl();
     kubectl.apply(&policy_yaml());
     let hooks =
         json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}});
@@ -352,7 +392,8 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
     );
     assert!(field(&got, "/metadata/annotations/ipkeep.dev~1pinned-by").is_null());
 
-    // A pod of another StatefulSet of the name: what every pod gets, no pin.
+    // A pod of another StatefulSet of the name (a stale plan, or a forged owner name): the
+    // plan is not its, nothing changes.
     let other = submitted(
         &t.name,
         "db-0",
@@ -361,12 +402,459 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
     );
     let got = through_policy(&t, &other).await;
     assert_eq!(
-        field(&got, "/metadata/annotations/ipkeep.dev~1ip-retention"),
-        "2h"
+        compared(&got),
+        compared(&other),
+        "another StatefulSet's pod changed by this one's plan"
     );
+}
+
+/// A pinned pod plan for `name` on node `node`.
+fn pinned_on(node: &str) -> PodPlan {
+    PodPlan::Pinned {
+        required: vec![Requirement {
+            key: HOST.into(),
+            value: node.into(),
+        }],
+        preferred: vec![],
+    }
+}
+
+/// The plan of StatefulSet `sts` (its UID `uid`) with `pods` pinned each to node `node-<i>`.
+fn big_plan(sts: &str, uid: &str, pods: usize) -> AdmissionPlan {
+    AdmissionPlan {
+        persistent_pod_state: sts.into(),
+        stateful_set: sts.into(),
+        stateful_set_uid: uid.into(),
+        annotations: [(
+            "ipkeep.dev/persistent-pod-state".to_string(),
+            sts.to_string(),
+        )]
+        .into(),
+        decided_on: ipkeep_placement::admission::node_constraints(None),
+        pods: (0..pods)
+            .map(|i| (format!("{sts}-{i}"), pinned_on(&format!("node-{i:05}"))))
+            .collect(),
+        ..AdmissionPlan::default()
+    }
+}
+
+/// Mean milliseconds of `n` dry-run creates of `pod` (after one to warm up).
+async fn mean_create_ms(t: &TestNamespace, pod: &Pod, n: u32) -> f64 {
+    through_policy(t, pod).await;
+    let start = Instant::now();
+    for _ in 0..n {
+        through_policy(t, pod).await;
+    }
+    start.elapsed().as_secs_f64() * 1000.0 / f64::from(n)
+}
+
+/// The policy's parameter is the namespace's one ConfigMap, read lazily: a pod's admission finds
+/// its entry among 10,000 while the namespace also holds large PersistentPodStates and many
+/// other ConfigMaps (none of them a parameter). The time per create is printed, not asserted
+/// (docs/benchmarks.md has the measured comparison).
+#[tokio::test]
+async fn the_parameter_is_one_configmap_whatever_the_namespace_holds() {
+    let Some(t) = apiserver::namespace("admission_policy", "one").await else {
+        return;
+    };
+    if !serves_policies(&t) {
+        return;
+    }
+    t.server.kubectl().apply(&policy_yaml());
+    // What a tenant may fill the namespace with: PersistentPodStates as large as the schema
+    // lets them be, and ConfigMaps without the plan's label.
+    let annotations: Vec<Value> = (0..16)
+        .map(|i| json!({"key": format!("{}/{i:0>60}", "a".repeat(250))}))
+        .collect();
+    let pps_api: Api<PersistentPodState> = Api::namespaced(t.client.clone(), &t.name);
+    for i in 0..30 {
+        let mut p = pps(&t.name, json!({"persistentPodAnnotations": annotations}));
+        p.metadata.name = Some(format!("filler-{i}"));
+        p.spec.target_ref.name = format!("filler-{i}");
+        p.status = None;
+        pps_api
+            .create(&PostParams::default(), &p)
+            .await
+            .expect("a PersistentPodState as large as the schema allows");
+    }
+    let cm_api: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.name);
+    for i in 0..100 {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("app-{i}")},
+            "data": {"config": "x".repeat(4096)}}))
+            .expect("a ConfigMap");
+        cm_api
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("create a ConfigMap");
+    }
+    let tpl = template(json!({}));
+    let big_uid = "6a1e4f0c-0000-4000-8000-000000000b16";
+    write_plans(
+        &t,
+        &t.name,
+        &[
+            big_plan("big", big_uid, 10_000),
+            big_plan("db", STS_UID, 10),
+        ],
+    )
+    .await;
+    let big = {
+        let mut pod = submitted(&t.name, "big-9999", &tpl, big_uid);
+        pod.metadata.owner_references.as_mut().expect("an owner")[0].name = "big".into();
+        pod
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let got = loop {
+        let got = through_policy(&t, &big).await;
+        if field(&got, "/spec/nodeSelector").is_object() || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        field(&got, "/spec/nodeSelector"),
+        json!({HOST: "node-09999"}),
+        "the last of 10,000 entries"
+    );
+    assert_eq!(
+        field(&got, "/metadata/annotations/ipkeep.dev~1pinned-by"),
+        "big"
+    );
+    let small = submitted(&t.name, "db-3", &tpl, STS_UID);
+    assert_eq!(
+        field(&through_policy(&t, &small).await, "/spec/nodeSelector"),
+        json!({HOST: "node-00003"})
+    );
+    let selected = t.server.kubectl().run(&[
+        "get",
+        "configmaps",
+        "-n",
+        &t.name,
+        "-l",
+        PLAN_LABEL,
+        "-o",
+        "name",
+    ]);
+    assert_eq!(
+        selected.trim(),
+        format!("configmap/{PLAN_CONFIGMAP}"),
+        "the binding's selector finds one object in the namespace"
+    );
+    let at_10k = mean_create_ms(&t, &big, 50).await;
+    let at_10 = mean_create_ms(&t, &small, 50).await;
+    eprintln!(
+        "dry-run create through the policy: {at_10k:.2} ms with 10,000 entries (the pod's StatefulSet), {at_10:.2} ms with 10 (its StatefulSet; same ConfigMap): {:.2}x",
+        at_10k / at_10
+    );
+}
+
+/// Only ipkeep-controller writes a namespace's admission plan and a PersistentPodState's status
+/// (deploy/controller/admission-policies.yaml), whatever RBAC grants a tenant; and
+/// ipkeep-controller writes no other ConfigMap. A namespace being deleted takes its plan along.
+#[tokio::test]
+async fn only_ipkeep_controller_writes_the_plans_and_the_records() {
+    let Some(t) = apiserver::namespace("admission_policy", "writers").await else {
+        return;
+    };
+    let kubectl = t.server.kubectl();
+    // A tenant who may do anything with ConfigMaps and PersistentPodStates in its namespace.
+    kubectl.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: tenant, namespace: {ns}}}
+rules:
+- apiGroups: [\"\"]
+  resources: [configmaps]
+  verbs: [\"*\"]
+- apiGroups: [ipkeep.dev]
+  resources: [\"*\"]
+  verbs: [\"*\"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: tenant, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: tenant}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: tenant}}]
+",
+        ns = t.name
+    ));
+    kubectl.apply(&admission_policies_yaml());
+    let tenant = client_as(&t, "tenant", &[]).await;
+    let controller = client_as(&t, CONTROLLER, &["system:masters"]).await;
+    let cms = |c: &kube::Client| Api::<ConfigMap>::namespaced(c.clone(), &t.name);
+    let cm = |name: &str, labels: Value| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
+            "data": {"uid.db": STS_UID, "pod.db-0": "0=attacker-node|"}}))
+        .expect("a ConfigMap")
+    };
+    let refused = |r: Result<ConfigMap, kube::Error>, what: &str| match r {
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 422 => s.message,
+        other => panic!("{what}: not refused: {other:?}"),
+    };
+    // The policies' informers start asynchronously: the first refusal may take a moment.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let message = loop {
+        match cms(&tenant)
+            .create(
+                &PostParams::default(),
+                &cm(PLAN_CONFIGMAP, json!({PLAN_LABEL: "true"})),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("ipkeep") => {
+                break s.message;
+            }
+            Ok(_) => {
+                let _ = cms(&t.client)
+                    .delete(PLAN_CONFIGMAP, &Default::default())
+                    .await;
+            }
+            Err(e) => panic!("the tenant's plan: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "60 s after the policies were applied, a tenant still writes the plan"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert!(
-        field(&got, "/spec/nodeSelector").is_null(),
-        "another StatefulSet's pod pinned: {:?}",
-        got.spec
+        message.contains("only ipkeep-controller writes the admission plan"),
+        "{message}"
     );
+    // Under another name, with the label the binding selects by: refused too.
+    refused(
+        cms(&tenant)
+            .create(
+                &PostParams::default(),
+                &cm("innocent", json!({PLAN_LABEL: "true"})),
+            )
+            .await,
+        "a tenant's labelled ConfigMap",
+    );
+    // An ordinary ConfigMap is the tenant's to write; the label is not.
+    cms(&tenant)
+        .create(&PostParams::default(), &cm("ordinary", json!({})))
+        .await
+        .expect("a tenant's own ConfigMap");
+    refused(
+        cms(&tenant)
+            .patch(
+                "ordinary",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {PLAN_LABEL: "true"}}})),
+            )
+            .await,
+        "a tenant labelling its ConfigMap",
+    );
+    // ipkeep-controller writes the plan, and nothing else.
+    write_plans(&t, &t.name, &[big_plan("db", STS_UID, 2)]).await;
+    refused(
+        cms(&controller)
+            .create(&PostParams::default(), &cm("other", json!({})))
+            .await,
+        "ipkeep-controller writing another ConfigMap",
+    );
+    // The tenant can neither change nor delete the plan.
+    refused(
+        cms(&tenant)
+            .patch(
+                PLAN_CONFIGMAP,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"pod.db-0": "0=attacker-node|"}})),
+            )
+            .await,
+        "a tenant changing the plan",
+    );
+    match cms(&tenant)
+        .delete(PLAN_CONFIGMAP, &Default::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("a tenant deleting the plan: not refused: {other:?}"),
+    }
+    // The records: the tenant writes its PersistentPodState, not its status.
+    let pps_api = |c: &kube::Client| Api::<PersistentPodState>::namespaced(c.clone(), &t.name);
+    let mut mine = pps(&t.name, json!({}));
+    mine.status = None;
+    pps_api(&tenant)
+        .create(&PostParams::default(), &mine)
+        .await
+        .expect("a tenant's PersistentPodState");
+    let forged = json!({"status": {"podStates": {"db-0": {"nodeName": "attacker-node"}}}});
+    match pps_api(&tenant)
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            assert!(
+                s.message.contains("only ipkeep-controller"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("a tenant writing records: not refused: {other:?}"),
+    }
+    pps_api(&controller)
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .expect("ipkeep-controller writes the records");
+    // A namespace being deleted takes its plan along (the namespace controller deletes it).
+    t.server.start_gc();
+    let doomed = format!("{}-doomed", t.name);
+    t.create_namespace(&doomed, json!({})).await;
+    write_plans(&t, &doomed, &[big_plan("db", STS_UID, 2)]).await;
+    kubectl.run(&["delete", "namespace", &doomed, "--wait=false"]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = kubectl.try_run(&["get", "namespace", &doomed], None);
+        if !left.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "namespace {doomed} with an admission plan not deleted in 90 s: {}",
+            kubectl.run(&["get", "namespace", &doomed, "-o", "yaml"])
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    kubectl.run(&[
+        "delete",
+        "-f",
+        &ipkeep_tests::cluster::repo_root()
+            .join("deploy/controller/admission-policies.yaml")
+            .to_string_lossy(),
+    ]);
+}
+
+/// A PersistentPodState created with lifecycle hooks (or given them) is labelled
+/// `ipkeep.dev/admission-pending`, and while it is, its StatefulSet's pods are refused (the
+/// StatefulSet controller retries); other StatefulSets' pods, and those of a
+/// PersistentPodState without hooks, are never refused. ipkeep-controller removes the label
+/// once the hooks are in the plan (tests/tests/cluster/lifecycle.rs shows it with the real
+/// controller).
+#[tokio::test]
+async fn a_hooked_persistent_pod_state_holds_its_pods_until_the_plan_is_in_place() {
+    let Some(t) = apiserver::namespace("admission_policy", "pending").await else {
+        return;
+    };
+    if !serves_policies(&t) {
+        return;
+    }
+    let kubectl = t.server.kubectl();
+    kubectl.apply(&policy_yaml());
+    kubectl.apply(&admission_policies_yaml());
+    let api: Api<PersistentPodState> = Api::namespaced(t.client.clone(), &t.name);
+    let hooks =
+        json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}});
+    let pending = |p: &PersistentPodState| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("ipkeep.dev/admission-pending"))
+            .cloned()
+    };
+    // The labelling policy's informers start asynchronously.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let hooked = loop {
+        let mut p = pps(&t.name, hooks.clone());
+        p.status = None;
+        let created = api
+            .create(&PostParams::default(), &p)
+            .await
+            .expect("a hooked PersistentPodState");
+        if pending(&created).is_some() {
+            break created;
+        }
+        api.delete("db", &Default::default())
+            .await
+            .expect("delete it");
+        assert!(
+            Instant::now() < deadline,
+            "60 s after the policy was applied, a hooked PersistentPodState is not labelled"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(pending(&hooked).as_deref(), Some("true"));
+    let mut plain = pps(&t.name, json!({}));
+    plain.metadata.name = Some("web".into());
+    plain.spec.target_ref.name = "web".into();
+    plain.status = None;
+    let plain = api
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect("a PersistentPodState without hooks");
+    assert_eq!(pending(&plain), None, "no hooks, no label");
+
+    let tpl = template(json!({}));
+    let db0 = submitted(&t.name, "db-0", &tpl, STS_UID);
+    let mut web0 = submitted(&t.name, "web-0", &tpl, STS_UID);
+    web0.metadata.owner_references.as_mut().expect("an owner")[0].name = "web".into();
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), &t.name);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let message = loop {
+        match pods.create(&dry, &db0).await {
+            Err(kube::Error::Api(s)) if s.code == 403 => break s.message,
+            Ok(_) => {}
+            Err(e) => panic!("db-0: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "60 s after the policy was applied, a pending StatefulSet's pod is still created"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        message.contains("has lifecycle hooks") && message.contains("ipkeep.dev/admission-pending"),
+        "{message}"
+    );
+    pods.create(&dry, &web0)
+        .await
+        .expect("another StatefulSet's pod is never held");
+    // ipkeep-controller's part: the label goes, the pods come.
+    api.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"ipkeep.dev/admission-pending": null}}})),
+    )
+    .await
+    .expect("remove the label");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = pods.create(&dry, &db0).await {
+        assert!(
+            Instant::now() < deadline,
+            "30 s after the label went, db-0 is still refused: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Changing the hooks labels it again; an unrelated change does not.
+    let unrelated = api
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ipRetention": "3h"}})),
+        )
+        .await
+        .expect("change the retention");
+    assert_eq!(pending(&unrelated), None);
+    let rehooked = api
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "yes"}}}}})),
+        )
+        .await
+        .expect("change the hooks");
+    assert_eq!(pending(&rehooked).as_deref(), Some("true"));
+    kubectl.run(&[
+        "delete",
+        "-f",
+        &ipkeep_tests::cluster::repo_root()
+            .join("deploy/controller/admission-policies.yaml")
+            .to_string_lossy(),
+    ]);
 }

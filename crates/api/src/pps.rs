@@ -9,6 +9,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What a PersistentPodState asks for. JSON names follow OpenKruise's `apps.kruise.io/v1alpha1`.
+// Every list, map and string has a bound in the schema (the `MAX_*` constants below,
+// docs/reference.md), so what anyone may write into a PersistentPodState stays small for every
+// component that caches it.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "ipkeep.dev",
@@ -18,6 +21,7 @@ use serde::{Deserialize, Serialize};
     status = "PersistentPodStateStatus",
     shortname = "pps",
     category = "ipkeep",
+    doc = "Records, for every pod of a StatefulSet, the node it ran on (with the node's topology labels) and its IPs, so that a rebuilt pod is pinned to the same node or zone and gets the same IPs back (ipkeep.dev).",
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetRef.name","description":"The StatefulSet whose pods are recorded"}"#,
     printcolumn = r#"{"name":"Recorded","type":"integer","jsonPath":".status.recordedPods","description":"Pods with a record"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
@@ -29,12 +33,14 @@ pub struct PersistentPodStateSpec {
     pub target_ref: TargetReference,
     /// Pod annotation keys whose values are recorded in status (record only, as in OpenKruise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PERSISTENT_POD_ANNOTATIONS))]
     pub persistent_pod_annotations: Vec<PersistentPodAnnotation>,
     /// Node label keys whose recorded values a rebuilt pod must match (required node affinity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub required_persistent_topology: Option<NodeTopologyTerm>,
     /// Node label keys whose recorded values a rebuilt pod should match, with a weight each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PREFERRED_TERMS))]
     pub preferred_persistent_topology: Vec<PreferredTopologyTerm>,
     /// When records are removed: `WhenScaled` (ordinal no longer in the StatefulSet's range, and
     /// no pod holds the name) or `WhenDeleted` (only when the StatefulSet is gone).
@@ -47,7 +53,10 @@ pub struct PersistentPodStateSpec {
     /// (`30m`, `24h`, `forever`; `0` turns retention off). The scheduler extension stamps it on
     /// the pod as `ipkeep.dev/ip-retention`.
     #[serde(default = "default_ip_retention")]
-    #[schemars(regex(pattern = r"^(0|forever|([0-9]+(ns|us|ms|s|m|h|d))+)$"))]
+    #[schemars(
+        regex(pattern = r"^(0|forever|([0-9]+(ns|us|ms|s|m|h|d))+)$"),
+        length(max = MAX_DURATION_LENGTH)
+    )]
     pub ip_retention: String,
     /// ipkeep addition: lifecycle hooks for the StatefulSet's pods, shaped after OpenKruise's
     /// `lifecycle` with `labelsHandler` (docs/lifecycle.md). `preNormal` keeps a new pod not
@@ -149,13 +158,13 @@ fn default_ip_retention() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct TargetReference {
     /// `apps/v1`.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = MAX_NAME_LENGTH))]
     pub api_version: String,
     /// `StatefulSet`.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63))]
     pub kind: String,
     /// The StatefulSet's name.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = MAX_NAME_LENGTH))]
     pub name: String,
 }
 
@@ -163,7 +172,7 @@ pub struct TargetReference {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct PersistentPodAnnotation {
     /// The annotation key.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = MAX_KEY_LENGTH))]
     pub key: String,
 }
 
@@ -172,7 +181,10 @@ pub struct PersistentPodAnnotation {
 #[serde(rename_all = "camelCase")]
 pub struct NodeTopologyTerm {
     /// Node label keys, e.g. `kubernetes.io/hostname`, `topology.kubernetes.io/zone`.
-    #[schemars(length(min = 1), inner(length(min = 1)))]
+    #[schemars(
+        length(min = 1, max = MAX_TOPOLOGY_KEYS),
+        inner(length(min = 1, max = MAX_KEY_LENGTH))
+    )]
     pub node_topology_keys: Vec<String>,
 }
 
@@ -208,7 +220,10 @@ pub struct NodeLossPolicy {
     pub action: NodeLossAction,
     /// How long the node must have been NotReady, or missing, before the action applies.
     #[serde(default = "default_node_loss_after")]
-    #[schemars(regex(pattern = r"^([0-9]+(ns|us|ms|s|m|h|d))+$"))]
+    #[schemars(
+        regex(pattern = r"^([0-9]+(ns|us|ms|s|m|h|d))+$"),
+        length(max = MAX_DURATION_LENGTH)
+    )]
     pub after: String,
 }
 
@@ -248,117 +263,21 @@ pub struct PersistentPodStateStatus {
     /// ipkeep addition: the UID of the StatefulSet the records belong to. Records of a deleted
     /// StatefulSet never carry over to a new one with the same name.
     #[serde(default, rename = "targetUID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_UID_LENGTH))]
     pub target_uid: Option<String>,
     /// ipkeep addition: the number of records (for `kubectl get pps`).
     #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_POD_STATES))]
     pub recorded_pods: i32,
     /// One record per pod name.
     #[serde(default)]
+    #[schemars(extend("maxProperties" = MAX_POD_STATES))]
     pub pod_states: BTreeMap<String, PodState>,
-    /// ipkeep addition: `Ready` (spec valid, target found, recording) and `NodeLost`.
+    /// ipkeep addition: `Ready` (spec valid, target found, recording), `NodeLost` and
+    /// `AdmissionPlanned`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_CONDITIONS))]
     pub conditions: Vec<Condition>,
-    /// ipkeep addition: what the admission policy `ipkeep-pin` writes into the StatefulSet's
-    /// new pods, decided by the controller from the records (the webhook decides the same at
-    /// the pod's creation). Absent when this PersistentPodState manages no pods.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admission: Option<AdmissionPlan>,
-}
-
-/// What every new pod of the StatefulSet gets at creation, and what each recorded pod gets on
-/// top: the decision of the scheduler extension, precomputed, in the shape the pod's fields
-/// take, so the admission policy copies values and decides nothing.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionPlan {
-    /// The UID of the StatefulSet the per-pod entries were decided for; a pod of another
-    /// StatefulSet of the name gets only what every pod gets.
-    #[serde(rename = "statefulSetUID")]
-    pub stateful_set_uid: String,
-    /// Annotations every new pod gets (the managing PersistentPodState, the IP retention).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    /// Labels every new pod gets (the lifecycle state).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    /// Readiness gates (condition types) every new pod gets.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 4))]
-    pub readiness_gates: Vec<String>,
-    /// Per pod name: what a pod created under that name gets on top.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub pods: BTreeMap<String, PodAdmission>,
-    /// The node constraints the per-pod entries were decided on: the StatefulSet template's.
-    /// The policy applies an entry only to a pod whose own constraints are exactly these.
-    #[serde(default)]
-    pub decided_on: DecidedOn,
-}
-
-/// A pod's node constraints, as its StatefulSet's template sets them (absent when unset).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DecidedOn {
-    /// `spec.nodeName`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
-    /// `spec.nodeSelector`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<BTreeMap<String, String>>,
-    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`, as is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "any_object")]
-    pub required: Option<serde_json::Value>,
-}
-
-fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
-}
-
-/// What a pod created under one recorded name gets: the pin (or why it was skipped).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodAdmission {
-    /// Annotations (`ipkeep.dev/pinned-by`, or `ipkeep.dev/pin-skipped` with the reason).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    /// The required pin: node labels the pod's node must have, added to `spec.nodeSelector`
-    /// where the pod does not set the key itself.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-    /// The preferred pin, appended to the pod's preferred node affinity.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
-    pub preferred: Vec<PreferredNodeTerm>,
-}
-
-/// A `preferredDuringSchedulingIgnoredDuringExecution` term, in the pod's shape.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-pub struct PreferredNodeTerm {
-    /// 1–100.
-    pub weight: i32,
-    /// The node labels preferred.
-    pub preference: NodePreference,
-}
-
-/// A node selector term of `In` requirements, in the pod's shape.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct NodePreference {
-    /// One requirement per recorded topology key.
-    #[schemars(length(max = 16))]
-    pub match_expressions: Vec<NodeRequirement>,
-}
-
-/// `key In [value]`, in the pod's shape.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-pub struct NodeRequirement {
-    /// The node label key.
-    pub key: String,
-    /// Always `In`.
-    pub operator: String,
-    /// The one recorded value.
-    #[schemars(length(max = 1))]
-    pub values: Vec<String>,
 }
 
 /// Where a pod last ran while Ready.
@@ -366,26 +285,32 @@ pub struct NodeRequirement {
 #[serde(rename_all = "camelCase")]
 pub struct PodState {
     /// The node the pod was Ready on.
+    #[schemars(length(max = MAX_NAME_LENGTH))]
     pub node_name: String,
     /// That node's values for every configured topology key it has.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "topology_labels_schema")]
     pub node_topology_labels: BTreeMap<String, String>,
-    /// Values of `spec.persistentPodAnnotations` keys present on the pod.
+    /// Values of `spec.persistentPodAnnotations` keys present on the pod (a value of more than
+    /// 1024 characters is not recorded).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "recorded_annotations_schema")]
     pub annotations: BTreeMap<String, String>,
     /// ipkeep addition: the pod's IPs (`status.podIPs`) when recorded.
     #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), inner(length(max = 64)))]
     pub pod_ips: Vec<String>,
     /// ipkeep addition: the UID of the recorded pod.
     #[serde(default, rename = "podUID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_UID_LENGTH))]
     pub pod_uid: Option<String>,
     /// ipkeep addition: when this record was written (or last moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub recorded_at: Option<Time>,
     /// ipkeep addition: since when the node has been NotReady or missing, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<String>")]
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub node_lost_at: Option<Time>,
     /// ipkeep addition: the node-loss policy fell back; the scheduler extension pins this pod by
     /// preferred terms only.
@@ -397,21 +322,81 @@ pub struct PodState {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// `Ready` or `NodeLost`.
+    /// `Ready`, `NodeLost` or `AdmissionPlanned`.
     #[serde(rename = "type")]
+    #[schemars(length(max = 316))]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
+    #[schemars(length(max = 16))]
     pub status: String,
     /// A CamelCase reason.
+    #[schemars(length(max = 1024))]
     pub reason: String,
     /// What happened and what to do about it.
+    #[schemars(length(max = MAX_CONDITION_MESSAGE_LENGTH))]
     pub message: String,
     /// When `status` last changed.
-    #[schemars(with = "String")]
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub last_transition_time: Time,
     /// The generation this condition was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Most `spec.persistentPodAnnotations`.
+pub const MAX_PERSISTENT_POD_ANNOTATIONS: usize = 16;
+/// Most `spec.preferredPersistentTopology` terms.
+pub const MAX_PREFERRED_TERMS: usize = 8;
+/// Most node label keys in one topology term.
+pub const MAX_TOPOLOGY_KEYS: usize = 8;
+/// Longest label or annotation key: a DNS subdomain prefix of 253, `/`, a name of 63.
+pub const MAX_KEY_LENGTH: usize = 317;
+/// Longest label value.
+pub const MAX_LABEL_VALUE_LENGTH: usize = 63;
+/// Longest object name (a DNS subdomain) and `targetRef.apiVersion`.
+pub const MAX_NAME_LENGTH: usize = 253;
+/// Longest UID kept (Kubernetes writes 36 characters).
+pub const MAX_UID_LENGTH: usize = 64;
+/// Longest duration (`ipRetention`, `nodeLossPolicy.after`).
+pub const MAX_DURATION_LENGTH: usize = 32;
+/// Most records (`status.podStates`); in practice the object's size (etcd's 1.5 MiB request
+/// limit) allows about 6,000 records of a few hundred bytes.
+pub const MAX_POD_STATES: usize = 10_000;
+/// Longest recorded pod annotation value: a longer one is not recorded.
+pub const MAX_RECORDED_ANNOTATION_LENGTH: usize = 1024;
+/// Most status conditions.
+pub const MAX_CONDITIONS: usize = 8;
+/// Longest condition message (as `metav1.Condition`).
+pub const MAX_CONDITION_MESSAGE_LENGTH: usize = 32_768;
+
+/// A map of label-like keys (at most `max` of them, keys of at most [`MAX_KEY_LENGTH`]) to
+/// strings of at most `value_max` characters.
+fn bounded_map(max: usize, value_max: usize) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": max,
+        "additionalProperties": {"type": "string", "maxLength": value_max},
+        "x-kubernetes-validations": [{
+            "rule": format!("self.all(k, size(k) <= {MAX_KEY_LENGTH})"),
+            "message": format!("keys are at most {MAX_KEY_LENGTH} characters")
+        }]
+    })
+}
+
+/// `status.podStates[].nodeTopologyLabels`: node label values, one per configured key.
+fn topology_labels_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    bounded_map(
+        MAX_TOPOLOGY_KEYS * (MAX_PREFERRED_TERMS + 1),
+        MAX_LABEL_VALUE_LENGTH,
+    )
+}
+
+/// `status.podStates[].annotations`: one value per `spec.persistentPodAnnotations` key.
+fn recorded_annotations_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    bounded_map(
+        MAX_PERSISTENT_POD_ANNOTATIONS,
+        MAX_RECORDED_ANNOTATION_LENGTH,
+    )
 }
 
 impl PersistentPodStateStatus {

@@ -3,13 +3,16 @@
 
 use serde_json::{Value, json};
 
+use ipkeep_api::PersistentPodState;
 use ipkeep_api::k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use ipkeep_api::{AdmissionPlan, PersistentPodState};
 use ipkeep_values::keys::{
     IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY, READINESS_GATE, STATE_LABEL,
 };
 
-use super::{PlanTarget, plan};
+use super::{
+    AdmissionPlan, MAX_DECIDED_ON, PLAN_BUDGET, PlanTarget, PodPlan, encode, node_constraints, plan,
+};
+use crate::pinned::{PreferredTerm, Requirement};
 
 const HOST: &str = "kubernetes.io/hostname";
 const ZONE: &str = "topology.kubernetes.io/zone";
@@ -54,7 +57,7 @@ fn template(t: Value) -> PodTemplateSpec {
 
 fn plan_of(pps: &PersistentPodState, t: &PodTemplateSpec) -> Option<AdmissionPlan> {
     plan(
-        pps,
+        pps.into(),
         "prod",
         PlanTarget {
             name: "db",
@@ -77,17 +80,25 @@ fn recorded_pods_get_their_pin_and_every_pod_the_retention() {
         map(json!({PERSISTENT_POD_STATE: "db", IP_RETENTION: "2h"}))
     );
     assert!(plan.labels.is_empty() && plan.readiness_gates.is_empty());
-    let db0 = &plan.pods["db-0"];
-    assert_eq!(db0.annotations, map(json!({PINNED_BY: "db"})));
-    assert_eq!(db0.node_selector, map(json!({HOST: "n1"})));
+    assert_eq!(plan.persistent_pod_state, "db");
     assert_eq!(
-        serde_json::to_value(&db0.preferred).unwrap(),
-        json!([{"weight": 60, "preference": {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["a"]}]}}])
+        plan.pods["db-0"],
+        PodPlan::Pinned {
+            required: vec![req(HOST, "n1")],
+            preferred: vec![PreferredTerm {
+                weight: 60,
+                requirements: vec![req(ZONE, "a")]
+            }],
+        }
     );
     // No zone recorded for db-1: the required pin only.
-    let db1 = &plan.pods["db-1"];
-    assert_eq!(db1.node_selector, map(json!({HOST: "n2"})));
-    assert!(db1.preferred.is_empty());
+    assert_eq!(
+        plan.pods["db-1"],
+        PodPlan::Pinned {
+            required: vec![req(HOST, "n2")],
+            preferred: vec![],
+        }
+    );
     assert_eq!(plan.pods.len(), 2);
 }
 
@@ -95,14 +106,10 @@ fn recorded_pods_get_their_pin_and_every_pod_the_retention() {
 fn a_template_that_excludes_the_record_gets_the_skip_said_not_the_pin() {
     let t = template(json!({"spec": {"nodeSelector": {HOST: "n9"}}}));
     let plan = plan_of(&pps(json!({})), &t).unwrap();
-    let db0 = &plan.pods["db-0"];
-    assert!(db0.node_selector.is_empty() && db0.preferred.is_empty());
-    assert!(
-        db0.annotations[PIN_SKIPPED].contains("spec.nodeSelector requires"),
-        "{:?}",
-        db0.annotations
-    );
-    assert!(!db0.annotations.contains_key(PINNED_BY));
+    let PodPlan::Skipped(why) = &plan.pods["db-0"] else {
+        panic!("{:?}", plan.pods["db-0"]);
+    };
+    assert!(why.contains("spec.nodeSelector requires"), "{why}");
 }
 
 #[test]
@@ -138,7 +145,11 @@ fn an_invalid_spec_marks_every_pod_skipped_and_pins_none() {
         "{:?}",
         plan.annotations
     );
-    assert!(plan.pods.values().all(|p| p.node_selector.is_empty()));
+    assert!(
+        plan.pods.is_empty(),
+        "said once, for every pod: {:?}",
+        plan.pods
+    );
 }
 
 #[test]
@@ -187,14 +198,22 @@ fn the_plan_gives_what_the_webhook_gives() {
         let plan = plan_of(&pps, &t).unwrap();
         for name in ["db-0", "db-1", "db-7"] {
             let web = webhook_pod(&pps, &t, name);
-            let entry = plan.pods.get(name).cloned().unwrap_or_default();
+            let entry = plan.pods.get(name);
             let mut annotations = t
                 .metadata
                 .as_ref()
                 .and_then(|m| m.annotations.clone())
                 .unwrap_or_default();
             annotations.extend(plan.annotations.clone());
-            annotations.extend(entry.annotations.clone());
+            match entry {
+                Some(PodPlan::Pinned { .. }) => {
+                    annotations.insert(PINNED_BY.into(), plan.persistent_pod_state.clone());
+                }
+                Some(PodPlan::Skipped(why)) => {
+                    annotations.insert(PIN_SKIPPED.into(), why.clone());
+                }
+                None => {}
+            }
             assert_eq!(Some(annotations), web.metadata.annotations, "{name}");
             let required: Vec<(String, String)> = web
                 .spec
@@ -214,19 +233,153 @@ fn the_plan_gives_what_the_webhook_gives() {
                         .collect()
                 })
                 .unwrap_or_default();
-            let in_selector: Vec<(String, String)> = entry.node_selector.into_iter().collect();
+            let in_selector: Vec<(String, String)> = match entry {
+                Some(PodPlan::Pinned { required, .. }) => required
+                    .iter()
+                    .map(|r| (r.key.clone(), r.value.clone()))
+                    .collect(),
+                _ => vec![],
+            };
             assert_eq!(required, in_selector, "{name}");
         }
     }
 }
 
+fn req(key: &str, value: &str) -> Requirement {
+    Requirement {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+/// The canonical line of each kind of node constraint, as the policy computes it from a pod.
 #[test]
-fn without_its_statefulset_a_plan_marks_every_pod_and_pins_none() {
+fn node_constraints_have_one_canonical_form() {
+    let spec = |t: Value| template(json!({"spec": t})).spec;
+    assert_eq!(node_constraints(spec(json!({})).as_ref()), "\n\n");
+    assert_eq!(node_constraints(None), "\n\n");
+    // Sorted as `key=value` strings (what CEL's sort() of the pairs gives), not by key.
+    assert_eq!(
+        node_constraints(
+            spec(json!({"nodeName": "n1", "nodeSelector": {"a": "x", "a.b": "y"}})).as_ref()
+        ),
+        "n1\na.b=y,a=x\n"
+    );
+    let required = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [
+        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["a", "b"]},
+                              {"key": "gpu", "operator": "Exists"}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]}
+    ]}}}});
+    assert_eq!(
+        node_constraints(spec(required).as_ref()),
+        format!("\n\n{ZONE} In a b;gpu Exists#|#metadata.name NotIn n3")
+    );
+}
+
+/// A template with more node constraints than the policy compares gets the marks every pod
+/// gets, no pin, and a condition that says so.
+#[test]
+fn a_template_with_too_many_node_constraints_gets_no_pins() {
+    let values: Vec<String> = (0..500).map(|i| format!("node-{i:04}")).collect();
+    let t = template(
+        json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": HOST, "operator": "In", "values": values}]}]}}}}}),
+    );
+    assert!(node_constraints(t.spec.as_ref()).len() > MAX_DECIDED_ON);
+    let plan = plan_of(&pps(json!({})), &t).unwrap();
+    assert!(plan.constraints_too_large);
+    assert!(plan.pods.is_empty() && plan.decided_on.is_empty());
+    assert_eq!(plan.annotations[PERSISTENT_POD_STATE], "db");
+}
+
+/// The entries of one StatefulSet's plan, exactly as the policy parses them.
+#[test]
+fn a_plan_is_encoded_as_the_policy_reads_it() {
     let hooks =
         json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}});
-    let plan = super::plan_without_target(&pps(hooks), "prod").unwrap();
-    assert_eq!(plan.stateful_set_uid, "");
-    assert_eq!(plan.annotations, map(json!({PERSISTENT_POD_STATE: "db"})));
-    assert_eq!(plan.readiness_gates, vec![READINESS_GATE.to_string()]);
-    assert!(plan.pods.is_empty());
+    let mut p = plan_of(&pps(hooks), &template(json!({}))).unwrap();
+    p.pods
+        .insert("db-2".into(), PodPlan::Skipped("line one\nline two".into()));
+    let encoded = encode(&[p], PLAN_BUDGET);
+    assert!(encoded.omitted.is_empty());
+    let want: std::collections::BTreeMap<String, String> = [
+        ("uid.db", "sts-uid"),
+        ("pps.db", "db"),
+        (
+            "ann.db",
+            "ipkeep.dev/ip-retention=2h\nipkeep.dev/persistent-pod-state=db",
+        ),
+        ("lab.db", "ipkeep.dev/lifecycle-state=PreparingNormal"),
+        ("gate.db", READINESS_GATE),
+        ("on.db", "\n\n"),
+        (
+            "keys.db",
+            "kubernetes.io/hostname,topology.kubernetes.io/zone",
+        ),
+        ("pod.db-0", "0=n1|60:1=a"),
+        ("pod.db-1", "0=n2|"),
+        ("pod.db-2", "!line one line two"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(encoded.data, want);
+}
+
+/// Over the budget, whole StatefulSets lose their per-pod entries, the largest first, and keep
+/// what every pod gets.
+#[test]
+fn over_the_budget_the_largest_statefulsets_lose_their_pins() {
+    let many = |name: &str, pods: usize| AdmissionPlan {
+        persistent_pod_state: name.into(),
+        stateful_set: name.into(),
+        stateful_set_uid: format!("{name}-uid"),
+        pods: (0..pods)
+            .map(|i| {
+                (
+                    format!("{name}-{i}"),
+                    PodPlan::Pinned {
+                        required: vec![req(HOST, &format!("node-{i:05}"))],
+                        preferred: vec![],
+                    },
+                )
+            })
+            .collect(),
+        ..AdmissionPlan::default()
+    };
+    let plans = [many("big", 200), many("small", 10), many("mid", 50)];
+    let all = encode(&plans, PLAN_BUDGET);
+    assert!(all.omitted.is_empty());
+    let used = |d: &std::collections::BTreeMap<String, String>| -> usize {
+        d.iter().map(|(k, v)| k.len() + v.len()).sum()
+    };
+    let budget = used(&all.data) - 1;
+    let cut = encode(&plans, budget);
+    assert_eq!(cut.omitted, vec!["big".to_string()]);
+    assert!(used(&cut.data) <= budget);
+    assert_eq!(cut.data["uid.big"], "big-uid");
+    assert!(!cut.data.contains_key("pod.big-0") && cut.data.contains_key("pod.mid-0"));
+    let nothing = encode(&plans, 10);
+    assert!(nothing.data.is_empty());
+    assert_eq!(nothing.omitted.len(), 3);
+}
+
+/// The pending label's rule, as the admission policy `ipkeep-admission-pending` has it: a
+/// PersistentPodState created with hooks, or whose hooks change.
+#[test]
+fn hooks_new_or_changed_make_a_persistent_pod_state_pending() {
+    let hooks = |v: &str| -> ipkeep_api::LifecycleSpec {
+        serde_json::from_value(
+            json!({"preNormal": {"labelsHandler": {"example.com/registered": v}}}),
+        )
+        .unwrap()
+    };
+    let (a, b) = (hooks("true"), hooks("yes"));
+    assert!(super::gets_hooks(true, None, Some(&a)));
+    assert!(!super::gets_hooks(true, None, None));
+    assert!(super::gets_hooks(false, None, Some(&a)));
+    assert!(super::gets_hooks(false, Some(&a), Some(&b)));
+    assert!(!super::gets_hooks(false, Some(&a), Some(&a)));
+    assert!(!super::gets_hooks(false, Some(&a), None));
 }

@@ -8,6 +8,9 @@ use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub const READY: &str = "Ready";
 /// Condition type: at least one recorded node is missing or NotReady.
 pub const NODE_LOST: &str = "NodeLost";
+/// Condition type: set (False) only when the admission policy cannot pin the StatefulSet's pods
+/// from the plan (its template's node constraints are too large to compare).
+pub const ADMISSION_PLANNED: &str = "AdmissionPlanned";
 
 /// A condition to set, without its transition time.
 #[derive(Debug, Clone, PartialEq, Eq)]

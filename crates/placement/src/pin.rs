@@ -5,7 +5,7 @@
 //! decision, so a pod that skipped the webhook is still pinned at scheduling time.
 
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
-use ipkeep_api::{PersistentPodState, PodState};
+use ipkeep_api::{PersistentPodState, PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 use ipkeep_values::keys::POD_INDEX_LABEL;
 use ipkeep_values::ordinal;
 
@@ -50,34 +50,70 @@ impl PassReason {
     }
 }
 
+/// What the decision reads of a PersistentPodState: borrowed from a whole object
+/// ([`Source::from`]), or from the parts the status decision has in hand (its new status
+/// included), so that nothing is cloned to decide.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// `metadata.namespace` (`None`: the pod's).
+    pub namespace: Option<&'a str>,
+    /// The spec.
+    pub spec: &'a PersistentPodStateSpec,
+    /// The status (the records).
+    pub status: Option<&'a PersistentPodStateStatus>,
+    /// Its annotations ask the next StatefulSet of the name to adopt the records
+    /// ([`crate::view::adopts`]).
+    pub adopts: bool,
+    /// It is being deleted.
+    pub deleting: bool,
+}
+
+impl<'a> From<&'a PersistentPodState> for Source<'a> {
+    fn from(pps: &'a PersistentPodState) -> Self {
+        Self {
+            name: pps.metadata.name.as_deref().unwrap_or_default(),
+            namespace: pps.metadata.namespace.as_deref(),
+            spec: &pps.spec,
+            status: pps.status.as_ref(),
+            adopts: crate::view::adopts(pps.metadata.annotations.as_ref()),
+            deleting: pps.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
 /// Decides what to do with `pod` (in `namespace`: on CREATE the object itself may not say),
 /// given the PersistentPodState found for its StatefulSet, if any.
 pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> Decision {
+    decide_from(pod, namespace, pps.map(Source::from))
+}
+
+/// [`decide`], from what the decision reads of the PersistentPodState.
+pub fn decide_from(pod: &Pod, namespace: &str, pps: Option<Source<'_>>) -> Decision {
     let Some(owner) = statefulset_owner(pod) else {
         return Decision::Pass(PassReason::NotStatefulSetPod);
     };
     let Some(pps) = pps else {
         return Decision::Pass(PassReason::NoPersistentPodState);
     };
-    if pps.metadata.namespace.as_deref().unwrap_or(namespace) != namespace
-        || pps.spec.target_ref.name != owner.name
-    {
+    if pps.namespace.unwrap_or(namespace) != namespace || pps.spec.target_ref.name != owner.name {
         return Decision::Pass(PassReason::OtherWorkload);
     }
-    if pps.metadata.deletion_timestamp.is_some() {
+    if pps.deleting {
         return Decision::Pass(PassReason::PersistentPodStateDeleting);
     }
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     // `ipRetention` is read once: by the check, or (the spec refused for another reason, or
     // before the check reached it) on its own.
-    let (lifecycle, retention, invalid) = match spec::check(&pps.spec) {
+    let (lifecycle, retention, invalid) = match spec::check(pps.spec) {
         Ok(checked) => (checked.lifecycle, Some(checked.ip_retention), None),
-        Err(e) => (Default::default(), stamped_retention(pps), Some(e)),
+        Err(e) => (Default::default(), retention_of(pps.spec), Some(e)),
     };
     // Called once, on whichever path decides.
     let managed = |pin| {
         Decision::Manage(Managed {
-            pps: pps.metadata.name.clone().unwrap_or_default(),
+            pps: pps.name.to_string(),
             pod: pod_name.clone(),
             retention,
             pin,
@@ -87,14 +123,13 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
     if let Some(e) = invalid {
         return managed(PinOutcome::Skipped(SkipReason::InvalidSpec(e.to_string())));
     }
-    let status = pps.status.clone().unwrap_or_default();
     // Records of an earlier StatefulSet of this name are not this pod's, unless the PPS says the
     // next StatefulSet of the name adopts them.
-    if status
-        .target_uid
-        .as_ref()
+    if pps
+        .status
+        .and_then(|s| s.target_uid.as_ref())
         .is_some_and(|uid| !uid.is_empty() && !owner.uid.is_empty() && *uid != owner.uid)
-        && !crate::view::adopts(pps.metadata.annotations.as_ref())
+        && !pps.adopts
     {
         return managed(PinOutcome::Unrecorded(
             UnrecordedReason::RecordsOfEarlierStatefulSet,
@@ -109,10 +144,11 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         .and_then(|l| l.get(POD_INDEX_LABEL))
         .map(String::as_str);
     let of_target = ordinal::of_pod(&pod_name, &owner.name, pod_index).is_some();
-    let Some(record) = status.pod_states.get(&pod_name).filter(|_| of_target) else {
+    let record = pps.status.and_then(|s| s.pod_states.get(&pod_name));
+    let Some(record) = record.filter(|_| of_target) else {
         return managed(PinOutcome::Unrecorded(UnrecordedReason::FirstCreation));
     };
-    let pinned = pinned_from_record(pps, record);
+    let pinned = pinned_from_record(pps.spec, record);
     if pinned.required.is_empty() && pinned.preferred.is_empty() {
         return managed(PinOutcome::Unrecorded(UnrecordedReason::NoRecordedLabels));
     }
@@ -129,12 +165,16 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
 /// The `ipkeep.dev/ip-retention` a pod `pps` manages is stamped with: `spec.ipRetention`, when
 /// it reads (otherwise the CNI plugin falls back to its configured default).
 pub fn stamped_retention(pps: &PersistentPodState) -> Option<String> {
-    check_ip_retention(&pps.spec.ip_retention)
-        .ok()
-        .map(|_| pps.spec.ip_retention.trim().to_string())
+    retention_of(&pps.spec)
 }
 
-fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
+fn retention_of(spec: &PersistentPodStateSpec) -> Option<String> {
+    check_ip_retention(&spec.ip_retention)
+        .ok()
+        .map(|_| spec.ip_retention.trim().to_string())
+}
+
+fn pinned_from_record(spec: &PersistentPodStateSpec, record: &PodState) -> Pinned {
     let recorded = |keys: &[String]| -> Vec<Requirement> {
         let mut reqs: Vec<Requirement> = Vec::new();
         for key in keys {
@@ -149,8 +189,7 @@ fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
         }
         reqs
     };
-    let mut required = pps
-        .spec
+    let mut required = spec
         .required_persistent_topology
         .as_ref()
         .map(|term| recorded(&term.node_topology_keys))
@@ -165,8 +204,7 @@ fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
         });
     }
     preferred.extend(
-        pps.spec
-            .preferred_persistent_topology
+        spec.preferred_persistent_topology
             .iter()
             .map(|t| PreferredTerm {
                 weight: t.weight.clamp(1, 100),

@@ -16,7 +16,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use ipkeep_api::{NodeLossAction, PersistentPodStateStatus, PodState, RecordRetention};
+use ipkeep_api::{
+    MAX_RECORDED_ANNOTATION_LENGTH, NodeLossAction, PersistentPodStateStatus, PodState,
+    RecordRetention,
+};
 use ipkeep_values::keys::PINNED_BY;
 
 use crate::condition::{DesiredCondition, NODE_LOST};
@@ -192,7 +195,11 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
         let fresh = PodState {
             node_name: node_name.to_string(),
             node_topology_labels: pick(&node.labels, &input.config.topology_keys),
-            annotations: pick(&pod.annotations, &input.config.annotation_keys),
+            annotations: pick(&pod.annotations, &input.config.annotation_keys)
+                .into_iter()
+                // The schema's bound: a longer value (any pod author's) is not recorded.
+                .filter(|(_, v)| v.chars().count() <= MAX_RECORDED_ANNOTATION_LENGTH)
+                .collect(),
             pod_ips: pod.ips.clone(),
             pod_uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
             recorded_at: Some(input.now.clone()),

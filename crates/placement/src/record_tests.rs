@@ -396,3 +396,22 @@ fn stranded_pods_are_the_pending_ones_pinned_before_the_fallback() {
         );
     }
 }
+
+/// A recorded annotation value is bounded like the schema bounds it: a pod author's longer value
+/// is not copied into the status (the status write would be refused, and every component that
+/// caches the PersistentPodState would hold it).
+#[test]
+fn an_annotation_value_over_the_bound_is_not_recorded() {
+    let mut c = Case::new();
+    c.config.annotation_keys = vec!["short".into(), "long".into()];
+    let mut p = pod("db-0", "n1", true);
+    p.annotations
+        .insert("short".into(), "x".repeat(MAX_RECORDED_ANNOTATION_LENGTH));
+    p.annotations.insert(
+        "long".into(),
+        "x".repeat(MAX_RECORDED_ANNOTATION_LENGTH + 1),
+    );
+    c.pods = vec![p];
+    let recorded = &c.plan().pod_states["db-0"].annotations;
+    assert_eq!(recorded.keys().collect::<Vec<_>>(), ["short"]);
+}

@@ -13,15 +13,23 @@
 //!
 //! `NodeLost` is written only while recording; in the three other cases it is removed, since
 //! nothing watches the recorded nodes then.
+//!
+//! The same decision makes the admission plan of the StatefulSet's new pods
+//! ([`crate::admission::plan`]) from the status it decides, whenever the StatefulSet exists;
+//! `AdmissionPlanned` says when the plan cannot pin (the template's node constraints are too
+//! large to compare in the policy).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ipkeep_api::k8s_openapi::api::core::v1::PodTemplateSpec;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_api::{PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 
-use crate::condition::{self, DesiredCondition, NODE_LOST, READY};
+use crate::admission::{self, AdmissionPlan, MAX_DECIDED_ON, PlanTarget};
+use crate::condition::{self, ADMISSION_PLANNED, DesiredCondition, NODE_LOST, READY};
+use crate::pin::Source;
 use crate::record::{self, RecordChange, RecordInput};
 use crate::spec::{self, SpecError};
 use crate::view::{NodeView, PodView, TargetView};
@@ -44,6 +52,8 @@ pub struct StatusInput<'a> {
     pub previous: &'a PersistentPodStateStatus,
     /// The StatefulSet `spec.targetRef` names; `None` when it does not exist or is being deleted.
     pub target: Option<&'a TargetView>,
+    /// That StatefulSet's pod template (at least what the pin decision reads), for the plan.
+    pub template: Option<&'a PodTemplateSpec>,
     /// Pods by name: at least those named by [`record::candidate_pod_names`] that exist.
     pub pods: &'a BTreeMap<String, PodView>,
     /// Nodes by name: at least those the pods and the records name, if they exist.
@@ -79,10 +89,68 @@ pub struct Reconciled {
     pub stranded: Vec<PodView>,
     /// When to look again without any event (a grace period ending).
     pub requeue: Option<Duration>,
+    /// What the admission policy gives the StatefulSet's new pods, decided from `status`;
+    /// `None` without a StatefulSet (or when the webhook would leave its pods as they are).
+    pub plan: Option<AdmissionPlan>,
 }
 
-/// Decides the status. Pure: same input, same answer.
+/// Decides the status and the admission plan. Pure: same input, same answer.
 pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
+    let mut decided = decide_status(input);
+    let (Some(target), Some(template)) = (input.target, input.template) else {
+        return decided;
+    };
+    let source = Source {
+        name: input.name,
+        namespace: Some(input.namespace),
+        spec: input.spec,
+        status: Some(&decided.status),
+        adopts: input.adopts,
+        deleting: false,
+    };
+    decided.plan = admission::plan(
+        source,
+        input.namespace,
+        PlanTarget {
+            name: &target.name,
+            uid: &target.uid,
+            template,
+        },
+    );
+    let planned = match &decided.plan {
+        Some(plan) if plan.constraints_too_large => Some(DesiredCondition {
+            type_: ADMISSION_PLANNED,
+            status: false,
+            reason: "NodeConstraintsTooLarge".into(),
+            message: format!(
+                "the node constraints of StatefulSet {}'s pod template (nodeName, nodeSelector, required node affinity) take more than {MAX_DECIDED_ON} bytes: the admission policy does not pin its pods; the webhook (admission.mode webhook) or the scheduler extender pins them",
+                target.name
+            ),
+        }),
+        _ => None,
+    };
+    let conditions = std::mem::take(&mut decided.status.conditions);
+    decided.status.conditions = with_condition(conditions, ADMISSION_PLANNED, planned, input);
+    decided
+}
+
+/// `conditions` with the condition `type_` set to `wanted` (or removed).
+fn with_condition(
+    mut conditions: Vec<ipkeep_api::Condition>,
+    type_: &str,
+    wanted: Option<DesiredCondition>,
+    input: &StatusInput<'_>,
+) -> Vec<ipkeep_api::Condition> {
+    match wanted {
+        None => {
+            conditions.retain(|c| c.type_ != type_);
+            conditions
+        }
+        Some(w) => condition::merge(&conditions, &[w], input.generation, input.now),
+    }
+}
+
+fn decide_status(input: &StatusInput<'_>) -> Reconciled {
     let checked = match spec::check(input.spec) {
         Ok(checked) => checked,
         Err(e) => {
@@ -116,6 +184,7 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
             changes: Vec::new(),
             stranded: Vec::new(),
             requeue: None,
+            plan: None,
         };
     };
     let target = TargetView {
@@ -165,6 +234,7 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
         changes: plan.changes,
         stranded,
         requeue: plan.requeue_after,
+        plan: None,
     }
 }
 
@@ -182,6 +252,7 @@ fn keeping_records(input: &StatusInput<'_>, ready: DesiredCondition, why: Verdic
         changes: Vec::new(),
         stranded: Vec::new(),
         requeue: None,
+        plan: None,
     }
 }
 
@@ -214,9 +285,6 @@ fn next_status(
         recorded_pods: i32::try_from(pod_states.len()).unwrap_or(i32::MAX),
         pod_states,
         conditions: condition::merge(&current, &desired, input.generation, input.now),
-        // Decided from the StatefulSet's template, which the status does not read:
-        // `crate::admission::plan`, once the rest of the status is known.
-        admission: None,
     }
 }
 

@@ -76,6 +76,7 @@ struct World {
     adopts: bool,
     previous: PersistentPodStateStatus,
     target: Option<TargetView>,
+    template: Option<PodTemplateSpec>,
     pods: Vec<PodView>,
     nodes: BTreeMap<String, NodeView>,
     now: Time,
@@ -100,9 +101,9 @@ impl World {
                     condition(READY, "True", "Recording", 0),
                 ],
                 observed_generation: Some(1),
-                admission: None,
             },
             target: Some(target()),
+            template: None,
             pods: Vec::new(),
             nodes: [node("n1", NodeHealth::Ready), node("n2", NodeHealth::Ready)].into(),
             now: t(100),
@@ -123,6 +124,7 @@ impl World {
             generation: Some(2),
             previous: &self.previous,
             target: self.target.as_ref(),
+            template: self.template.as_ref(),
             pods: &pods,
             nodes: &self.nodes,
             now: &self.now,
@@ -400,4 +402,49 @@ fn a_pod_stranded_by_a_fallen_back_pin_is_listed() {
     w.spec = spec(json!({"requiredPersistentTopology": null,
         "preferredPersistentTopology": [{"weight": 10, "preference": {"nodeTopologyKeys": ["kubernetes.io/hostname"]}}]}));
     assert!(w.reconcile().stranded.is_empty());
+}
+
+/// The plan is decided from the status this very reconcile writes: a pod recorded now is
+/// pinned by it, and one pruned now is not.
+#[test]
+fn the_admission_plan_follows_the_status_it_is_decided_with() {
+    let mut w = World::new();
+    w.template = Some(PodTemplateSpec::default());
+    let none = w.reconcile();
+    let plan = none.plan.expect("a plan while the StatefulSet exists");
+    assert_eq!(plan.stateful_set_uid, "sts-1");
+    assert_eq!(
+        plan.pods.keys().collect::<Vec<_>>(),
+        none.status.pod_states.keys().collect::<Vec<_>>()
+    );
+    assert!(none.status.condition(ADMISSION_PLANNED).is_none());
+    w.target = None;
+    assert_eq!(w.reconcile().plan, None, "no StatefulSet, no plan");
+}
+
+/// A template whose node constraints are too large for the policy to compare: a False
+/// `AdmissionPlanned` that says what pins the pods instead, and no pins in the plan.
+#[test]
+fn too_large_node_constraints_say_so_in_a_condition() {
+    let mut w = World::new();
+    let values: Vec<String> = (0..500).map(|i| format!("node-{i:04}")).collect();
+    w.template = Some(
+        serde_json::from_value(json!({"spec": {"containers": [], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": values}]}
+            ]}}}}}))
+        .unwrap(),
+    );
+    let decided = w.reconcile();
+    assert!(decided.plan.unwrap().pods.is_empty());
+    let c = decided.status.condition(ADMISSION_PLANNED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NodeConstraintsTooLarge")
+    );
+    assert!(c.message.contains("scheduler extender"), "{}", c.message);
+    // Fixed: the condition goes.
+    w.previous = decided.status;
+    w.template = Some(PodTemplateSpec::default());
+    assert!(w.reconcile().status.condition(ADMISSION_PLANNED).is_none());
 }

@@ -57,6 +57,17 @@ pub const STATE_LABEL: &str = "ipkeep.dev/lifecycle-state";
 pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
 /// Pod annotation that says why the pod is `PreparingDelete`.
 pub const HELD_ANNOTATION: &str = "ipkeep.dev/lifecycle-held";
+/// PersistentPodState label: set (`"true"`) by the admission policy `ipkeep-admission-pending`
+/// when a PersistentPodState with lifecycle hooks is created (or gets its hooks), removed by
+/// ipkeep-controller once the admission plan of its StatefulSet is in place. While it is set, the
+/// admission policy `ipkeep-hooks-pending` refuses to create the StatefulSet's pods (its
+/// controller retries), so that even its first pods get their hooks.
+pub const ADMISSION_PENDING_LABEL: &str = "ipkeep.dev/admission-pending";
+/// ConfigMap label of ipkeep-controller's admission plan of a namespace
+/// (`ipkeep-admission-plan`): the admission policy `ipkeep-pin` selects its parameter by it, and
+/// the admission policy `ipkeep-admission-plan-writers` lets no one but the controller write a
+/// ConfigMap that carries it.
+pub const ADMISSION_PLAN_LABEL: &str = "ipkeep.dev/admission-plan";
 /// The readiness gate (condition type) ipkeep sets on pods of a StatefulSet with hooks.
 pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
 

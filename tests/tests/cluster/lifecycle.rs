@@ -135,18 +135,12 @@ pub fn forged_requests_and_pod_labels_delete_nothing(cluster: &Cluster) {
         );
     }
     cluster.run(&["create", "namespace", NS]);
-    // The PersistentPodState first, and its admission plan written: the admission policy gives
-    // the hooks' marks only to pods created once the plan exists (docs/lifecycle.md).
-    cluster.apply(&persistent_pod_state_with_hooks());
-    wait_until(
-        "the admission plan of guarded",
-        Duration::from_secs(60),
-        || {
-            let pps = cluster.get(&["pps", "guarded", "-n", NS])?;
-            pps["status"]["admission"].is_object().then_some(())
-        },
-    );
-    cluster.apply(STATEFULSET);
+    // The PersistentPodState and its StatefulSet in one file: the first pod gets its hooks too
+    // (its creation waits for the hooks' admission plan; docs/lifecycle.md).
+    cluster.apply(&format!(
+        "{}{STATEFULSET}",
+        persistent_pod_state_with_hooks()
+    ));
     for name in ["guarded-0", "guarded-1"] {
         wait_until(
             &format!("{name} Normal with its gate"),

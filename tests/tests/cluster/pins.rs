@@ -286,8 +286,8 @@ pub fn pods_are_created_while_scheduler_ext_is_down(cluster: &Cluster) {
         cluster.admission(),
         pod["metadata"],
         cluster
-            .get(&["pps", "web", "-n", "db"])
-            .map(|p| p["status"]["admission"].clone())
+            .get(&["configmap", "ipkeep-admission-plan", "-n", "db"])
+            .map(|p| p["data"].clone())
             .unwrap_or_default()
     );
 }

@@ -139,10 +139,8 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
             "the admission plan of hooked",
             Duration::from_secs(60),
             || {
-                let pps = cluster.get(&["pps", "hooked", "-n", NS])?;
-                pps["status"]["admission"]["readinessGates"]
-                    .is_array()
-                    .then_some(())
+                let plan = cluster.get(&["configmap", "ipkeep-admission-plan", "-n", NS])?;
+                plan["data"]["gate.hooked"].is_string().then_some(())
             },
         );
     }

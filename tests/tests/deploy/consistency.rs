@@ -207,7 +207,11 @@ fn webhook_extender_service_and_certificate_agree() {
     }
     assert_eq!(
         paths,
-        BTreeSet::from(["/mutate-pods".to_string(), "/validate-pods".to_string()])
+        BTreeSet::from([
+            "/mutate-pods".to_string(),
+            "/mutate-persistentpodstates".to_string(),
+            "/validate-pods".to_string()
+        ])
     );
 
     let config = of_kind("KubeSchedulerConfiguration")
@@ -311,10 +315,12 @@ fn webhook_extender_service_and_certificate_agree() {
 
 #[test]
 fn everything_but_the_examples_is_in_ipkeep_system() {
-    const CLUSTER_SCOPED: [&str; 11] = [
+    const CLUSTER_SCOPED: [&str; 13] = [
         "Namespace",
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ClusterRole",
         "ClusterRoleBinding",
         "CustomResourceDefinition",

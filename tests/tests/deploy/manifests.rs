@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use ipkeep_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use ipkeep_api::k8s_openapi::api::core::v1::{
@@ -268,6 +269,12 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         }
         ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
             round_trip::<ValidatingWebhookConfiguration>(value)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            round_trip::<ValidatingAdmissionPolicy>(value)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            round_trip::<ValidatingAdmissionPolicyBinding>(value)
         }
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             round_trip::<CustomResourceDefinition>(value)

@@ -100,8 +100,11 @@ pub fn pods_need_no_ipkeep_deployment(state: &Path) {
         Duration::from_secs(60),
         || {
             let pps = kubectl.get(&["persistentpodstate", "-n", NS, "db"])?;
-            let planned = pps["status"]["admission"]["pods"].as_object()?.len();
-            (pps["status"]["recordedPods"] == 2 && planned == 2).then_some(())
+            let plan = kubectl.get(&["configmap", "-n", NS, "ipkeep-admission-plan"])?;
+            let planned = ["db-0", "db-1"]
+                .iter()
+                .all(|p| plan["data"][format!("pod.{p}")].is_string());
+            (pps["status"]["recordedPods"] == 2 && planned).then_some(())
         },
     );
 
