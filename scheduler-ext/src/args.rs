@@ -72,8 +72,8 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_MAX_EXTENDER_BODY", default_value_t = Limits::default().extender_body)]
     pub max_extender_body: usize,
     /// Most request and response body bytes held at once, across all requests (at least the
-    /// largest body limit). A request that cannot get its share within 1 s gets 503. Bytes are
-    /// counted as they arrive, not as a request declares them.
+    /// largest body limit plus --reserved-in-flight-bytes). A request that cannot get its share
+    /// within 1 s gets 503. Bytes are counted as they arrive, not as a request declares them.
     #[arg(long, env = "IPKEEP_MAX_IN_FLIGHT_BYTES", default_value_t = Limits::default().in_flight)]
     pub max_in_flight_bytes: usize,
     /// Most of --max-in-flight-bytes that the requests of one client address hold at once (at
@@ -81,6 +81,16 @@ pub struct Args {
     /// room for the others.
     #[arg(long, env = "IPKEEP_MAX_IN_FLIGHT_BYTES_PER_SOURCE", default_value_t = Limits::default().in_flight_per_source)]
     pub max_in_flight_bytes_per_source: usize,
+    /// The part of --max-in-flight-bytes that only small requests may hold (those whose body
+    /// and answer fit --reserved-in-flight-bytes-per-source), so that large bodies sent slowly
+    /// from a few addresses cannot keep ordinary webhook and extender calls out. 0: no reserve.
+    #[arg(long, env = "IPKEEP_RESERVED_IN_FLIGHT_BYTES", default_value_t = Limits::default().in_flight_reserved)]
+    pub reserved_in_flight_bytes: usize,
+    /// Most of --reserved-in-flight-bytes that the requests of one client address hold at once
+    /// (more than 0, at most --reserved-in-flight-bytes): a request is small while it fits
+    /// this, and filling the reserve takes as many addresses as it has parts of this size.
+    #[arg(long, env = "IPKEEP_RESERVED_IN_FLIGHT_BYTES_PER_SOURCE", default_value_t = Limits::default().in_flight_reserved_per_source)]
+    pub reserved_in_flight_bytes_per_source: usize,
     /// Connections one client address may hold on the webhook listener (of 256 in all; at
     /// most 4 of them HTTP/2, further ones are offered HTTP/1.1). A new connection beyond it
     /// takes the place of that client's oldest idle one, or is refused. Raise it if the API
@@ -111,6 +121,8 @@ impl Args {
             max_extender_body,
             max_in_flight_bytes,
             max_in_flight_bytes_per_source,
+            reserved_in_flight_bytes,
+            reserved_in_flight_bytes_per_source,
             max_connections_per_source,
             body_timeout,
             logs,
@@ -137,6 +149,8 @@ impl Args {
                 extender_body: max_extender_body,
                 in_flight: max_in_flight_bytes,
                 in_flight_per_source: max_in_flight_bytes_per_source,
+                in_flight_reserved: reserved_in_flight_bytes,
+                in_flight_reserved_per_source: reserved_in_flight_bytes_per_source,
                 body_timeout,
             },
         };

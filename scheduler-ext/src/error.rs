@@ -41,10 +41,10 @@ pub enum RequestError {
         "ipkeep-scheduler-ext is starting: its PersistentPodState and node caches are not synced yet; retry shortly"
     )]
     NotReady,
-    /// The requests in flight hold the whole memory budget, and did not give back enough of it
-    /// in time.
+    /// The requests in flight hold all of the memory budget this request may use (a large one
+    /// may not use the reserve), and did not give back enough of it in time.
     #[error(
-        "ipkeep-scheduler-ext is busy: the requests in flight hold its whole memory budget of {budget} bytes (--max-in-flight-bytes); retry shortly"
+        "ipkeep-scheduler-ext is busy: the requests in flight hold all of its memory budget of {budget} bytes (--max-in-flight-bytes) that this request may use; retry shortly"
     )]
     Busy {
         /// The budget.

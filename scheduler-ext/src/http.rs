@@ -3,7 +3,8 @@
 //! in [`crate::error`].
 //!
 //! A request's bytes are charged to the shared [`Budget`] as they arrive, within its client
-//! address's share, and its answer until it is sent; decisions (parsing included) run
+//! address's share (small requests may also use a reserve that large ones cannot take), and
+//! its answer until it is sent; decisions (parsing included) run
 //! [`DECISIONS_AT_ONCE`] at a time. Together these bound what any number of concurrent requests
 //! cost (`docs/scheduler-ext.md`, "Memory"), and what one client can hold of it.
 
@@ -21,7 +22,7 @@ use axum::routing::{get, post};
 use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 
-use crate::budget::{Budget, Charge, ChargedBody};
+use crate::budget::{Budget, Charge, ChargedBody, Sizes};
 use crate::cache::Caches;
 use crate::error::RequestError;
 use crate::metrics::Metrics;
@@ -42,6 +43,12 @@ pub struct Limits {
     pub in_flight: usize,
     /// Most of [`Self::in_flight`] the requests of one client address hold at once.
     pub in_flight_per_source: usize,
+    /// The part of [`Self::in_flight`] only small requests may hold (0: none), so that large
+    /// bodies, however slow, cannot keep ordinary calls out.
+    pub in_flight_reserved: usize,
+    /// Most of [`Self::in_flight_reserved`] the requests of one client address hold at once; a
+    /// request is small while its body (and then its answer) fits it.
+    pub in_flight_reserved_per_source: usize,
     /// Longest wait for a whole request body.
     pub body_timeout: Duration,
 }
@@ -52,7 +59,9 @@ impl Default for Limits {
             webhook_body: 4 * MIB,
             extender_body: 6 * MIB,
             in_flight: 24 * MIB,
-            in_flight_per_source: 8 * MIB,
+            in_flight_per_source: 6 * MIB,
+            in_flight_reserved: 6 * MIB,
+            in_flight_reserved_per_source: MIB / 2,
             body_timeout: Duration::from_secs(10),
         }
     }
@@ -62,10 +71,15 @@ impl Limits {
     /// Why these limits cannot work together, if they cannot.
     pub fn check(&self) -> Result<(), String> {
         let largest = self.webhook_body.max(self.extender_body);
-        if self.in_flight < largest {
+        if u32::try_from(self.in_flight).is_err() {
+            return Err("--max-in-flight-bytes must be under 4 GiB".into());
+        }
+        if self.in_flight_reserved > self.in_flight
+            || self.in_flight - self.in_flight_reserved < largest
+        {
             return Err(format!(
-                "--max-in-flight-bytes ({}) must be at least the largest body limit ({largest}), or a request of that size could never be served",
-                self.in_flight
+                "--max-in-flight-bytes ({}) must be at least the largest body limit ({largest}) plus --reserved-in-flight-bytes ({}): only small requests may use the reserve, so a request of that size could never be served",
+                self.in_flight, self.in_flight_reserved
             ));
         }
         if self.in_flight_per_source < largest || self.in_flight_per_source > self.in_flight {
@@ -74,10 +88,26 @@ impl Limits {
                 self.in_flight_per_source, self.in_flight
             ));
         }
-        if u32::try_from(self.in_flight).is_err() {
-            return Err("--max-in-flight-bytes must be under 4 GiB".into());
+        let part = self.in_flight_reserved_per_source;
+        if self.in_flight_reserved > 0
+            && (part == 0 || part > self.in_flight_reserved || part > self.in_flight_per_source)
+        {
+            return Err(format!(
+                "--reserved-in-flight-bytes-per-source ({part}) must be more than 0 and at most --reserved-in-flight-bytes ({}) and --max-in-flight-bytes-per-source ({}); set --reserved-in-flight-bytes to 0 for no reserve",
+                self.in_flight_reserved, self.in_flight_per_source
+            ));
         }
         Ok(())
+    }
+
+    /// How the budget of these limits is shared out.
+    pub fn budget(&self) -> Sizes {
+        Sizes {
+            total: self.in_flight,
+            per_source: self.in_flight_per_source,
+            reserved: self.in_flight_reserved,
+            reserved_per_source: self.in_flight_reserved_per_source,
+        }
     }
 }
 
@@ -109,7 +139,7 @@ impl AppState {
             caches,
             metrics,
             limits,
-            budget: Budget::new(limits.in_flight, limits.in_flight_per_source),
+            budget: Budget::new(limits.budget()),
             decisions: Arc::new(Semaphore::new(DECISIONS_AT_ONCE)),
         }
     }
@@ -467,4 +497,62 @@ async fn prioritize(
     )
     .await
     .unwrap_or_else(RequestError::into_prioritize_response)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_that_cannot_work_together_are_refused_with_the_flags_to_change() {
+        assert_eq!(Limits::default().check(), Ok(()));
+        let no_reserve = Limits {
+            in_flight_reserved: 0,
+            in_flight_reserved_per_source: 0,
+            ..Limits::default()
+        };
+        assert_eq!(no_reserve.check(), Ok(()));
+        let refused = [
+            (
+                Limits {
+                    in_flight_reserved: 19 * MIB,
+                    ..Limits::default()
+                },
+                "--reserved-in-flight-bytes (19922944): only small requests",
+            ),
+            (
+                Limits {
+                    in_flight_per_source: 5 * MIB,
+                    ..Limits::default()
+                },
+                "--max-in-flight-bytes-per-source (5242880) must be at least the largest body limit",
+            ),
+            (
+                Limits {
+                    in_flight_reserved_per_source: 0,
+                    ..Limits::default()
+                },
+                "--reserved-in-flight-bytes-per-source (0) must be more than 0",
+            ),
+            (
+                Limits {
+                    in_flight_reserved_per_source: 7 * MIB,
+                    ..Limits::default()
+                },
+                "--reserved-in-flight-bytes-per-source (7340032) must be more than 0 and at most --reserved-in-flight-bytes (6291456)",
+            ),
+            (
+                Limits {
+                    in_flight: 5 << 30,
+                    ..Limits::default()
+                },
+                "under 4 GiB",
+            ),
+        ];
+        for (limits, message) in refused {
+            let error = limits.check().unwrap_err();
+            assert!(error.contains(message), "{limits:?}: {error}");
+        }
+    }
 }

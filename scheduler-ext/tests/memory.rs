@@ -295,9 +295,12 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
             "--log",
             "warn",
             // Every client here shares one address: give it the whole budget, so that what is
-            // measured is what all requests together (from many clients) can cost.
+            // measured is what all requests together (from many clients) can cost; and no
+            // reserve, which only small requests (cheaper to parse) may hold.
             "--max-in-flight-bytes-per-source",
             &Limits::default().in_flight.to_string(),
+            "--reserved-in-flight-bytes",
+            "0",
         ])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(Stdio::null())
