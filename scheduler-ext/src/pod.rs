@@ -2,8 +2,9 @@
 //! rest: `metadata.name`, `generateName`, `namespace`, `uid`, `deletionTimestamp`, the labels
 //! (the lifecycle hooks read them), the controlling ownerReference, the annotations in
 //! [`KEPT_ANNOTATIONS`], `spec.nodeName`, `spec.nodeSelector`, `spec.affinity.nodeAffinity` and
-//! `spec.readinessGates`, and `status.phase`. Containers, volumes, the rest of the status,
-//! managed fields and every other annotation are skipped as they are read.
+//! `spec.readinessGates`, `status.phase`, and the condition [`HELD_CONDITION`] (the start of a
+//! preDelete hold). Containers, volumes, the rest of the status, managed fields and every other
+//! annotation are skipped as they are read.
 //!
 //! The result is a [`Pod`] holding only those fields: what `pin::decide` and `affinity::apply`
 //! look at, and what the webhook's patch is the diff of (so the patch can only touch them).
@@ -15,11 +16,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use ipkeep_values::keys::{
-    HELD_ANNOTATION, IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE, PIN_SKIPPED,
-    PINNED_BY, SINCE_ANNOTATION,
+    HELD_ANNOTATION, HELD_CONDITION, IP_RETENTION, KRUISE_RESERVED_IP, PERSISTENT_POD_STATE,
+    PIN_SKIPPED, PINNED_BY, SINCE_ANNOTATION,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeAffinity, Pod, PodReadinessGate, PodSpec, PodStatus,
+    Affinity, NodeAffinity, Pod, PodCondition, PodReadinessGate, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -103,10 +104,14 @@ pub fn read(json: &str) -> Result<Pod, PodError> {
             ..ObjectMeta::default()
         },
         spec,
-        status: pod.status.and_then(|s| s.phase).map(|phase| PodStatus {
-            phase: Some(phase.0.into_owned()),
-            ..PodStatus::default()
-        }),
+        status: pod
+            .status
+            .map(|s| PodStatus {
+                phase: s.phase.map(|p| p.0.into_owned()),
+                conditions: s.conditions.and_then(|c| c.0).map(|c| vec![c]),
+                ..PodStatus::default()
+            })
+            .filter(|s| s.phase.is_some() || s.conditions.is_some()),
     })
 }
 
@@ -124,6 +129,23 @@ struct PodIn<'a> {
 struct StatusIn<'a> {
     #[serde(default, borrow)]
     phase: Option<Text<'a>>,
+    #[serde(default)]
+    conditions: Option<HeldConditionIn>,
+}
+
+/// The condition [`HELD_CONDITION`] of `status.conditions`, if there is one; the others are
+/// skipped (their times are not even parsed).
+struct HeldConditionIn(Option<PodCondition>);
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ConditionIn<'a> {
+    #[serde(default, borrow, rename = "type")]
+    type_: Text<'a>,
+    #[serde(default, borrow)]
+    status: Text<'a>,
+    #[serde(default, borrow)]
+    last_transition_time: Option<&'a RawValue>,
 }
 
 /// A string, borrowed from the request unless it has escapes.
@@ -221,6 +243,40 @@ impl<'de> Deserialize<'de> for Controller {
             }
         }
         deserializer.deserialize_seq(References)
+    }
+}
+
+impl<'de> Deserialize<'de> for HeldConditionIn {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Conditions;
+        impl<'de> Visitor<'de> for Conditions {
+            type Value = HeldConditionIn;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of pod conditions")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<HeldConditionIn, S::Error> {
+                let mut held = None;
+                while let Some(c) = seq.next_element::<ConditionIn<'de>>()? {
+                    if held.is_some() || c.type_.0 != HELD_CONDITION {
+                        continue;
+                    }
+                    let time = c
+                        .last_transition_time
+                        .map(|t| serde_json::from_str::<Option<Time>>(t.get()))
+                        .transpose()
+                        .map_err(serde::de::Error::custom)?
+                        .flatten();
+                    held = Some(PodCondition {
+                        type_: HELD_CONDITION.to_string(),
+                        status: c.status.0.into_owned(),
+                        last_transition_time: time,
+                        ..PodCondition::default()
+                    });
+                }
+                Ok(HeldConditionIn(held))
+            }
+        }
+        deserializer.deserialize_seq(Conditions)
     }
 }
 
@@ -343,6 +399,35 @@ mod tests {
                 "status": {"phase": "Pending"}
             })
         );
+    }
+
+    /// A DELETE's `oldObject` carries the hold's start in the pod's status: the deletion review
+    /// reads it from there, as the controller does, and nothing else of the conditions.
+    #[test]
+    fn reads_the_hold_condition_and_skips_the_others() {
+        let mut pod = full_pod();
+        pod["status"]["conditions"] = json!([
+            {"type": "Ready", "status": "False", "lastTransitionTime": "not a time"},
+            {"type": HELD_CONDITION, "status": "True", "reason": "PreparingDelete",
+                "lastTransitionTime": "2026-11-28T10:00:00Z"},
+            {"type": "ipkeep.dev/lifecycle-ready", "status": "False"}
+        ]);
+        let held = read(&pod.to_string()).unwrap();
+        assert_eq!(
+            ipkeep_placement::lifecycle::held_since(&held),
+            Some(1_795_860_000)
+        );
+        assert_eq!(
+            serde_json::to_value(held.status.unwrap()).unwrap(),
+            json!({"phase": "Pending", "conditions": [{"type": HELD_CONDITION, "status": "True",
+                "lastTransitionTime": "2026-11-28T10:00:00Z"}]})
+        );
+        pod["status"] = json!({"conditions": [{"type": HELD_CONDITION, "status": "False"}]});
+        let ended = read(&pod.to_string()).unwrap();
+        assert_eq!(ipkeep_placement::lifecycle::held_since(&ended), None);
+        pod["status"] = json!({"conditions": [{"type": HELD_CONDITION, "status": "True",
+            "lastTransitionTime": 5}]});
+        assert!(matches!(read(&pod.to_string()), Err(PodError::Json(_))));
     }
 
     #[test]

@@ -225,6 +225,36 @@ async fn every_escape_hatch_lets_a_blocked_pod_go() {
     );
 }
 
+/// The timeout runs from the hold's start in the pod's status (ipkeep-controller's condition),
+/// read from a DELETE's `oldObject` and from the cache an eviction is answered from alike; the
+/// pod's own annotation, set to the year 2500, moves nothing.
+#[tokio::test]
+async fn the_timeout_runs_from_the_recorded_start_not_the_pods_annotation() {
+    let start = k8s_openapi::jiff::Timestamp::from_second((NOW - 300) as i64).unwrap();
+    let held = pod(
+        "PreparingDelete",
+        "n1",
+        json!({"metadata": {"annotations": {"ipkeep.dev/lifecycle-since": "16725225600",
+                "ipkeep.dev/lifecycle-held": "drain"}},
+            "status": {"conditions": [{"type": "ipkeep.dev/lifecycle-held", "status": "True",
+                "lastTransitionTime": start.to_string()}]}}),
+    );
+    let caches = caches_with_pods(&[pps_with_hooks()], 3, std::slice::from_ref(&held)).await;
+    for (what, body) in [
+        ("deletion", delete_review(&held, json!({}))),
+        ("eviction", eviction_review("db-1", None)),
+    ] {
+        let before = deletion::review_at(body.as_bytes(), &caches, NOW - 1).unwrap();
+        assert_eq!(before.outcome, Outcome::Held, "{what}: released early");
+        let at = deletion::review_at(body.as_bytes(), &caches, NOW).unwrap();
+        assert_eq!(
+            (at.outcome, at.review.response.allowed),
+            (Outcome::Escaped, true),
+            "{what}: held past its timeout"
+        );
+    }
+}
+
 #[tokio::test]
 async fn what_is_not_a_pod_deletion_passes() {
     let normal = pod("Normal", "n1", json!({}));

@@ -4,11 +4,14 @@
 //! PersistentPodState's `spec.lifecycle` and what the cluster says of its future ([`fate`]:
 //! its StatefulSet, that StatefulSet's pods, its Node), and writes back:
 //!
-//! - the state label, the unix second it changed in `ipkeep.dev/lifecycle-since` and why it is
-//!   held in `ipkeep.dev/lifecycle-held`, and the condition `ipkeep.dev/lifecycle-ready` in
-//!   `status.conditions`, in one write ([`write`]: a strategic merge patch of the status
-//!   subresource, keyed by the condition's type so the kubelet's conditions are untouched, with
-//!   the pod's UID as a precondition);
+//! - the state label; while the pod is held, the hold's start as the condition
+//!   `ipkeep.dev/lifecycle-held` (True, its `lastTransitionTime` the start: the one record the
+//!   preDelete timeout runs from, in the pod's status, which whoever may patch the pod cannot
+//!   write), a copy of it in the annotation `ipkeep.dev/lifecycle-since`, and why in
+//!   `ipkeep.dev/lifecycle-held`; and the readiness gate's condition `ipkeep.dev/lifecycle-ready`,
+//!   in one write ([`write`]: a strategic merge patch of the status subresource, keyed by the
+//!   conditions' types so the kubelet's conditions are untouched, with the pod's UID as a
+//!   precondition);
 //! - and, once the preDelete hook lets go of a pod that its StatefulSet's scale-down or rolling
 //!   update wants gone, the deletion: the StatefulSet controller does not retry a not-Ready
 //!   pod's deletion. Before it deletes, the loop reads the StatefulSet from the API server
@@ -30,10 +33,12 @@ use ipkeep_api::PersistentPodState;
 use ipkeep_placement::ipkeep_lifecycle::{
     self as lifecycle, Fate, Going, Lifecycle, PodFacts, State, Wanted,
 };
-use ipkeep_placement::lifecycle::{gated, pod_facts};
+use ipkeep_placement::lifecycle::{gated, held_since, pod_facts};
 use ipkeep_placement::spec;
 use ipkeep_placement::view::{NodeHealth, NodeView};
-use ipkeep_values::keys::{HELD_ANNOTATION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL};
+use ipkeep_values::keys::{
+    HELD_ANNOTATION, HELD_CONDITION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL,
+};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::ResourceExt;
@@ -74,6 +79,7 @@ pub fn fingerprint(pod: &Pod) -> u64 {
         .hash(&mut h);
     gated(pod).hash(&mut h);
     gate_status(pod).hash(&mut h);
+    held_since(pod).hash(&mut h);
     h.finish()
 }
 
@@ -105,11 +111,13 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         .ready
         .filter(|&ready| gate_status(&pod) != Some(if ready { "True" } else { "False" }))
         .map(|ready| condition(&wanted, ready, &hooks));
+    let hold = (wanted.held_since != facts.held_since).then(|| hold_condition(wanted.held_since));
     let relabel = wanted.state.is_some()
         && (wanted.state != facts.state()
-            || wanted.since != facts.since
+            || wanted.held_since != facts.since_annotation
             || wanted.held != facts.held);
-    if let Some(patch) = write(pod.uid(), &wanted, condition.as_ref(), relabel) {
+    let conditions: Vec<&PodCondition> = condition.iter().chain(&hold).collect();
+    if let Some(patch) = write(pod.uid(), &wanted, &conditions, relabel) {
         api.patch_status(&name, &params, &Patch::Strategic(&patch))
             .await
             .map_err(|e| {
@@ -126,6 +134,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
         if relabel {
             info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
                 to = wanted.state.map_or("", State::as_str), held = ?wanted.held.map(Going::as_str),
+                since = ?wanted.held_since, claimed_since = ?facts.since_annotation,
                 "lifecycle state changed");
         }
     }
@@ -138,21 +147,22 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
     })
 }
 
-/// The one write that brings a pod where the decision wants it: the gate's condition (when it
-/// changes) and the state label with its annotations (when `relabel`), as a strategic merge patch
-/// of the pod's status subresource, which takes the pod's labels and annotations too. One write,
-/// because the kubelet syncs a pod once per change it sees, and a sync less than a second after
-/// the pod's last one waits for the next PLEG relist (1 s): a condition and a label written
-/// apart were two syncs a relist apart, which cost a held pod's deletion up to a second
-/// (docs/benchmarks.md, "Real nodes: what the lifecycle hooks cost"). The pod's UID makes it a
-/// precondition: a pod re-created under the name is not touched. `None`: nothing to write.
+/// The one write that brings a pod where the decision wants it: the `conditions` that change
+/// (the gate's, the hold's) and the state label with its annotations (when `relabel`), as a
+/// strategic merge patch of the pod's status subresource, which takes the pod's labels and
+/// annotations too. One write, because the kubelet syncs a pod once per change it sees, and a
+/// sync less than a second after the pod's last one waits for the next PLEG relist (1 s): a
+/// condition and a label written apart were two syncs a relist apart, which cost a held pod's
+/// deletion up to a second (docs/benchmarks.md, "Real nodes: what the lifecycle hooks cost").
+/// The pod's UID makes it a precondition: a pod re-created under the name is not touched.
+/// `None`: nothing to write.
 fn write(
     uid: Option<String>,
     wanted: &Wanted,
-    condition: Option<&PodCondition>,
+    conditions: &[&PodCondition],
     relabel: bool,
 ) -> Option<serde_json::Value> {
-    if condition.is_none() && !relabel {
+    if conditions.is_empty() && !relabel {
         return None;
     }
     let mut metadata = serde_json::json!({"uid": uid});
@@ -160,15 +170,47 @@ fn write(
         metadata["labels"] =
             serde_json::json!({STATE_LABEL: wanted.state.map_or("", State::as_str)});
         metadata["annotations"] = serde_json::json!({
-            SINCE_ANNOTATION: wanted.since.map(|s| s.to_string()),
+            SINCE_ANNOTATION: wanted.held_since.map(|s| s.to_string()),
             HELD_ANNOTATION: wanted.held.map(Going::as_str),
         });
     }
     let mut patch = serde_json::json!({"metadata": metadata});
-    if let Some(c) = condition {
-        patch["status"] = serde_json::json!({"conditions": [c]});
+    if !conditions.is_empty() {
+        patch["status"] = serde_json::json!({ "conditions": conditions });
     }
     Some(patch)
+}
+
+/// The hold's condition: True from `since` (the hold's start, which the preDelete timeout runs
+/// from), or False from now once the pod is no longer held.
+fn hold_condition(since: Option<u64>) -> PodCondition {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    let (status, reason, message, at) = match since {
+        Some(since) => (
+            "True",
+            "PreparingDelete",
+            "the preDelete hook holds the pod's deletion and eviction; the hook's timeoutSeconds runs from lastTransitionTime",
+            i64::try_from(since)
+                .ok()
+                .and_then(|s| Timestamp::from_second(s).ok())
+                .unwrap_or_else(Timestamp::now),
+        ),
+        None => (
+            "False",
+            "NotHeld",
+            "the preDelete hook holds nothing",
+            Timestamp::now(),
+        ),
+    };
+    PodCondition {
+        type_: HELD_CONDITION.to_string(),
+        status: status.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        last_transition_time: Some(Time(at)),
+        ..PodCondition::default()
+    }
 }
 
 /// Deletes a pod whose preDelete hook let it go, if its StatefulSet, read from the API server
@@ -361,7 +403,7 @@ mod tests {
     fn the_state_and_the_condition_are_one_write() {
         let wanted = Wanted {
             state: Some(State::PreparingDelete),
-            since: Some(100),
+            held_since: Some(100),
             held: Some(Going::Requested),
             ready: Some(false),
             recheck_at: None,
@@ -369,22 +411,36 @@ mod tests {
         };
         let hooks = Lifecycle::default();
         let c = condition(&wanted, false, &hooks);
-        let patch = write(Some("u1".into()), &wanted, Some(&c), true).unwrap();
+        let hold = hold_condition(wanted.held_since);
+        let patch = write(Some("u1".into()), &wanted, &[&c, &hold], true).unwrap();
         assert_eq!(patch["metadata"]["uid"], "u1");
         assert_eq!(patch["metadata"]["labels"][STATE_LABEL], "PreparingDelete");
         assert_eq!(patch["metadata"]["annotations"][SINCE_ANNOTATION], "100");
         assert_eq!(patch["metadata"]["annotations"][HELD_ANNOTATION], "request");
         let conditions = patch["status"]["conditions"].as_array().unwrap();
-        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions.len(), 2);
         assert_eq!(conditions[0]["type"], READINESS_GATE);
         assert_eq!(conditions[0]["status"], "False");
+        // The hold's start, where only the status subresource writes.
+        assert_eq!(conditions[1]["type"], HELD_CONDITION);
+        assert_eq!(conditions[1]["status"], "True");
+        assert_eq!(conditions[1]["lastTransitionTime"], "1970-01-01T00:01:40Z");
+        let back: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0"}, "status": {"conditions": conditions}}))
+        .unwrap();
+        assert_eq!(held_since(&back), Some(100), "reads back as written");
+        let ended = hold_condition(None);
+        assert_eq!(
+            (ended.status.as_str(), held_since(&Pod::default())),
+            ("False", None)
+        );
 
         // The condition alone leaves the labels and annotations as they are.
-        let alone = write(Some("u1".into()), &wanted, Some(&c), false).unwrap();
+        let alone = write(Some("u1".into()), &wanted, &[&c, &hold], false).unwrap();
         assert_eq!(alone["metadata"], serde_json::json!({"uid": "u1"}));
         assert_eq!(alone["status"], patch["status"]);
         // The state alone: no condition in the write, so the kubelet's stay as they are.
-        let state = write(Some("u1".into()), &wanted, None, true).unwrap();
+        let state = write(Some("u1".into()), &wanted, &[], true).unwrap();
         assert!(state.get("status").is_none());
         assert_eq!(state["metadata"], patch["metadata"]);
         // A settled pod loses its annotations (null deletes in a strategic merge patch).
@@ -393,9 +449,14 @@ mod tests {
             held: None,
             ..wanted
         };
-        let cleared = write(Some("u1".into()), &settled, None, true).unwrap();
+        let settled = Wanted {
+            held_since: None,
+            ..settled
+        };
+        let cleared = write(Some("u1".into()), &settled, &[], true).unwrap();
         assert!(cleared["metadata"]["annotations"][HELD_ANNOTATION].is_null());
-        assert_eq!(write(Some("u1".into()), &wanted, None, false), None);
+        assert!(cleared["metadata"]["annotations"][SINCE_ANNOTATION].is_null());
+        assert_eq!(write(Some("u1".into()), &wanted, &[], false), None);
     }
 
     /// What the decision reads survives trimming (a dropped annotation once made every held
@@ -411,7 +472,8 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": [{"name": "db", "image": "db"}],
                      "readinessGates": [{"conditionType": READINESS_GATE}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [
-                {"type": "Ready", "status": "False"}, {"type": READINESS_GATE, "status": "False"}]}
+                {"type": "Ready", "status": "False"}, {"type": READINESS_GATE, "status": "False"},
+                {"type": HELD_CONDITION, "status": "True", "lastTransitionTime": "1970-01-01T00:01:40Z"}]}
         }))
         .unwrap();
         let whole = pod.clone();
@@ -436,8 +498,9 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .len(),
-            1
+            2
         );
+        assert_eq!(held_since(&pod), Some(100));
         assert!(pod.metadata.managed_fields.is_none());
         assert!(pod.spec.as_ref().unwrap().containers.is_empty());
         assert_eq!(fingerprint(&pod), {

@@ -8,7 +8,7 @@ use std::fmt;
 
 use ipkeep_values::keys::STATE_LABEL;
 
-use crate::{Going, Lifecycle, PodFacts, State};
+use crate::{Going, Lifecycle, PodFacts};
 
 /// A DELETE of a pod, or a create of its `eviction` subresource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +56,8 @@ pub enum Admission {
     },
 }
 
-/// Whether a deletion or eviction of `pod` may pass at `now` (unix seconds).
+/// Whether a deletion or eviction of `pod` may pass at `now` (unix seconds). The timeout runs
+/// from the hold's start that the controller's decision reads too ([`PodFacts::hold_start`]).
 pub fn admit_delete(
     lifecycle: &Lifecycle,
     pod: &PodFacts<'_>,
@@ -90,9 +91,7 @@ pub fn admit_delete(
         .collect::<Vec<_>>()
         .join(",");
     let force = "`kubectl delete pod --force --grace-period=0` skips the hook";
-    let preparing = pod.state() == Some(State::PreparingDelete);
-    let since = pod.since.filter(|_| preparing);
-    let Some(since) = since else {
+    let Some(since) = pod.hold_start(now) else {
         return Admission::Deny {
             message: format!(
                 "ipkeep: the {what} of pod {pod_name} waits for its preDelete hook: the pod carries {labels} and is not PreparingDelete yet; \

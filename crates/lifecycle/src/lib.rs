@@ -28,8 +28,9 @@
 //! always passes; so does any deletion of a pod whose node is not Ready (its operator cannot act
 //! there, and pod garbage collection must proceed), of a pod already terminating, and any
 //! deletion once the pod has been `PreparingDelete` for the hook's timeout (a node drain waits
-//! at most that long). A pod the webhook never saw (created while it was down: it fails open)
-//! has no state and no gate and is treated as `Normal`.
+//! at most that long: the hold's start is ipkeep's own record, which no pod label or annotation
+//! moves, [`PodFacts::hold_start`]). A pod the webhook never saw (created while it was down: it
+//! fails open) has no state and no gate and is treated as `Normal`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -153,8 +154,16 @@ pub fn at_create(lifecycle: &Lifecycle) -> AtCreate {
 pub struct PodFacts<'a> {
     /// Its labels.
     pub labels: &'a BTreeMap<String, String>,
-    /// When it entered its state ([`ipkeep_values::keys::SINCE_ANNOTATION`]), if known.
-    pub since: Option<u64>,
+    /// When ipkeep-controller began to hold it: the `lastTransitionTime` of its condition
+    /// [`ipkeep_values::keys::HELD_CONDITION`] while that is True. The condition is in the pod's
+    /// status, which only the status subresource writes: ipkeep-controller, not whoever may
+    /// patch the pod.
+    pub held_since: Option<u64>,
+    /// Its annotation [`ipkeep_values::keys::SINCE_ANNOTATION`]: a copy of the hold's start that
+    /// whoever may patch the pod can change. Read only for a pod marked `PreparingDelete` without
+    /// the condition (by a release before it, or by hand), and never as later than now
+    /// ([`PodFacts::hold_start`]).
+    pub since_annotation: Option<u64>,
     /// It has a deletion timestamp, or it has finished (phase `Succeeded` or `Failed`).
     pub terminating: bool,
     /// Its node is Ready (false when unbound, NotReady or gone).
@@ -169,6 +178,17 @@ impl PodFacts<'_> {
     /// The state its label says; a pod the webhook never saw has none.
     pub fn state(&self) -> Option<State> {
         self.labels.get(STATE_LABEL).and_then(|s| State::parse(s))
+    }
+
+    /// When its hold started, as it counts at `now` (unix seconds): ipkeep's condition, whatever
+    /// the state label says now; without one, the annotation of a pod labelled
+    /// `PreparingDelete`. Never later than `now`, so the timeout runs from the first moment a
+    /// hold is seen at the latest, whatever time the pod claims. `None`: not held.
+    pub fn hold_start(&self, now: u64) -> Option<u64> {
+        let unrecorded = self
+            .since_annotation
+            .filter(|_| self.state() == Some(State::PreparingDelete));
+        self.held_since.or(unrecorded).map(|since| since.min(now))
     }
 }
 

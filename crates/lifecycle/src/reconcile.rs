@@ -25,8 +25,10 @@ pub const UNKNOWN_RECHECK_SECS: u64 = 5;
 pub struct Wanted {
     /// The state label (`None`: leave the pod unlabelled, it has no hooks).
     pub state: Option<State>,
-    /// When the pod entered that state ([`ipkeep_values::keys::SINCE_ANNOTATION`]).
-    pub since: Option<u64>,
+    /// When its hold started, while it is `PreparingDelete` (the condition
+    /// [`ipkeep_values::keys::HELD_CONDITION`] and its copy
+    /// [`ipkeep_values::keys::SINCE_ANNOTATION`]; `None`: not held). Never later than `now`.
+    pub held_since: Option<u64>,
     /// Why it is `PreparingDelete` ([`ipkeep_values::keys::HELD_ANNOTATION`]; `None`: no annotation).
     pub held: Option<Going>,
     /// The readiness gate's condition (`None`: the pod has no gate to set).
@@ -43,7 +45,10 @@ pub struct Wanted {
 /// PersistentPodState, its StatefulSet or its node changes. `fate` comes from the cluster
 /// ([`crate::going`]; it is never [`Going::Requested`], which only the pod's own label says). A
 /// gated pod's condition follows its state even when its PersistentPodState or hooks are gone,
-/// so no pod is left not Ready by a gate nobody sets.
+/// so no pod is left not Ready by a gate nobody sets. A hold keeps its start
+/// ([`PodFacts::hold_start`]) until its reason goes (or the hook is removed, or a request is
+/// abandoned), whatever the pod's labels and annotations say meanwhile: whoever may patch the
+/// pod cannot restart the timeout.
 pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64) -> Wanted {
     let gate = |r: bool| pod.gated.then_some(r);
     let Some(labelled) = pod.state() else {
@@ -51,7 +56,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64
         // open, and never gets a state after the fact.
         return Wanted {
             state: None,
-            since: pod.since,
+            held_since: pod.held_since,
             held: pod.held,
             ready: gate(true),
             recheck_at: None,
@@ -80,11 +85,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64
         };
         Wanted {
             state: Some(state),
-            since: if state == labelled {
-                pod.since
-            } else {
-                Some(now)
-            },
+            held_since: None,
             held: None,
             ready: gate(ready),
             recheck_at: None,
@@ -93,18 +94,23 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64
     };
     let held = |why: Going, since: u64| Wanted {
         state: Some(State::PreparingDelete),
-        since: Some(since),
+        held_since: Some(since),
         held: Some(why),
         ready: gate(!drains),
         recheck_at: None,
         delete: false,
     };
+    // The start of a hold already on record.
+    let since = pod.hold_start(now);
     let going = match fate {
         Fate::Going(why) => Some(why),
         Fate::Staying => None,
-        Fate::Unknown if labelled == State::PreparingDelete && !pod.terminating => {
+        Fate::Unknown
+            if (labelled == State::PreparingDelete || pod.held_since.is_some())
+                && !pod.terminating =>
+        {
             return Wanted {
-                since: pod.since,
+                held_since: since,
                 held: pod.held,
                 recheck_at: Some(now.saturating_add(UNKNOWN_RECHECK_SECS)),
                 ..held(Going::Requested, now)
@@ -113,14 +119,18 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64
         Fate::Unknown => None,
     };
     match labelled {
+        // A hold on record goes on while its reason does, whatever the labels say meanwhile:
+        // ending it on a label would let whoever may patch the pod restart its timeout.
         State::PreparingNormal | State::Normal => match going {
-            Some(why) if holds_deletion && !pod.terminating => held(why, now),
+            Some(why) if (holds_deletion || pod.held_since.is_some()) && !pod.terminating => {
+                held(why, since.unwrap_or(now))
+            }
             _ => settled(labelled),
         },
         State::PreparingDelete if pod.terminating => {
             // Going anyway: keep what it shows until it is gone.
             Wanted {
-                since: pod.since,
+                held_since: since,
                 held: pod.held,
                 ..held(Going::Requested, now)
             }
@@ -135,7 +145,7 @@ pub fn reconcile(lifecycle: &Lifecycle, pod: &PodFacts<'_>, fate: Fate, now: u64
             let Some(why) = why.filter(|_| lifecycle.pre_delete.is_some()) else {
                 return settled(State::PreparingDelete);
             };
-            let since = pod.since.unwrap_or(now);
+            let since = since.unwrap_or(now);
             let timed_out_at = since.saturating_add(lifecycle.pre_delete_timeout);
             if why == Going::Requested {
                 let abandoned_at = timed_out_at.saturating_add(ABANDONED_AFTER_SECS);

@@ -38,7 +38,8 @@ fn labels(state: Option<State>, extra: &[(&str, &str)]) -> BTreeMap<String, Stri
 fn facts(labels: &BTreeMap<String, String>) -> PodFacts<'_> {
     PodFacts {
         labels,
-        since: None,
+        held_since: None,
+        since_annotation: None,
         terminating: false,
         node_ready: true,
         gated: true,
@@ -209,7 +210,7 @@ fn a_hold_records_why_and_since_when() {
         got,
         Wanted {
             state: Some(State::PreparingDelete),
-            since: Some(NOW),
+            held_since: Some(NOW),
             held: Some(Going::Drain),
             ready: Some(false),
             recheck_at: None,
@@ -219,13 +220,13 @@ fn a_hold_records_why_and_since_when() {
     // Held already: the reason follows the cluster, the time it started stays.
     let held = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let pod = PodFacts {
-        since: Some(NOW - 30),
+        held_since: Some(NOW - 30),
         held: Some(Going::Drain),
         ..facts(&held)
     };
     let got = reconcile(&lc, &pod, Fate::Going(Going::ScaleDown), NOW);
     assert_eq!(
-        (got.state, got.since, got.held, got.delete),
+        (got.state, got.held_since, got.held, got.delete),
         (
             Some(State::PreparingDelete),
             Some(NOW - 30),
@@ -237,12 +238,13 @@ fn a_hold_records_why_and_since_when() {
         got.recheck_at,
         Some(NOW - 30 + DEFAULT_PRE_DELETE_TIMEOUT_SECS)
     );
-    // A state that stays keeps its time; one that changes starts it now.
+    // A pod that is not held has no hold start, whatever its annotation says (an older
+    // release wrote the time of every state change there).
     let normal = PodFacts {
-        since: Some(7),
+        since_annotation: Some(7),
         ..facts(&l)
     };
-    assert_eq!(reconcile(&lc, &normal, Fate::Staying, NOW).since, Some(7));
+    assert_eq!(reconcile(&lc, &normal, Fate::Staying, NOW).held_since, None);
 }
 
 #[test]
@@ -269,7 +271,7 @@ fn the_gate_follows_the_pod_not_the_configuration() {
     let l = labels(Some(PreparingDelete), &[BLOCK_DELETE]);
     let ungated = PodFacts {
         gated: false,
-        since: Some(NOW),
+        held_since: Some(NOW),
         ..facts(&l)
     };
     assert_eq!(
@@ -284,7 +286,7 @@ fn ipkeep_deletes_only_what_the_statefulset_controller_wants_gone() {
     let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let released = labels(Some(State::PreparingDelete), &[]);
     let pod = |labels, since: u64, why: Going| PodFacts {
-        since: Some(since),
+        held_since: Some(since),
         held: Some(why),
         ..facts(labels)
     };
@@ -378,7 +380,7 @@ fn a_hold_whose_reason_went_away_lets_go() {
     let deregistered = labels(Some(PreparingDelete), &[]);
     let registered = labels(Some(PreparingDelete), &[BLOCK_DELETE]);
     let pod = |labels, why: Going| PodFacts {
-        since: Some(NOW - 10),
+        held_since: Some(NOW - 10),
         held: Some(why),
         ..facts(labels)
     };
@@ -392,8 +394,8 @@ fn a_hold_whose_reason_went_away_lets_go() {
     ] {
         let got = reconcile(&both, &pod(&deregistered, why), Fate::Staying, NOW);
         assert_eq!(
-            (got.state, got.ready, got.held, got.since),
-            (Some(PreparingNormal), Some(false), None, Some(NOW)),
+            (got.state, got.ready, got.held, got.held_since),
+            (Some(PreparingNormal), Some(false), None, None),
             "{why}"
         );
         let got = reconcile(&both, &pod(&registered, why), Fate::Staying, NOW);
@@ -406,7 +408,7 @@ fn a_hold_whose_reason_went_away_lets_go() {
         got,
         Wanted {
             state: Some(PreparingDelete),
-            since: Some(NOW - 10),
+            held_since: Some(NOW - 10),
             held: Some(Going::Update),
             ready: Some(false),
             recheck_at: Some(NOW + reconcile::UNKNOWN_RECHECK_SECS),
@@ -421,7 +423,7 @@ fn a_requested_deletion_nobody_completes_leaves_preparing_delete() {
     let l = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let limit = DEFAULT_PRE_DELETE_TIMEOUT_SECS + ABANDONED_AFTER_SECS;
     let pod = |since: Option<u64>, terminating: bool| PodFacts {
-        since,
+        held_since: since,
         terminating,
         held: None,
         ..facts(&l)
@@ -432,7 +434,7 @@ fn a_requested_deletion_nobody_completes_leaves_preparing_delete() {
         held,
         Wanted {
             state: Some(State::PreparingDelete),
-            since: Some(NOW),
+            held_since: Some(NOW),
             held: Some(Going::Requested),
             ready: Some(false),
             recheck_at: Some(NOW + limit),
@@ -487,7 +489,7 @@ fn deletions_are_held_only_while_the_pod_carries_the_hook() {
     // PreparingDelete: refused with why and the time left, counting down.
     let preparing = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let pod = PodFacts {
-        since: Some(NOW - 100),
+        held_since: Some(NOW - 100),
         held: Some(Going::Drain),
         ..facts(&preparing)
     };
@@ -521,7 +523,7 @@ fn every_escape_hatch() {
     };
     let blocked = labels(Some(State::PreparingDelete), &[BLOCK_DELETE]);
     let base = PodFacts {
-        since: Some(NOW - 10),
+        held_since: Some(NOW - 10),
         ..facts(&blocked)
     };
     for (name, pod, request, want) in [
@@ -546,7 +548,7 @@ fn every_escape_hatch() {
         (
             "held for the timeout: a drain is never blocked for ever",
             PodFacts {
-                since: Some(NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS),
+                held_since: Some(NOW - DEFAULT_PRE_DELETE_TIMEOUT_SECS),
                 ..base
             },
             DeleteRequest {
@@ -576,11 +578,11 @@ fn every_escape_hatch() {
         admit_delete(&lifecycle(true, None), &base, delete, NOW, "db-0"),
         Admission::Allow { escaped: None }
     );
-    // The timeout counts from PreparingDelete only: a Normal pod's stale `since` does not let
-    // its first deletion through.
+    // The timeout counts from a hold only: a Normal pod's stale annotation does not let its
+    // first deletion through.
     let normal = labels(Some(State::Normal), &[BLOCK_DELETE]);
     let old = PodFacts {
-        since: Some(0),
+        since_annotation: Some(0),
         ..facts(&normal)
     };
     assert!(matches!(
@@ -614,4 +616,173 @@ fn a_pod_carries_a_hook_only_with_all_its_labels() {
         assert_eq!(State::parse(s.as_str()), Some(s));
     }
     assert_eq!(State::parse("normal"), None);
+}
+
+/// No hold outlives the timeout, whatever the pod says: whoever may patch a pod writes its
+/// labels and annotations (a time in the year 2500, `u64::MAX`, the state label set back to
+/// `Normal`, the hook's label taken off and put back), never the condition that records the
+/// hold's start. Each row: the pod as the controller first sees it, the start it records, and
+/// the webhook's answer to an eviction, with that record and the pod's own claims, one second
+/// before and at the timeout.
+#[test]
+fn a_hold_times_out_from_its_recorded_start_whatever_the_pod_says() {
+    use State::*;
+    const YEAR_2500: u64 = 16_725_225_600;
+    const T: u64 = DEFAULT_PRE_DELETE_TIMEOUT_SECS;
+    let lc = lifecycle(false, Some(true));
+    let drain = Fate::Going(Going::Drain);
+    for (name, state, hook, condition, annotation, fate, start) in [
+        (
+            "an older release's hold, the annotation moved to u64::MAX: from first sight",
+            PreparingDelete,
+            true,
+            None,
+            Some(u64::MAX),
+            drain,
+            NOW,
+        ),
+        (
+            "an older release's hold, the annotation moved to the year 2500: from first sight",
+            PreparingDelete,
+            true,
+            None,
+            Some(YEAR_2500),
+            drain,
+            NOW,
+        ),
+        (
+            "an older release's own hold: its start stands, never released early",
+            PreparingDelete,
+            true,
+            None,
+            Some(NOW - 100),
+            drain,
+            NOW - 100,
+        ),
+        (
+            "on record, the annotation moved to u64::MAX: the record stands",
+            PreparingDelete,
+            true,
+            Some(NOW - 100),
+            Some(u64::MAX),
+            drain,
+            NOW - 100,
+        ),
+        (
+            "on record, the annotation moved to the past: the record stands",
+            PreparingDelete,
+            true,
+            Some(NOW - 100),
+            Some(0),
+            drain,
+            NOW - 100,
+        ),
+        (
+            "on record, the label set back to Normal: held again from the same start",
+            Normal,
+            true,
+            Some(NOW - 100),
+            Some(YEAR_2500),
+            drain,
+            NOW - 100,
+        ),
+        (
+            "on record, Normal and the hook's label off (to be put back): still held",
+            Normal,
+            false,
+            Some(NOW - 100),
+            None,
+            drain,
+            NOW - 100,
+        ),
+        (
+            "on record, Normal, the StatefulSet's status lagging: still held",
+            Normal,
+            true,
+            Some(NOW - 100),
+            None,
+            Fate::Unknown,
+            NOW - 100,
+        ),
+        (
+            "on record in the future (a replica's clock ahead): from first sight",
+            PreparingDelete,
+            true,
+            Some(NOW + 50),
+            None,
+            drain,
+            NOW,
+        ),
+        (
+            "labelled PreparingDelete by hand with u64::MAX: a request, from first sight",
+            PreparingDelete,
+            true,
+            None,
+            Some(u64::MAX),
+            Fate::Staying,
+            NOW,
+        ),
+    ] {
+        let extra: &[(&str, &str)] = if hook { &[BLOCK_DELETE] } else { &[] };
+        let l = labels(Some(state), extra);
+        let seen = PodFacts {
+            held_since: condition,
+            since_annotation: annotation,
+            // What ipkeep wrote with the hold; a request by hand has none.
+            held: (fate != Fate::Staying).then_some(Going::Drain),
+            ..facts(&l)
+        };
+        let got = reconcile(&lc, &seen, fate, NOW);
+        assert_eq!(
+            (got.state, got.held_since, got.delete),
+            (Some(PreparingDelete), Some(start), false),
+            "{name}"
+        );
+        // The controller wrote the start; the pod still claims what it claimed, and its label
+        // may still say Normal: the webhook counts from the record.
+        let recorded = PodFacts {
+            held_since: got.held_since,
+            ..seen
+        };
+        let eviction = DeleteRequest {
+            force: false,
+            eviction: true,
+        };
+        let at = |now| admit_delete(&lc, &recorded, eviction, now, "db-0");
+        if hook {
+            assert!(
+                matches!(at(start + T - 1), Admission::Deny { .. }),
+                "{name}: released early"
+            );
+        }
+        let passes = if hook { Some(Escape::TimedOut) } else { None };
+        assert_eq!(
+            at(start + T),
+            Admission::Allow { escaped: passes },
+            "{name}"
+        );
+        // Looked at again later, the start stays where it was recorded.
+        let again = reconcile(&lc, &recorded, fate, NOW + 30);
+        assert_eq!(again.held_since, Some(start), "{name}: restarted");
+    }
+    // Before the controller has recorded anything (the webhook of a new release next to an
+    // older controller), a time in the future counts as now: held, never for ever by itself.
+    let l = labels(Some(PreparingDelete), &[BLOCK_DELETE]);
+    let unrecorded = PodFacts {
+        since_annotation: Some(u64::MAX),
+        held: Some(Going::Drain),
+        ..facts(&l)
+    };
+    let eviction = DeleteRequest {
+        force: false,
+        eviction: true,
+    };
+    let message = match admit_delete(&lc, &unrecorded, eviction, NOW, "db-0") {
+        Admission::Deny { message } => message,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        message.contains(&format!("in {T} s at the latest")),
+        "{message}"
+    );
 }

@@ -11,7 +11,8 @@ use ipkeep_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ipkeep_lifecycle::going::{MaxUnavailable, Member, Rolling, SetFacts, resolve_max_unavailable};
 use ipkeep_lifecycle::{Going, Hook, Lifecycle, PodFacts, State, at_create};
 use ipkeep_values::keys::{
-    HELD_ANNOTATION, POD_INDEX_LABEL, READINESS_GATE, REVISION_LABEL, SINCE_ANNOTATION, STATE_LABEL,
+    HELD_ANNOTATION, HELD_CONDITION, POD_INDEX_LABEL, READINESS_GATE, REVISION_LABEL,
+    SINCE_ANNOTATION, STATE_LABEL,
 };
 use ipkeep_values::ordinal;
 
@@ -102,7 +103,8 @@ pub fn apply_at_create(lifecycle: &Lifecycle, pod: &mut Pod) {
 
 /// What the hooks' decisions read of `pod`, for the controller's loop and the webhook's
 /// deletion review alike; `node_ready` is whether its node is Ready (false when unbound,
-/// NotReady or gone), from the caller's node cache.
+/// NotReady or gone), from the caller's node cache. The hold's start comes from the pod's
+/// status (the condition [`HELD_CONDITION`]), which whoever may only patch the pod cannot write.
 pub fn pod_facts(pod: &Pod, node_ready: bool) -> PodFacts<'_> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
     let annotation = |key: &str| {
@@ -114,7 +116,8 @@ pub fn pod_facts(pod: &Pod, node_ready: bool) -> PodFacts<'_> {
     };
     PodFacts {
         labels: pod.metadata.labels.as_ref().unwrap_or(&EMPTY),
-        since: annotation(SINCE_ANNOTATION).and_then(|s| s.trim().parse().ok()),
+        held_since: held_since(pod),
+        since_annotation: annotation(SINCE_ANNOTATION).and_then(|s| s.trim().parse().ok()),
         terminating: terminating(
             pod.metadata.deletion_timestamp.is_some(),
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -123,6 +126,18 @@ pub fn pod_facts(pod: &Pod, node_ready: bool) -> PodFacts<'_> {
         gated: gated(pod),
         held: annotation(HELD_ANNOTATION).map(Going::parse),
     }
+}
+
+/// When ipkeep-controller began to hold `pod`: the `lastTransitionTime` of its condition
+/// [`HELD_CONDITION`] while that is True (a time before 1970 reads as 0).
+pub fn held_since(pod: &Pod) -> Option<u64> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == HELD_CONDITION))
+        .filter(|c| c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| u64::try_from(t.0.as_second()).unwrap_or(0))
 }
 
 /// Whether `pod`'s spec has the readiness gate [`READINESS_GATE`] (only the webhook adds it,
@@ -136,7 +151,7 @@ pub fn gated(pod: &Pod) -> bool {
 
 /// Keeps what the hooks' decisions read of a pod, for the caches of the webhook and the
 /// controller: identity, labels, owners, the two lifecycle annotations, deletion, node,
-/// readiness gates, phase and the gate's condition.
+/// readiness gates, phase, the gate's condition and the hold's.
 pub fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
@@ -154,7 +169,7 @@ pub fn trim_pod(pod: &mut Pod) {
         phase: s.phase,
         conditions: s.conditions.map(|cs| {
             cs.into_iter()
-                .filter(|c| c.type_ == READINESS_GATE)
+                .filter(|c| c.type_ == READINESS_GATE || c.type_ == HELD_CONDITION)
                 .collect()
         }),
         ..PodStatus::default()
@@ -430,7 +445,9 @@ mod tests {
                 "metadata": {"name": "db-0", "labels": {STATE_LABEL: "PreparingDelete"},
                     "annotations": {SINCE_ANNOTATION: " 100 ", HELD_ANNOTATION: "scale-down"}},
                 "spec": {"containers": [], "readinessGates": [{"conditionType": READINESS_GATE}]},
-                "status": {"phase": "Running"}
+                "status": {"phase": "Running", "conditions": [
+                    {"type": READINESS_GATE, "status": "False"},
+                    {"type": HELD_CONDITION, "status": "True", "lastTransitionTime": "1970-01-01T00:00:50Z"}]}
             });
             json_merge(&mut v, extra);
             serde_json::from_value(v).unwrap()
@@ -438,7 +455,27 @@ mod tests {
         let running = pod(serde_json::json!({}));
         let facts = pod_facts(&running, false);
         assert_eq!(facts.state(), Some(State::PreparingDelete));
-        assert_eq!(facts.since, Some(100));
+        assert_eq!(
+            (facts.held_since, facts.since_annotation),
+            (Some(50), Some(100)),
+            "the start from the status; the annotation read as the pod's claim"
+        );
+        assert_eq!(facts.hold_start(1000), Some(50));
+        for (case, condition) in [
+            (
+                "a hold that ended",
+                serde_json::json!({"type": HELD_CONDITION, "status": "False",
+                "lastTransitionTime": "1970-01-01T00:00:50Z"}),
+            ),
+            (
+                "another condition",
+                serde_json::json!({"type": "Ready", "status": "True",
+                "lastTransitionTime": "1970-01-01T00:00:50Z"}),
+            ),
+        ] {
+            let other = pod(serde_json::json!({"status": {"conditions": [condition]}}));
+            assert_eq!(held_since(&other), None, "{case}");
+        }
         assert_eq!(facts.held, Some(Going::ScaleDown));
         assert!(facts.gated && !facts.terminating && !facts.node_ready);
         assert!(pod_facts(&running, true).node_ready);
@@ -458,7 +495,8 @@ mod tests {
         let bare: Pod =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "x"}})).unwrap();
         let facts = pod_facts(&bare, true);
-        assert!(facts.labels.is_empty() && facts.since.is_none() && facts.held.is_none());
+        assert!(facts.labels.is_empty() && facts.held.is_none());
+        assert!(facts.held_since.is_none() && facts.since_annotation.is_none());
         assert!(!facts.gated && !facts.terminating);
     }
 

@@ -53,7 +53,10 @@ pub const PIN_SKIPPED: &str = "ipkeep.dev/pin-skipped";
 /// Pod label that shows where a pod stands in its lifecycle hooks (`PreparingNormal`, `Normal`,
 /// `PreparingDelete`).
 pub const STATE_LABEL: &str = "ipkeep.dev/lifecycle-state";
-/// Pod annotation with the unix second the pod entered its lifecycle state.
+/// Pod annotation with the unix second its preDelete hold started, while it is
+/// `PreparingDelete`: a copy of [`HELD_CONDITION`]'s time, for people and for older releases.
+/// Anyone who may patch the pod can change it, so ipkeep reads it only from a pod held without
+/// the condition, and never as a time later than now.
 pub const SINCE_ANNOTATION: &str = "ipkeep.dev/lifecycle-since";
 /// Pod annotation that says why the pod is `PreparingDelete`.
 pub const HELD_ANNOTATION: &str = "ipkeep.dev/lifecycle-held";
@@ -70,6 +73,11 @@ pub const ADMISSION_PENDING_LABEL: &str = "ipkeep.dev/admission-pending";
 pub const ADMISSION_PLAN_LABEL: &str = "ipkeep.dev/admission-plan";
 /// The readiness gate (condition type) ipkeep sets on pods of a StatefulSet with hooks.
 pub const READINESS_GATE: &str = "ipkeep.dev/lifecycle-ready";
+/// Pod condition type: True while ipkeep-controller holds the pod `PreparingDelete`, its
+/// `lastTransitionTime` the hold's start, from which the preDelete timeout runs. It is in the
+/// pod's status, which only the status subresource writes (ipkeep-controller; Kubernetes'
+/// `edit` and `admin` roles cannot), so a pod's tenant cannot move it.
+pub const HELD_CONDITION: &str = "ipkeep.dev/lifecycle-held";
 
 // OpenKruise's spellings, accepted too.
 
