@@ -88,14 +88,7 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         return managed(PinOutcome::Skipped(SkipReason::InvalidSpec(e.to_string())));
     }
     let status = pps.status.clone().unwrap_or_default();
-    // Records of an earlier StatefulSet of this name are not this pod's, unless the PPS says the
-    // next StatefulSet of the name adopts them.
-    if status
-        .target_uid
-        .as_ref()
-        .is_some_and(|uid| !uid.is_empty() && !owner.uid.is_empty() && *uid != owner.uid)
-        && !crate::view::adopts(pps.metadata.annotations.as_ref())
-    {
+    if !of_recorded_statefulset(&owner, pps) {
         return managed(PinOutcome::Unrecorded(
             UnrecordedReason::RecordsOfEarlierStatefulSet,
         ));
@@ -179,6 +172,29 @@ fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
         required,
         preferred,
         fallback: record.preferred_only,
+    }
+}
+
+/// Whether `pod` is controlled by the StatefulSet whose UID `pps` recorded as its target
+/// (`status.targetUID`), or one side does not say. Records of an earlier StatefulSet of the
+/// name are not this pod's, nor is what was kept for its pods, unless `pps` says the next
+/// StatefulSet of the name adopts them ([`crate::view::adopts`]). The name alone proves
+/// nothing: whoever creates a pod writes its owner reference.
+pub fn controlled_by_recorded_target(pod: &Pod, pps: &PersistentPodState) -> bool {
+    statefulset_owner(pod).is_some_and(|owner| of_recorded_statefulset(&owner, pps))
+}
+
+fn of_recorded_statefulset(owner: &Owner, pps: &PersistentPodState) -> bool {
+    let recorded = pps
+        .status
+        .as_ref()
+        .and_then(|s| s.target_uid.as_deref())
+        .filter(|uid| !uid.is_empty());
+    match recorded {
+        Some(uid) if !owner.uid.is_empty() && uid != owner.uid => {
+            crate::view::adopts(pps.metadata.annotations.as_ref())
+        }
+        _ => true,
     }
 }
 
