@@ -12,7 +12,8 @@
 //!   deleted ([`pin::decide`], the webhook's own decision, says it manages the pod);
 //! * that StatefulSet is the one the state records (its UID is the state's `status.targetUID`,
 //!   [`pin::controlled_by_recorded_target`]): whoever creates a pod writes its owner reference,
-//!   so the name proves nothing;
+//!   so the name proves nothing. Only while the state waits to be adopted by a re-created
+//!   StatefulSet ([`pin::awaiting_adoption`]) does the name do;
 //! * its ordinal is in range: its name is `<statefulset>-<ordinal>` with the canonical ordinal
 //!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label.
 //!   Ordinals beyond `replicas` are held like any other: under `WhenScaled` the controller prunes
@@ -91,7 +92,10 @@ fn of_pod_on_node(asked: &SandboxPod<'_>, pod: &Pod, states: &[&PersistentPodSta
     let Decision::Manage(managed) = pin::decide(pod, asked.namespace, pps) else {
         return Management::Unmanaged;
     };
-    if !pps.is_some_and(|pps| pin::controlled_by_recorded_target(pod, pps)) {
+    let recorded_target = |pps: &PersistentPodState| {
+        pin::controlled_by_recorded_target(pod, pps) || pin::awaiting_adoption(pps)
+    };
+    if !pps.is_some_and(recorded_target) {
         return Management::Unmanaged;
     }
     let index = pod

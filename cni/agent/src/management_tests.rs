@@ -66,6 +66,21 @@ fn adopting(mut state: PersistentPodState) -> PersistentPodState {
     state
 }
 
+/// `state` controlled by the StatefulSet with the UID its status records.
+fn owned(mut state: PersistentPodState) -> PersistentPodState {
+    let uid = state
+        .status
+        .as_ref()
+        .and_then(|s| s.target_uid.clone())
+        .unwrap_or_default();
+    state.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "name": "db", "uid": uid, "controller": true}))
+        .unwrap(),
+    ]);
+    state
+}
+
 /// Managed by `pps` (its UID `uid-<pps>`), judged from the pod.
 fn managed(pps: &str, retention: &str) -> Management {
     Management::Managed {
@@ -201,7 +216,7 @@ fn rows() -> Vec<Row> {
             Management::Unmanaged,
         ),
         row(
-            "managed: another UID, but its state adopts an earlier StatefulSet's records",
+            "managed: another UID, but its state waits to be adopted by a re-created StatefulSet",
             "db-0",
             db_pod("db-0"),
             vec![adopting(targeting(
@@ -209,6 +224,16 @@ fn rows() -> Vec<Row> {
                 "other-uid",
             ))],
             managed("db", "2h"),
+        ),
+        row(
+            "not managed: another UID, and the state that adopts is owned by its StatefulSet",
+            "db-0",
+            db_pod("db-0"),
+            vec![owned(adopting(targeting(
+                state(NS, "db", "db", false),
+                "other-uid",
+            )))],
+            Management::Unmanaged,
         ),
         row(
             "not managed: no StatefulSet owns it, whatever its link says",

@@ -88,7 +88,11 @@ pub fn decide(pod: &Pod, namespace: &str, pps: Option<&PersistentPodState>) -> D
         return managed(PinOutcome::Skipped(SkipReason::InvalidSpec(e.to_string())));
     }
     let status = pps.status.clone().unwrap_or_default();
-    if !of_recorded_statefulset(&owner, pps) {
+    // Records of an earlier StatefulSet of this name are not this pod's, unless the PPS says the
+    // next StatefulSet of the name adopts them.
+    if !of_recorded_statefulset(&owner, pps)
+        && !crate::view::adopts(pps.metadata.annotations.as_ref())
+    {
         return managed(PinOutcome::Unrecorded(
             UnrecordedReason::RecordsOfEarlierStatefulSet,
         ));
@@ -175,13 +179,25 @@ fn pinned_from_record(pps: &PersistentPodState, record: &PodState) -> Pinned {
     }
 }
 
-/// Whether `pod` is controlled by the StatefulSet whose UID `pps` recorded as its target
-/// (`status.targetUID`), or one side does not say. Records of an earlier StatefulSet of the
-/// name are not this pod's, nor is what was kept for its pods, unless `pps` says the next
-/// StatefulSet of the name adopts them ([`crate::view::adopts`]). The name alone proves
-/// nothing: whoever creates a pod writes its owner reference.
+/// Whether `pod` is controlled by the StatefulSet whose UID `pps` records as its target
+/// (`status.targetUID`), or either UID is unknown. The name alone proves nothing: whoever
+/// creates a pod writes its owner reference, while the UID is the one object the controller saw.
 pub fn controlled_by_recorded_target(pod: &Pod, pps: &PersistentPodState) -> bool {
     statefulset_owner(pod).is_some_and(|owner| of_recorded_statefulset(&owner, pps))
+}
+
+/// Whether `pps` waits for the next StatefulSet of its target's name to adopt it: it carries
+/// [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] and no StatefulSet controls it (its
+/// owner was deleted with `--cascade=orphan`, and the controller has not made the new one its
+/// owner yet). Until then the new StatefulSet's pods are its pods, whatever their owner's UID.
+pub fn awaiting_adoption(pps: &PersistentPodState) -> bool {
+    let owned = pps
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet");
+    !owned && crate::view::adopts(pps.metadata.annotations.as_ref())
 }
 
 fn of_recorded_statefulset(owner: &Owner, pps: &PersistentPodState) -> bool {
@@ -190,12 +206,7 @@ fn of_recorded_statefulset(owner: &Owner, pps: &PersistentPodState) -> bool {
         .as_ref()
         .and_then(|s| s.target_uid.as_deref())
         .filter(|uid| !uid.is_empty());
-    match recorded {
-        Some(uid) if !owner.uid.is_empty() && uid != owner.uid => {
-            crate::view::adopts(pps.metadata.annotations.as_ref())
-        }
-        _ => true,
-    }
+    recorded.is_none_or(|uid| owner.uid.is_empty() || uid == owner.uid)
 }
 
 /// The pod's controlling StatefulSet.
