@@ -30,6 +30,7 @@ pub fn held_lease(ip: IpAddr, i: usize, ns: &str, since: u64) -> Lease {
             name: format!("kv-{i}"),
             uid: Some(format!("uid-{i:06}")),
             persistent_pod_state: Some("kv".into()),
+            persistent_pod_state_uid: None,
             confirmed: true,
         }),
         retention: Retention::Forever,

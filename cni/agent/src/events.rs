@@ -101,6 +101,7 @@ mod tests {
                 name: "kv-1".into(),
                 uid: Some("u-2".into()),
                 persistent_pod_state: Some("kv".into()),
+                persistent_pod_state_uid: None,
                 confirmed: true,
             },
             ip: "10.244.1.5".parse().unwrap(),

@@ -4,10 +4,16 @@
 //! managed all the same. Pure: the caches are read by [`ClusterApi`], the decision is
 //! [`management`].
 //!
-//! A pod is managed when, at that moment,
+//! The pod is the one the API shows on this node under the command's pod name, if its UID is
+//! the one the runtime passed (`K8S_POD_UID`): a pod created under that name since is another
+//! pod. A pod is managed when, at that moment,
 //! * it is on this node, its controlling owner is a StatefulSet, and that StatefulSet's
 //!   PersistentPodState (the webhook's rule, [`pin::persistent_pod_state_of`]) is not being
 //!   deleted ([`pin::decide`], the webhook's own decision, says it manages the pod);
+//! * that StatefulSet is the one the state records (its UID is the state's `status.targetUID`,
+//!   [`pin::controlled_by_recorded_target`]): whoever creates a pod writes its owner reference,
+//!   so the name proves nothing. Only while the state waits to be adopted by a re-created
+//!   StatefulSet ([`pin::awaiting_adoption`]) does the name do;
 //! * its ordinal is in range: its name is `<statefulset>-<ordinal>` with the canonical ordinal
 //!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label.
 //!   Ordinals beyond `replicas` are held like any other: under `WhenScaled` the controller prunes
@@ -15,9 +21,13 @@
 //! * or, for a pod on this node without a controlling StatefulSet (orphaned by
 //!   `kubectl delete sts --cascade=orphan`, its state kept for adoption), a state records this
 //!   very pod (the record's pod UID is the pod's);
-//! * or, for a pod the API no longer shows on this node (force-deleted, or gone before a DEL
-//!   that came late), its name is what the target StatefulSet of a PersistentPodState in its
+//! * or, at a DEL, for a pod the API no longer shows on this node (force-deleted, or gone
+//!   before a DEL that came late), a state records this very pod, or (said as
+//!   `judged_by_name`) its name is what the target StatefulSet of a PersistentPodState in its
 //!   namespace would name it.
+//!
+//! At an ADD the pod exists in the API server: when the agent's view does not show it (its pod
+//! watch is a moment behind) nothing is decided.
 //!
 //! A managed pod's retention annotations are what the webhook stamps
 //! ([`affinity::stamp_retention`]): its own readable `ipkeep.dev/ip-retention`, else the
@@ -30,26 +40,24 @@
 use std::collections::BTreeMap;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_cni::management::{ApiView, Management, Unavailable};
-use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy};
+use ipkeep_cni::management::{ApiView, Management, SandboxPod, Unavailable};
+use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy, StateRef};
 use ipkeep_placement::affinity::stamp_retention;
 use ipkeep_placement::pin::{self, Decision};
 use ipkeep_values::keys::{POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
 use ipkeep_values::ordinal;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::cluster::{Cluster, Readiness};
+use crate::cluster::{Cluster, Readiness, runtime_uid};
 
-/// Decides who manages pod `namespace`/`name`. `pod` is the pod of that name the API shows on
-/// this node, if any; `states` are the PersistentPodStates of its namespace; `annotations` are
-/// those the runtime passed (used only when the API no longer shows the pod).
+/// Decides who manages `asked`, the pod of a command. `pod` is the pod of that name the API
+/// shows on this node, if any; `states` are the PersistentPodStates of its namespace. The
+/// runtime's annotations count only for a pod the API no longer shows.
 pub fn management(
     readiness: Readiness,
-    namespace: &str,
-    name: &str,
+    asked: &SandboxPod<'_>,
     pod: Option<&Pod>,
     states: &[&PersistentPodState],
-    annotations: Option<&BTreeMap<String, String>>,
 ) -> Management {
     if readiness != Readiness::Ready {
         return Management::Unknown(Unavailable {
@@ -60,25 +68,36 @@ pub fn management(
             expected: true,
         });
     }
+    let pod = pod.filter(|p| {
+        asked
+            .uid
+            .is_none_or(|uid| runtime_uid(p).as_deref() == Some(uid))
+    });
     match pod {
-        Some(pod) => of_pod_on_node(namespace, name, pod, states),
-        None => of_pod_gone(name, states, annotations),
+        Some(pod) => of_pod_on_node(asked, pod, states),
+        None if asked.adding => Management::Unknown(Unavailable {
+            why: "the node agent's view of the API server does not show this pod yet".into(),
+            expected: true,
+        }),
+        None => of_pod_gone(asked, states),
     }
 }
 
-fn of_pod_on_node(
-    namespace: &str,
-    name: &str,
-    pod: &Pod,
-    states: &[&PersistentPodState],
-) -> Management {
+fn of_pod_on_node(asked: &SandboxPod<'_>, pod: &Pod, states: &[&PersistentPodState]) -> Management {
+    let name = asked.name;
     let Some(statefulset) = pin::statefulset_name(pod) else {
         return of_orphan(name, pod, states);
     };
     let pps = pin::persistent_pod_state_of(states.iter().copied(), &statefulset);
-    let Decision::Manage(managed) = pin::decide(pod, namespace, pps) else {
+    let Decision::Manage(managed) = pin::decide(pod, asked.namespace, pps) else {
         return Management::Unmanaged;
     };
+    let recorded_target = |pps: &PersistentPodState| {
+        pin::controlled_by_recorded_target(pod, pps) || pin::awaiting_adoption(pps)
+    };
+    if !pps.is_some_and(recorded_target) {
+        return Management::Unmanaged;
+    }
     let index = pod
         .metadata
         .labels
@@ -91,8 +110,12 @@ fn of_pod_on_node(
     let mut annotations = retention_annotations(pod.metadata.annotations.as_ref());
     stamp_retention(&managed.pps, managed.retention.as_deref(), &mut annotations);
     Management::Managed {
-        persistent_pod_state: managed.pps,
+        persistent_pod_state: StateRef {
+            name: managed.pps,
+            uid: pps.and_then(|p| p.metadata.uid.clone()),
+        },
         annotations,
+        judged_by_name: false,
     }
 }
 
@@ -118,24 +141,31 @@ fn of_orphan(name: &str, pod: &Pod, states: &[&PersistentPodState]) -> Managemen
     else {
         return Management::Unmanaged;
     };
-    let pps_name = pps.metadata.name.clone().unwrap_or_default();
     let mut annotations = retention_annotations(pod.metadata.annotations.as_ref());
     stamp_retention(
-        &pps_name,
+        &state_ref(pps).name,
         pin::stamped_retention(pps).as_deref(),
         &mut annotations,
     );
     Management::Managed {
-        persistent_pod_state: pps_name,
+        persistent_pod_state: state_ref(pps),
         annotations,
+        judged_by_name: false,
     }
 }
 
-fn of_pod_gone(
-    name: &str,
-    states: &[&PersistentPodState],
-    annotations: Option<&BTreeMap<String, String>>,
-) -> Management {
+fn state_ref(pps: &PersistentPodState) -> StateRef {
+    StateRef {
+        name: pps.metadata.name.clone().unwrap_or_default(),
+        uid: pps.metadata.uid.clone(),
+    }
+}
+
+/// A pod the API no longer shows on this node, at its DEL: managed by the state that records
+/// this very pod (the record's pod UID is the one the runtime passed), else, judged by its name
+/// alone, by the state whose StatefulSet would name it so.
+fn of_pod_gone(asked: &SandboxPod<'_>, states: &[&PersistentPodState]) -> Management {
+    let name = asked.name;
     let target = states
         .iter()
         .filter(|p| p.spec.target_ref.kind == "StatefulSet")
@@ -148,16 +178,23 @@ fn of_pod_gone(
     if pps.metadata.deletion_timestamp.is_some() {
         return Management::Unmanaged;
     }
-    let pps_name = pps.metadata.name.clone().unwrap_or_default();
-    let mut stamped = retention_annotations(annotations);
+    let recorded = pps
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_states.get(name))
+        .and_then(|r| r.pod_uid.as_deref())
+        .filter(|uid| !uid.is_empty());
+    let state = state_ref(pps);
+    let mut stamped = retention_annotations(asked.annotations);
     stamp_retention(
-        &pps_name,
+        &state.name,
         pin::stamped_retention(pps).as_deref(),
         &mut stamped,
     );
     Management::Managed {
-        persistent_pod_state: pps_name,
+        persistent_pod_state: state,
         annotations: stamped,
+        judged_by_name: recorded.is_none_or(|r| Some(r) != asked.uid),
     }
 }
 
@@ -169,6 +206,7 @@ pub fn missed_del(management: &Management, recorded: Retention) -> Departure {
     let Management::Managed {
         persistent_pod_state,
         annotations,
+        judged_by_name,
     } = management
     else {
         return Departure::default();
@@ -180,6 +218,7 @@ pub fn missed_del(management: &Management, recorded: Retention) -> Departure {
     Departure {
         retention: Some(by_state.resolve(Some(annotations)).retention),
         confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
+        judged_by_name: *judged_by_name,
     }
 }
 
@@ -196,29 +235,17 @@ fn retention_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<Str
 pub struct ClusterApi<'a>(pub Option<&'a Cluster>);
 
 impl ApiView for ClusterApi<'_> {
-    fn management(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotations: Option<&BTreeMap<String, String>>,
-    ) -> Management {
+    fn management(&self, asked: &SandboxPod<'_>) -> Management {
         let Some(cluster) = self.0 else {
             return Management::Unknown(Unavailable {
                 why: "the node agent runs without Kubernetes (--no-kubernetes)".into(),
                 expected: false,
             });
         };
-        let pod = cluster.pod(namespace, name);
-        let states = cluster.states_in(namespace);
+        let pod = cluster.pod(asked.namespace, asked.name);
+        let states = cluster.states_in(asked.namespace);
         let states: Vec<&PersistentPodState> = states.iter().map(AsRef::as_ref).collect();
-        management(
-            cluster.readiness(),
-            namespace,
-            name,
-            pod.as_deref(),
-            &states,
-            annotations,
-        )
+        management(cluster.readiness(), asked, pod.as_deref(), &states)
     }
 }
 

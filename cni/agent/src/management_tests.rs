@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 use serde_json::{Value, json};
 
 use super::*;
@@ -33,9 +34,10 @@ fn recording(mut state: PersistentPodState, pod: &str, uid: &str) -> PersistentP
     state
 }
 
-/// PersistentPodState `name` in `namespace` for StatefulSet `target`, `ipRetention: 2h`.
+/// PersistentPodState `name` (UID `uid-<name>`) in `namespace` for StatefulSet `target`,
+/// `ipRetention: 2h`.
 fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> PersistentPodState {
-    let mut meta = json!({"name": name, "namespace": namespace});
+    let mut meta = json!({"name": name, "namespace": namespace, "uid": format!("uid-{name}")});
     if deleting {
         meta["deletionTimestamp"] = json!("2026-11-26T09:00:00Z");
         meta["finalizers"] = json!(["example.com/hold"]);
@@ -48,22 +50,85 @@ fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> Persisten
     .unwrap()
 }
 
+/// `state` as the controller leaves it once it has seen StatefulSet UID `uid`.
+fn targeting(mut state: PersistentPodState, uid: &str) -> PersistentPodState {
+    state.status.get_or_insert_default().target_uid = Some(uid.to_string());
+    state
+}
+
+/// `state` carrying `ipkeep.dev/adopt-persistent-pod-state: "true"`.
+fn adopting(mut state: PersistentPodState) -> PersistentPodState {
+    state
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(ADOPT_PERSISTENT_POD_STATE.into(), "true".into());
+    state
+}
+
+/// `state` controlled by the StatefulSet with the UID its status records.
+fn owned(mut state: PersistentPodState) -> PersistentPodState {
+    let uid = state
+        .status
+        .as_ref()
+        .and_then(|s| s.target_uid.clone())
+        .unwrap_or_default();
+    state.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "name": "db", "uid": uid, "controller": true}))
+        .unwrap(),
+    ]);
+    state
+}
+
+/// Managed by `pps` (its UID `uid-<pps>`), judged from the pod.
 fn managed(pps: &str, retention: &str) -> Management {
     Management::Managed {
-        persistent_pod_state: pps.into(),
+        persistent_pod_state: StateRef {
+            name: pps.into(),
+            uid: Some(format!("uid-{pps}")),
+        },
         annotations: [
             ("ipkeep.dev/persistent-pod-state", pps),
             ("ipkeep.dev/ip-retention", retention),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),
+        judged_by_name: false,
     }
+}
+
+/// Managed by `pps`, judged by the pod's name alone.
+fn by_name(pps: &str, retention: &str) -> Management {
+    match managed(pps, retention) {
+        Management::Managed {
+            persistent_pod_state,
+            annotations,
+            ..
+        } => Management::Managed {
+            persistent_pod_state,
+            annotations,
+            judged_by_name: true,
+        },
+        other => other,
+    }
+}
+
+fn behind(why: &str) -> Management {
+    Management::Unknown(Unavailable {
+        why: why.into(),
+        expected: true,
+    })
 }
 
 struct Row {
     what: &'static str,
     readiness: Readiness,
     name: &'static str,
+    /// The command's `K8S_POD_UID` (the pods here have `pod-uid`).
+    uid: Option<&'static str>,
+    /// ADD, rather than DEL.
+    adding: bool,
     pod: Option<Pod>,
     states: Vec<PersistentPodState>,
     runtime: Option<Value>,
@@ -78,6 +143,8 @@ fn rows() -> Vec<Row> {
         what,
         readiness: Readiness::Ready,
         name,
+        uid: Some("pod-uid"),
+        adding: false,
         pod,
         states,
         runtime: None,
@@ -133,6 +200,40 @@ fn rows() -> Vec<Row> {
             db_pod("db-0"),
             vec![state(NS, "a-db", "db", false), state(NS, "db", "db", false)],
             managed("db", "2h"),
+        ),
+        row(
+            "managed: its StatefulSet's UID is the one its state records",
+            "db-0",
+            db_pod("db-0"),
+            vec![targeting(state(NS, "db", "db", false), "sts-uid")],
+            managed("db", "2h"),
+        ),
+        row(
+            "not managed: it names the StatefulSet, but not the UID its state records",
+            "db-0",
+            db_pod("db-0"),
+            vec![targeting(state(NS, "db", "db", false), "other-uid")],
+            Management::Unmanaged,
+        ),
+        row(
+            "managed: another UID, but its state waits to be adopted by a re-created StatefulSet",
+            "db-0",
+            db_pod("db-0"),
+            vec![adopting(targeting(
+                state(NS, "db", "db", false),
+                "other-uid",
+            ))],
+            managed("db", "2h"),
+        ),
+        row(
+            "not managed: another UID, and the state that adopts is owned by its StatefulSet",
+            "db-0",
+            db_pod("db-0"),
+            vec![owned(adopting(targeting(
+                state(NS, "db", "db", false),
+                "other-uid",
+            )))],
+            Management::Unmanaged,
         ),
         row(
             "not managed: no StatefulSet owns it, whatever its link says",
@@ -221,7 +322,62 @@ fn rows() -> Vec<Row> {
                 "db-5",
                 None,
                 db(),
-                managed("db", "45m"),
+                by_name("db", "45m"),
+            )
+        },
+        row(
+            "gone from the API: its state records this very pod",
+            "db-5",
+            None,
+            vec![recording(state(NS, "db", "db", false), "db-5", "pod-uid")],
+            managed("db", "2h"),
+        ),
+        row(
+            "gone from the API: its state records another pod of the name",
+            "db-5",
+            None,
+            vec![recording(state(NS, "db", "db", false), "db-5", "older-uid")],
+            by_name("db", "2h"),
+        ),
+        Row {
+            uid: Some("deleted-uid"),
+            ..row(
+                "a DEL of a pod whose name another pod took since: judged as gone, not by the newcomer",
+                "db-5",
+                Some(pod("db-5", "", none(), none())),
+                db(),
+                by_name("db", "2h"),
+            )
+        },
+        Row {
+            adding: true,
+            ..row(
+                "view behind at ADD: the API does not show the pod yet",
+                "db-5",
+                None,
+                db(),
+                behind("the node agent's view of the API server does not show this pod yet"),
+            )
+        },
+        Row {
+            adding: true,
+            uid: Some("new-uid"),
+            ..row(
+                "view behind at ADD: the pod of that name it shows is an older one",
+                "db-5",
+                db_pod("db-5"),
+                db(),
+                behind("the node agent's view of the API server does not show this pod yet"),
+            )
+        },
+        Row {
+            uid: None,
+            ..row(
+                "no UID from the runtime: the pod of that name is the one",
+                "db-0",
+                db_pod("db-0"),
+                db(),
+                managed("db", "2h"),
             )
         },
         row(
@@ -273,14 +429,14 @@ fn who_manages_a_pod_at_its_add_or_del() {
         let states: Vec<&PersistentPodState> = row.states.iter().collect();
         let runtime: Option<BTreeMap<String, String>> =
             row.runtime.map(|v| serde_json::from_value(v).unwrap());
-        let got = management(
-            row.readiness,
-            NS,
-            row.name,
-            row.pod.as_ref(),
-            &states,
-            runtime.as_ref(),
-        );
+        let asked = SandboxPod {
+            namespace: NS,
+            name: row.name,
+            uid: row.uid,
+            adding: row.adding,
+            annotations: runtime.as_ref(),
+        };
+        let got = management(row.readiness, &asked, row.pod.as_ref(), &states);
         assert_eq!(got, row.want, "{}", row.what);
     }
 }
@@ -290,7 +446,13 @@ fn a_missed_del_holds_by_the_state_that_manages_the_pod_now() {
     let recorded = Retention::Off;
     let departure = missed_del(&managed("db", "2h"), recorded);
     assert_eq!(departure.retention, Some(Retention::Seconds(7_200)));
-    assert_eq!(departure.confirmed, Some(Confirmed::By("db".into())));
+    let db = StateRef {
+        name: "db".into(),
+        uid: Some("uid-db".into()),
+    };
+    assert_eq!(departure.confirmed, Some(Confirmed::By(db)));
+    assert!(!departure.judged_by_name);
+    assert!(missed_del(&by_name("db", "2h"), recorded).judged_by_name);
     for other in [
         Management::Unmanaged,
         Management::Unknown(Unavailable {

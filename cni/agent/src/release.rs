@@ -370,6 +370,7 @@ mod tests {
                 name: pod.into(),
                 uid: Some(format!("uid-{pod}")),
                 persistent_pod_state: pps.map(str::to_string),
+                persistent_pod_state_uid: None,
                 confirmed: false,
             }),
             retention: Retention::Forever,

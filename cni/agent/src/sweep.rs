@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::admin::Usage;
-use ipkeep_cni::management::ApiView;
+use ipkeep_cni::management::{ApiView, SandboxPod};
 use ipkeep_cni::stores::fallback_count;
 use ipkeep_ipam::clock;
 use ipkeep_ipam::disk::system_reading;
@@ -244,11 +244,13 @@ impl Sweeper {
                     .iter()
                     .find_map(|l| Some((l.pod.as_ref()?, l.retention)))
                     .map(|(pod, recorded)| {
-                        let said = ClusterApi(self.cluster.as_ref()).management(
-                            &pod.namespace,
-                            &pod.name,
-                            None,
-                        );
+                        let said = ClusterApi(self.cluster.as_ref()).management(&SandboxPod {
+                            namespace: &pod.namespace,
+                            name: &pod.name,
+                            uid: pod.uid.as_deref(),
+                            adding: false,
+                            annotations: None,
+                        });
                         management::missed_del(&said, recorded)
                     })
                     .unwrap_or_default();

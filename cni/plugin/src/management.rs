@@ -14,11 +14,14 @@
 //! `ipkeep.dev/persistent-pod-state` the webhook stamps makes the retention annotations count
 //! in full. The command's log says so. Such a link is recorded unconfirmed, and protects
 //! nothing when a full range needs an address.
+//!
+//! What is recorded also decides who gets a held address back: only a pod tied to the
+//! PersistentPodState it was held for ([`ipkeep_ipam::PodRef::succeeds`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ipkeep_ipam::{Confirmed, PodRef, Resolved, RetentionPolicy};
+use ipkeep_ipam::{Confirmed, PodRef, Resolved, RetentionPolicy, StateRef};
 use ipkeep_values::keys::PERSISTENT_POD_STATE;
 use tracing::{info, warn};
 
@@ -29,10 +32,13 @@ pub enum Management {
     /// pod's retention annotations as the webhook stamps them on such a pod (the link, and the
     /// state's `spec.ipRetention` unless the pod sets a readable retention of its own).
     Managed {
-        /// The PersistentPodState's name.
-        persistent_pod_state: String,
+        /// The PersistentPodState.
+        persistent_pod_state: StateRef,
         /// The annotations that decide the pod's retention.
         annotations: BTreeMap<String, String>,
+        /// Whether this was judged by the pod's name alone: the API no longer shows the pod
+        /// (a DEL that came after it went), and the state does not record this very pod.
+        judged_by_name: bool,
     },
     /// No PersistentPodState manages the pod now.
     Unmanaged,
@@ -51,16 +57,27 @@ pub struct Unavailable {
     pub expected: bool,
 }
 
+/// The pod a sandbox belongs to, as the runtime names it in a command.
+#[derive(Debug, Clone, Copy)]
+pub struct SandboxPod<'a> {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: &'a str,
+    /// `K8S_POD_NAME`.
+    pub name: &'a str,
+    /// `K8S_POD_UID`, when the runtime passes it: which pod of that name the sandbox is for (a
+    /// pod of the same name created since is another pod).
+    pub uid: Option<&'a str>,
+    /// Whether the command is an ADD: the pod exists in the API server then, where a DEL may
+    /// come after it is gone.
+    pub adding: bool,
+    /// The annotations the runtime passed (what the pod had when its sandbox was created).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+}
+
 /// Answers, for the pod of a command, whether a PersistentPodState manages it now.
 pub trait ApiView: fmt::Debug {
-    /// The pod `namespace`/`name`; `annotations` are those the runtime passed (what the pod had
-    /// when its sandbox was created).
-    fn management(
-        &self,
-        namespace: &str,
-        name: &str,
-        annotations: Option<&BTreeMap<String, String>>,
-    ) -> Management;
+    /// Who manages `pod` now.
+    fn management(&self, pod: &SandboxPod<'_>) -> Management;
 }
 
 /// No view of the API server: the plugin running alone, or an agent without Kubernetes.
@@ -68,7 +85,7 @@ pub trait ApiView: fmt::Debug {
 pub struct NoApiView(pub Unavailable);
 
 impl ApiView for NoApiView {
-    fn management(&self, _: &str, _: &str, _: Option<&BTreeMap<String, String>>) -> Management {
+    fn management(&self, _: &SandboxPod<'_>) -> Management {
         Management::Unknown(self.0.clone())
     }
 }
@@ -90,6 +107,8 @@ pub struct Decided {
     pub resolved: Resolved,
     /// The agent's word to record with the addresses; `None` without a view.
     pub confirmed: Option<Confirmed>,
+    /// Whether the agent judged by the pod's name alone ([`Management::Managed`]).
+    pub judged_by_name: bool,
 }
 
 /// Resolves a pod's retention by `policy` from `management`; `annotations` are what the runtime
@@ -108,8 +127,9 @@ pub fn decide(
         Management::Managed {
             persistent_pod_state,
             annotations: stamped,
+            judged_by_name,
         } => {
-            if link != Some(persistent_pod_state.as_str()) {
+            if link != Some(persistent_pod_state.name.as_str()) {
                 info!(
                     persistent_pod_state = %persistent_pod_state,
                     link = link.unwrap_or(""),
@@ -119,6 +139,7 @@ pub fn decide(
             Decided {
                 resolved: policy.resolve(Some(stamped)),
                 confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
+                judged_by_name: *judged_by_name,
             }
         }
         Management::Unmanaged => {
@@ -133,6 +154,7 @@ pub fn decide(
             Decided {
                 resolved: policy.resolve(annotations.map(|_| &without_link)),
                 confirmed: Some(Confirmed::Nobody),
+                judged_by_name: false,
             }
         }
         Management::Unknown(unavailable) => {
@@ -145,6 +167,7 @@ pub fn decide(
             Decided {
                 resolved: policy.resolve(annotations),
                 confirmed: None,
+                judged_by_name: false,
             }
         }
     };

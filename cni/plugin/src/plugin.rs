@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
 use crate::files;
-use crate::management::{self, ApiView, Decided};
+use crate::management::{self, ApiView, Decided, SandboxPod};
 use crate::netconf::{IpamPlan, NetworkConfig};
 use crate::result::{Dns, IpConfig, IpamResult};
 use crate::stores::{Deadlined, Stores};
@@ -213,6 +213,7 @@ fn pod_ref(args: &CniArgs, config: &NetworkConfig) -> Option<PodRef> {
             .map(|name| name.trim())
             .filter(|name| !name.is_empty())
             .map(str::to_string),
+        persistent_pod_state_uid: None,
         confirmed: false,
     })
 }
@@ -251,7 +252,7 @@ fn cmd_add<S: Stores>(
     }
     let mut pod = pod_ref(&inv.args, config);
     let (retention, source) =
-        match decide_retention(cx.call.api, &inv.args, config, &plan.retention) {
+        match decide_retention(cx.call.api, &inv.args, config, &plan.retention, true) {
             Some(decided) => {
                 if let Some(pod) = pod.as_mut() {
                     decided.record(pod);
@@ -351,6 +352,23 @@ fn report_add(
                 });
             }
         }
+    }
+    for lease in &outcome.kept_for_another {
+        let state = lease
+            .pod
+            .as_ref()
+            .and_then(|p| p.persistent_pod_state.as_deref())
+            .unwrap_or_default();
+        let this_pod = pod
+            .and_then(|p| p.persistent_pod_state.as_deref())
+            .unwrap_or("none");
+        warn!(
+            ip = %lease.ip,
+            confirmed = lease.pod.as_ref().is_some_and(|p| p.confirmed),
+            this_pod_managed_by = this_pod,
+            "{} is kept under this pod's name for the pod of PersistentPodState {state}, which does not manage this pod: it stays kept for that pod, and this pod gets another address",
+            lease.ip
+        );
     }
     for a in &outcome.assignments {
         match &a.source {
@@ -457,8 +475,8 @@ fn cmd_del<S: Stores>(
     Ok(())
 }
 
-/// The pod's retention, for ADD to record and for DEL to decide by in place of what ADD
-/// recorded: what the node agent's view of the API server says manages the pod (or, without
+/// The pod's retention, for ADD (`adding`) to record and for DEL to decide by in place of what
+/// ADD recorded: what the node agent's view of the API server says manages the pod (or, without
 /// that view, the pod's annotations), within the network's `policy`. ADD and DEL resolve it
 /// here alike, with the same log lines. `None` for an attachment that names no pod: nothing is
 /// held for it.
@@ -467,10 +485,16 @@ fn decide_retention(
     args: &CniArgs,
     config: &NetworkConfig,
     policy: &RetentionPolicy,
+    adding: bool,
 ) -> Option<Decided> {
     let annotations = config.conf.runtime_config.pod_annotations.as_ref();
-    let (namespace, name) = (args.pod_namespace.as_ref()?, args.pod_name.as_ref()?);
-    let said = api.management(namespace, name, annotations);
+    let said = api.management(&SandboxPod {
+        namespace: args.pod_namespace.as_ref()?,
+        name: args.pod_name.as_ref()?,
+        uid: args.pod_uid.as_deref(),
+        adding,
+        annotations,
+    });
     Some(management::decide(&said, policy, annotations))
 }
 
@@ -482,7 +506,7 @@ fn departure(api: &dyn ApiView, inv: &Invocation, config: &NetworkConfig) -> Dep
         return Departure::default();
     };
     // Nothing to hold for an unnamed attachment: DEL frees it whatever anyone says.
-    let Some(decided) = decide_retention(api, &inv.args, config, policy) else {
+    let Some(decided) = decide_retention(api, &inv.args, config, policy, false) else {
         return Departure::default();
     };
     let annotations = config.conf.runtime_config.pod_annotations.as_ref();
@@ -490,6 +514,7 @@ fn departure(api: &dyn ApiView, inv: &Invocation, config: &NetworkConfig) -> Dep
         retention: (decided.confirmed.is_some() || annotations.is_some())
             .then_some(decided.resolved.retention),
         confirmed: decided.confirmed,
+        judged_by_name: decided.judged_by_name,
     }
 }
 

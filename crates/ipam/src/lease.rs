@@ -32,7 +32,8 @@ pub struct PodRef {
     pub namespace: String,
     /// `K8S_POD_NAME`.
     pub name: String,
-    /// `K8S_POD_UID`, when the runtime passes it (informational: a rebuilt pod has a new one).
+    /// `K8S_POD_UID`, when the runtime passes it: a new sandbox of the same pod names the same
+    /// one, a rebuilt pod (or any other pod of the name) another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
     /// The PersistentPodState that manages the pod, from its
@@ -40,6 +41,10 @@ pub struct PodRef {
     /// holding at once when that PersistentPodState is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_pod_state: Option<String>,
+    /// The UID of [`Self::persistent_pod_state`], when the node agent confirmed it: a name comes
+    /// back when a PersistentPodState is deleted and created again, a UID never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_pod_state_uid: Option<String>,
     /// Whether [`Self::persistent_pod_state`] is the node agent's word, read from the API server
     /// at the pod's last ADD or DEL through the agent ([`Self::confirm`]), rather than only the
     /// pod's annotation, which whoever creates a pod can write. Only a confirmed link protects a
@@ -52,17 +57,47 @@ pub struct PodRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Confirmed {
     /// This PersistentPodState manages the pod.
-    By(String),
+    By(StateRef),
     /// No PersistentPodState manages the pod.
     Nobody,
+}
+
+/// A PersistentPodState of the pod's namespace, as the node agent names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRef {
+    /// Its name.
+    pub name: String,
+    /// Its UID, when the agent's view has one.
+    pub uid: Option<String>,
+}
+
+impl From<&str> for StateRef {
+    fn from(name: &str) -> Self {
+        StateRef {
+            name: name.to_string(),
+            uid: None,
+        }
+    }
+}
+
+impl From<String> for StateRef {
+    fn from(name: String) -> Self {
+        StateRef { name, uid: None }
+    }
+}
+
+impl fmt::Display for StateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
 }
 
 impl PodRef {
     /// Records the node agent's word on who manages the pod, in place of its annotation.
     pub fn confirm(&mut self, word: &Confirmed) {
-        self.persistent_pod_state = match word {
-            Confirmed::By(name) => Some(name.clone()),
-            Confirmed::Nobody => None,
+        (self.persistent_pod_state, self.persistent_pod_state_uid) = match word {
+            Confirmed::By(state) => (Some(state.name.clone()), state.uid.clone()),
+            Confirmed::Nobody => (None, None),
         };
         self.confirmed = true;
     }
@@ -72,6 +107,57 @@ impl PodRef {
         self.persistent_pod_state
             .as_deref()
             .filter(|_| self.confirmed)
+    }
+
+    /// What the node agent said about the pod when this was recorded, if it was asked.
+    pub fn word(&self) -> Option<Confirmed> {
+        self.confirmed.then(|| match &self.persistent_pod_state {
+            Some(name) => Confirmed::By(StateRef {
+                name: name.clone(),
+                uid: self.persistent_pod_state_uid.clone(),
+            }),
+            None => Confirmed::Nobody,
+        })
+    }
+
+    /// This pod as an address it takes over from `earlier` records it: when nobody asked the
+    /// agent about it this time but it is the same pod (the same pod UID), the tie recorded for
+    /// it before stays (the agent's word from an earlier command outweighs an annotation, and
+    /// no word is no reason to forget one); a pod the agent judged now is recorded as judged.
+    pub fn keeping_tie(&self, earlier: Option<&PodRef>) -> PodRef {
+        match earlier {
+            Some(e) if !self.confirmed && self.uid.is_some() && self.uid == e.uid => PodRef {
+                persistent_pod_state: e.persistent_pod_state.clone(),
+                persistent_pod_state_uid: e.persistent_pod_state_uid.clone(),
+                confirmed: e.confirmed,
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// Whether this pod may take over the addresses kept for `earlier`, a pod of the same
+    /// identity: the same pod may (the runtime names the same pod UID: a new sandbox of a pod
+    /// that still exists, after a reboot); any pod may, when no PersistentPodState was tied to
+    /// `earlier` (they are kept by `ipam.retention` for whatever pod comes next under the
+    /// name); otherwise only a pod tied to that same state: the same name, and the same UID
+    /// where both are known. A tie is the agent's word, or without its view the webhook's link
+    /// annotation; a pod the agent says nothing manages has none.
+    pub fn succeeds(&self, earlier: &PodRef) -> bool {
+        if self.uid.is_some() && self.uid == earlier.uid {
+            return true;
+        }
+        let Some(state) = earlier.persistent_pod_state.as_deref() else {
+            return true;
+        };
+        let same_uid = match (
+            earlier.persistent_pod_state_uid.as_deref(),
+            self.persistent_pod_state_uid.as_deref(),
+        ) {
+            (Some(then), Some(now)) => then == now,
+            _ => true,
+        };
+        self.persistent_pod_state.as_deref() == Some(state) && same_uid
     }
 }
 

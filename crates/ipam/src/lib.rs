@@ -19,7 +19,7 @@ pub use allocator::{
 };
 pub use clock::{ClockMark, Reading};
 pub use disk::{DiskStore, NetworkDir, NetworkLock, NetworkNameError, validate_network_name};
-pub use lease::{Attachment, Confirmed, Lease, LeaseState, PodIdentity, PodRef};
+pub use lease::{Attachment, Confirmed, Lease, LeaseState, PodIdentity, PodRef, StateRef};
 pub use range::{Range, RangeError, RangeSet, RangeSpec};
 pub use retention::{Resolved, Retention, RetentionError, RetentionPolicy, RetentionSource};
 pub use store::{Commit, LeaseCounts, MemoryStore, Store, StoreError, StoreRead};

@@ -125,12 +125,7 @@ pub fn decide_from(pod: &Pod, namespace: &str, pps: Option<Source<'_>>) -> Decis
     }
     // Records of an earlier StatefulSet of this name are not this pod's, unless the PPS says the
     // next StatefulSet of the name adopts them.
-    if pps
-        .status
-        .and_then(|s| s.target_uid.as_ref())
-        .is_some_and(|uid| !uid.is_empty() && !owner.uid.is_empty() && *uid != owner.uid)
-        && !pps.adopts
-    {
+    if !of_recorded_statefulset(&owner, pps.status) && !pps.adopts {
         return managed(PinOutcome::Unrecorded(
             UnrecordedReason::RecordsOfEarlierStatefulSet,
         ));
@@ -218,6 +213,34 @@ fn pinned_from_record(spec: &PersistentPodStateSpec, record: &PodState) -> Pinne
         preferred,
         fallback: record.preferred_only,
     }
+}
+
+/// Whether `pod` is controlled by the StatefulSet whose UID `pps` records as its target
+/// (`status.targetUID`), or either UID is unknown. The name alone proves nothing: whoever
+/// creates a pod writes its owner reference, while the UID is the one object the controller saw.
+pub fn controlled_by_recorded_target(pod: &Pod, pps: &PersistentPodState) -> bool {
+    statefulset_owner(pod).is_some_and(|owner| of_recorded_statefulset(&owner, pps.status.as_ref()))
+}
+
+/// Whether `pps` waits for the next StatefulSet of its target's name to adopt it: it carries
+/// [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] and no StatefulSet controls it (its
+/// owner was deleted with `--cascade=orphan`, and the controller has not made the new one its
+/// owner yet). Until then the new StatefulSet's pods are its pods, whatever their owner's UID.
+pub fn awaiting_adoption(pps: &PersistentPodState) -> bool {
+    let owned = pps
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet");
+    !owned && crate::view::adopts(pps.metadata.annotations.as_ref())
+}
+
+fn of_recorded_statefulset(owner: &Owner, status: Option<&PersistentPodStateStatus>) -> bool {
+    let recorded = status
+        .and_then(|s| s.target_uid.as_deref())
+        .filter(|uid| !uid.is_empty());
+    recorded.is_none_or(|uid| owner.uid.is_empty() || uid == owner.uid)
 }
 
 /// The pod's controlling StatefulSet.

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use ipkeep_ipam::StoreRead;
 
@@ -20,7 +20,7 @@ use crate::stores::MemoryStores;
 struct Says(Management);
 
 impl ApiView for Says {
-    fn management(&self, _: &str, _: &str, _: Option<&BTreeMap<String, String>>) -> Management {
+    fn management(&self, _: &crate::management::SandboxPod<'_>) -> Management {
         self.0.clone()
     }
 }
@@ -84,6 +84,7 @@ fn managed_by_db() -> Says {
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),
+        judged_by_name: false,
     })
 }
 
@@ -147,6 +148,41 @@ fn a_forged_link_counts_for_nothing_when_the_api_says_unmanaged() {
             && text.contains("limited to ipam.maxUnmanagedRetention 0"),
         "{text}"
     );
+}
+
+/// The security review's L-2 through whole commands: db-7 of StatefulSet `db` is deleted and
+/// its address held. A pod someone else names db-7, which the agent says nothing manages, gets
+/// another address (the log says why) and its DEL frees only that; the StatefulSet's db-7 gets
+/// its address back.
+#[test]
+fn a_pod_the_api_says_is_unmanaged_does_not_get_a_states_holding() {
+    let pod = ("prod", "db-7");
+    let stores = MemoryStores::default();
+    let db = managed_by_db();
+    let kept = ip_of(&run_as(&stores, &db, "ADD", "sts-a", pod, ""));
+    run_as(&stores, &db, "DEL", "sts-a", pod, "");
+    let nobody = Says(Management::Unmanaged);
+    let (got, text) = {
+        let mut got = String::new();
+        let text = logged("warn", || {
+            got = ip_of(&run_as(&stores, &nobody, "ADD", "evil", pod, ""));
+            run_as(&stores, &nobody, "DEL", "evil", pod, "");
+        });
+        (got, text)
+    };
+    assert_ne!(got, kept, "the unmanaged db-7 got db's holding");
+    let kept_ip = kept.split('/').next().unwrap();
+    assert!(
+        text.contains(&format!(
+            "{kept_ip} is kept under this pod's name for the pod of PersistentPodState db, which does not manage this pod"
+        )),
+        "{text}"
+    );
+    let leases = held(&stores);
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(leases[0].ip.to_string(), kept_ip);
+    let back = ip_of(&run_as(&stores, &db, "ADD", "sts-b", pod, ""));
+    assert_eq!(back, kept);
 }
 
 /// Without the agent's view the annotations decide as they always did, and the log says the

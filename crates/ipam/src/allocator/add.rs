@@ -180,6 +180,9 @@ pub struct AddOutcome {
     /// current ranges (the node's pod CIDR or the configuration changed): released, and the pod
     /// got a new address instead.
     pub outside_ranges: Vec<Lease>,
+    /// Addresses kept for an earlier pod of this identity that a PersistentPodState this pod
+    /// is not tied to managed ([`PodRef::succeeds`]): left as they are, for that state's pod.
+    pub kept_for_another: Vec<Lease>,
 }
 
 /// Runs an ADD and commits it. Returns one assignment per range set.
@@ -204,7 +207,7 @@ fn plan_add<S: Store + ?Sized>(
     let swept: BTreeSet<IpAddr> = expired.iter().map(|l| l.ip).collect();
 
     let own = store.leases_of_attachment(&req.owner)?;
-    let retained = retainable(store, req, &swept)?;
+    let (retained, kept_for_another) = retainable(store, req, &swept)?;
 
     let mut unused: Vec<IpAddr> = req.requested.to_vec();
     let mut assignments = Vec::with_capacity(req.range_sets.len());
@@ -238,16 +241,20 @@ fn plan_add<S: Store + ?Sized>(
             (ip, source)
         };
 
+        let before = pending.lease(ip)?;
         let lease = Lease {
             ip,
             owner: req.owner.clone(),
-            pod: req.pod.clone(),
+            pod: req
+                .pod
+                .as_ref()
+                .map(|p| p.keeping_tie(before.as_ref().and_then(|l| l.pod.as_ref()))),
             retention: req.retention,
             state: LeaseState::Active,
             since: now,
             netns: req.netns.clone(),
         };
-        let unchanged = pending.lease(ip)?.is_some_and(|old| {
+        let unchanged = before.is_some_and(|old| {
             Lease {
                 since: old.since,
                 ..lease.clone()
@@ -292,30 +299,39 @@ fn plan_add<S: Store + ?Sized>(
             assignments,
             expired,
             outside_ranges,
+            kept_for_another,
         },
         commit,
     ))
 }
 
-/// Addresses of the same pod identity that this attachment may take over: held ones always;
-/// still-active ones (the old sandbox's DEL has not arrived yet) only with retention, and only
-/// once the old sandbox's network namespace is gone.
+/// Addresses of the same pod identity that this attachment may take over, and those it may
+/// not. It may take over an address kept for a pod it succeeds ([`PodRef::succeeds`]: kept for
+/// no PersistentPodState, or for the one this pod is tied to); held ones always, still-active
+/// ones (the old sandbox's DEL has not arrived yet) only with retention, and only once the old
+/// sandbox's network namespace is gone. Those kept for another state's pod are left alone: a
+/// pod that merely has the name (created by hand on the node, while the StatefulSet's pod is
+/// scaled away or being rebuilt) must neither get them nor free them.
 fn retainable<S: Store + ?Sized>(
     store: &S,
     req: &AddRequest<'_>,
     swept: &BTreeSet<IpAddr>,
-) -> Result<Vec<Lease>, AllocError> {
+) -> Result<(Vec<Lease>, Vec<Lease>), AllocError> {
     let Some(pod) = &req.pod else {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     };
     let id = PodIdentity {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         ifname: req.owner.ifname.clone(),
     };
-    let mut out = Vec::new();
+    let (mut out, mut others) = (Vec::new(), Vec::new());
     for lease in store.leases_of_identity(&id)? {
         if lease.owner == req.owner || swept.contains(&lease.ip) {
+            continue;
+        }
+        if lease.pod.as_ref().is_some_and(|kept| !pod.succeeds(kept)) {
+            others.push(lease);
             continue;
         }
         if lease.is_active() {
@@ -333,7 +349,17 @@ fn retainable<S: Store + ?Sized>(
         }
         out.push(lease);
     }
-    Ok(out)
+    // One address a range set goes back; should several be kept under the name, first one kept
+    // for this pod's state (rather than one a pod nothing managed left under the name with
+    // `ipam.retention`), then the oldest.
+    out.sort_by_key(|l| {
+        let tied = l
+            .pod
+            .as_ref()
+            .is_some_and(|p| p.persistent_pod_state.is_some());
+        (!tied, l.since)
+    });
+    Ok((out, others))
 }
 
 fn take_requested<S: Store + ?Sized>(

@@ -8,6 +8,9 @@
 //!   commit, so a late DEL from the old sandbox finds nothing; an address still *active* in an
 //!   older sandbox of the same pod moves only once that sandbox's network namespace is gone
 //!   (until then the ADD fails with "try again later"), so two live sandboxes never share it;
+//! * an address kept for a pod a PersistentPodState managed moves only to a pod tied to that
+//!   same state (`PodRef::succeeds`); any other pod of the name gets other addresses, and
+//!   neither its ADD nor its DEL touches the kept one;
 //! * held addresses never starve a pod of a range: when nothing else is free, a holding gives
 //!   way (see `reclaimable` in `add.rs`: holdings no PersistentPodState link confirmed by the node
 //!   agent protects first, and never a real finite one before a `forever` one);
@@ -25,6 +28,8 @@ mod tests;
 mod tests_ranges;
 #[cfg(test)]
 mod tests_reclaim;
+#[cfg(test)]
+mod tests_successor;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

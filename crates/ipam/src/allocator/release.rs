@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use super::{Pending, commit, list, release_or_hold};
 use crate::clock::Reading;
-use crate::lease::{Attachment, Confirmed, Lease};
+use crate::lease::{Attachment, Confirmed, Lease, PodRef};
 use crate::retention::Retention;
 use crate::store::{Store, StoreError};
 
@@ -54,6 +54,12 @@ pub struct Departure {
     /// The node agent's word on who manages the pod now, recorded as confirmed with the
     /// holding; `None`: nobody asked the API server, and the link recorded at ADD stays.
     pub confirmed: Option<Confirmed>,
+    /// Whether the agent could judge the pod by its name alone (the API no longer shows it, and
+    /// no PersistentPodState records this very pod). Then what the agent confirmed at the
+    /// sandbox's ADD, from the pod itself, stands where it names another state or none, with
+    /// the retention ADD resolved: a pod that only had the name (the agent said at its ADD that
+    /// nothing manages it) is not held for the StatefulSet's pod once it is gone.
+    pub judged_by_name: bool,
 }
 
 /// Runs a DEL: the attachment's active leases are held for their pod (when it has a name and
@@ -83,6 +89,13 @@ fn record_release<S: Store + ?Sized>(
     lease: &Lease,
     departure: &Departure,
 ) {
+    let at_add = lease.pod.as_ref().and_then(PodRef::word);
+    let departure = match (&at_add, &departure.confirmed) {
+        (Some(then), Some(now)) if departure.judged_by_name && !same_state(then, now) => {
+            &Departure::default()
+        }
+        _ => departure,
+    };
     let mut known = lease.clone();
     if let (Some(word), Some(pod)) = (&departure.confirmed, known.pod.as_mut()) {
         pod.confirm(word);
@@ -94,6 +107,15 @@ fn record_release<S: Store + ?Sized>(
         None => outcome.released.push(lease.clone()),
     }
     pending.replace(lease, after);
+}
+
+/// Whether two words of the agent name the same PersistentPodState (or both none).
+fn same_state(a: &Confirmed, b: &Confirmed) -> bool {
+    match (a, b) {
+        (Confirmed::By(a), Confirmed::By(b)) => a.name == b.name,
+        (Confirmed::Nobody, Confirmed::Nobody) => true,
+        _ => false,
+    }
 }
 
 /// Runs a CHECK: the attachment must own active addresses, including every address of its

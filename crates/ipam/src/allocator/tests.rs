@@ -42,6 +42,7 @@ pub(super) fn pod(name: &str) -> Option<PodRef> {
         name: name.to_string(),
         uid: None,
         persistent_pod_state: None,
+        persistent_pod_state_uid: None,
         confirmed: false,
     })
 }
@@ -691,7 +692,7 @@ fn scenarios_on_memory_store() {
     }
 }
 
-fn open_disk(dir: &std::path::Path) -> DiskStore {
+pub(super) fn open_disk(dir: &std::path::Path) -> DiskStore {
     let net = NetworkDir::new(dir, "net").expect("name");
     DiskStore::open(
         net.lock(Duration::from_secs(5)).expect("lock"),

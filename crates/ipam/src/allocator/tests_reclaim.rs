@@ -15,7 +15,7 @@ fn pod_in(namespace: &str, name: &str, link: Option<&str>, confirmed: bool) -> O
         p.namespace = namespace.to_string();
         p.persistent_pod_state = link.map(str::to_string);
         if let (true, Some(link)) = (confirmed, link) {
-            p.confirm(&Confirmed::By(link.to_string()));
+            p.confirm(&Confirmed::By(link.into()));
         }
         p
     })
