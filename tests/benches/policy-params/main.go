@@ -6,6 +6,7 @@
 // per mutation. Used by scripts/bench-policy-params.sh (docs/benchmarks.md).
 //
 //	policy-params PPS.json...
+//	policy-params designs
 //
 // For each PersistentPodState (as `kubectl get pps NAME -o json` prints it) it prints the
 // conversion time of the object as it is, without status.podStates (the records), and without
@@ -24,8 +25,15 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: policy-params PPS.json... (kubectl get pps NAME -o json)")
+		fmt.Fprintln(os.Stderr, "usage: policy-params PPS.json... (kubectl get pps NAME -o json) | policy-params designs")
 		os.Exit(2)
+	}
+	if os.Args[1] == "designs" {
+		if err := designs(); err != nil {
+			fmt.Fprintf(os.Stderr, "policy-params: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	fmt.Printf("%-28s %-22s %10s %12s\n", "file", "object", "bytes", "ms/convert")
 	for _, file := range os.Args[1:] {
