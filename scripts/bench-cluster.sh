@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # kube-scheduler throughput on the real control plane, with and without ipkeep.
 #
-#   scripts/bench-cluster.sh [--pods N] [--nodes M] [--modes "none webhook policy full policy-full"]
+#   scripts/bench-cluster.sh [--shapes "1x1000 200x5 1x10"] [--nodes M]
+#                            [--modes "none webhook policy full policy-full noop"]
 #                            [--pin-cpus A:B] [--k8s-version V] [--keep-metrics DIR]
-#                            [--port-base P]
+#                            [--port-base P] [--pods N]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
 #   none         no ipkeep at all (the baseline);
+#   noop         ipkeep installed with its mutating webhook, and StatefulSets without a
+#                PersistentPodState: the webhook is called for every pod and returns no patch
+#                (the same server, TLS and path, without a decision to apply): the cost of a
+#                mutating webhook as such;
 #   webhook      ipkeep installed, new pods pinned by the mutating webhook (--admission webhook),
 #                kube-scheduler without the extender;
 #   policy       ipkeep installed, new pods pinned by the admission policy ipkeep-pin inside
@@ -14,11 +19,13 @@
 #   full         webhook + the extender in kube-scheduler;
 #   policy-full  policy + the extender.
 # ipkeep runs its release build (scripts/cluster.sh --release).
-# Then a StatefulSet of N pods (default 1,000, podManagementPolicy Parallel) with a
-# PersistentPodState is created, and timed until kube-scheduler has bound all N ("create");
-# once every pod is recorded, all its pods are deleted at once and the StatefulSet controller
-# re-creates them, through the webhook or the policy and pinned to their recorded nodes when
-# ipkeep runs, timed again until all are bound ("rebuild"). Throughput is N over the wall time
+# Then, for each shape SxR (--shapes; default "1x1000", --pods N is "1xN"), S StatefulSets of R
+# pods each (podManagementPolicy Parallel) in one namespace, each with a PersistentPodState
+# (not in modes none and noop), are created together and timed until kube-scheduler has bound
+# all S*R ("create"); once every pod is recorded, all of them are deleted at once and the
+# StatefulSet controller re-creates them, through the webhook or the policy and pinned to their
+# recorded nodes when ipkeep runs, timed again until all are bound ("rebuild"); then the
+# namespace is emptied for the next shape. Throughput is N over the wall time
 # of a wave, which covers pod creation (admission included) and scheduling (extender calls
 # included). kube-scheduler's own per-attempt latency (scheduler_scheduling_attempt_duration_seconds,
 # which includes its calls to the extender) is read from its /metrics before and after each
@@ -27,21 +34,21 @@
 # p99 bucket bounds and the mean), and ipkeep's own mutation, the pin webhook's calls
 # (apiserver_admission_webhook_admission_duration_seconds) or the policy's evaluations
 # (apiserver_mutating_admission_policy_check_duration_seconds): count and mean. Prints one
-# table, with each mode's ratio to the baseline of the same run. With ipkeep, after the rebuild
-# wave (every pod recorded) it also prints the PersistentPodState's size (kubectl's JSON, the
-# compact JSON the API server stores, status.admission alone) and how many re-created pods carry
-# ipkeep.dev/pinned-by, a nodeSelector with their recorded node, and run on it.
+# table per shape, with each mode's ratio to the baseline of the same run. With ipkeep, after
+# the rebuild wave (every pod recorded) it also prints the PersistentPodStates' and the
+# admission plan's sizes (the compact JSON the API server stores) and how many re-created pods
+# carry ipkeep.dev/pinned-by, a nodeSelector with their recorded node, and run on it.
 # --pin-cpus A:B (scripts/cluster.sh) runs the control plane on CPUs A and ipkeep on CPUs B in
 # every mode, the baseline included: ipkeep's cost without its own CPU time competing with the
 # control plane's, as where ipkeep runs on worker nodes. --k8s-version V is scripts/cluster.sh's
 # (the policy modes need 1.36 or later). --keep-metrics DIR keeps every scrape (DIR/MODE/
-# apiserver-0..2.txt, scheduler-0..2.txt: before create, after create, after rebuild).
+# SHAPE/apiserver-0..2.txt, scheduler-0..2.txt: before create, after create, after rebuild).
 # --port-base P is scripts/cluster.sh's (default its own): the clusters' ports, P to P+10, for a
 # run beside another cluster.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-pods=1000
+shapes="1x1000"
 nodes=500
 modes="none webhook policy full policy-full"
 pin_cpus=
@@ -50,7 +57,8 @@ keep_metrics=
 port_base=
 while [ $# -gt 0 ]; do
   case $1 in
-    --pods) pods=${2:?}; shift 2 ;;
+    --pods) shapes="1x${2:?}"; shift 2 ;;
+    --shapes) shapes=${2:?}; shift 2 ;;
     --nodes) nodes=${2:?}; shift 2 ;;
     --modes) modes=${2:?}; shift 2 ;;
     --pin-cpus) pin_cpus=${2:?}; shift 2 ;;
@@ -91,7 +99,7 @@ mutation() {
   local metric label
   case $mode in
     none) echo -; return ;;
-    webhook|full) metric=apiserver_admission_webhook_admission_duration_seconds label=name=pin.ipkeep.dev ;;
+    webhook|full|noop) metric=apiserver_admission_webhook_admission_duration_seconds label=name=pin.ipkeep.dev ;;
     *) metric=apiserver_mutating_admission_policy_check_duration_seconds label=policy=ipkeep-pin ;;
   esac
   "$report" histogram "$metric" "$1" "$2" --label "$label" --quantiles 0.5 --scale 1000 --mean |
@@ -113,29 +121,70 @@ admission_detail() {
   printf 'cel_evaluation: %s\n' "$("$report" histogram apiserver_cel_evaluation_duration_seconds "$1" "$2" --quantiles 0.99 --scale 1000 --mean)"
 }
 
-# With ipkeep, after the rebuild: the PersistentPodState's size and whether the re-created pods
-# are pinned to their recorded nodes (the policy writes spec.nodeSelector, the webhook node
-# affinity; both the annotation ipkeep.dev/pinned-by).
+# With ipkeep, after the rebuild: the PersistentPodStates' and the admission plan's sizes, and
+# whether the re-created pods are pinned to their recorded nodes (the policy writes
+# spec.nodeSelector, the webhook node affinity; both the annotation ipkeep.dev/pinned-by).
 records() {
-  $k -n bench get pps bench -o json >"$state/pps.json"
-  $k -n bench get pods -l app=bench -o json >"$state/pods.json"
-  python3 - "$state/pps.json" "$state/pods.json" <<'PY'
+  $k -n bench get pps -o json >"$state/pps.json"
+  $k -n bench get pods -l wave=bench -o json >"$state/pods.json"
+  $k -n bench get configmap ipkeep-admission-plan -o json >"$state/plan.json" 2>/dev/null || echo '{}' >"$state/plan.json"
+  python3 - "$state/pps.json" "$state/pods.json" "$state/plan.json" <<'PY'
 import json, sys
-raw = open(sys.argv[1]).read()
-pps = json.loads(raw)
+items = json.load(open(sys.argv[1]))["items"]
 compact = lambda v: len(json.dumps(v, separators=(",", ":")).encode())
-status = pps.get("status", {})
-states = status.get("podStates", {})
+states = {}
+for pps in items:
+    states.update(pps.get("status", {}).get("podStates", {}))
+plan = json.load(open(sys.argv[3]))
 pods = [p for p in json.load(open(sys.argv[2]))["items"] if not p["metadata"].get("deletionTimestamp")]
 node = lambda p: states.get(p["metadata"]["name"], {}).get("nodeName")
 by = sum("ipkeep.dev/pinned-by" in p["metadata"].get("annotations", {}) for p in pods)
 sel = sum(p["spec"].get("nodeSelector", {}).get("kubernetes.io/hostname") == node(p) for p in pods)
 on = sum(p["spec"].get("nodeName") == node(p) for p in pods)
-print(f"PersistentPodState with {len(states)} records: {len(raw.encode())} bytes (kubectl -o json), "
-      f"{compact(pps)} compact ({compact(pps) * 100 / (1.5 * 1024 * 1024):.1f} % of etcd's 1.5 MiB request limit), "
-      f"status.admission {compact(status.get('admission'))}, status.podStates {compact(states)}; "
+biggest = max((compact(p) for p in items), default=0)
+print(f"{len(items)} PersistentPodStates with {len(states)} records: {sum(compact(p) for p in items)} bytes "
+      f"compact in all, the largest {biggest} ({biggest * 100 / (1.5 * 1024 * 1024):.1f} % of etcd's 1.5 MiB request limit); "
+      f"admission plan {len(plan.get('data', {}))} entries, {sum(len(k) + len(v) for k, v in plan.get('data', {}).items())} bytes of entries; "
       f"{len(pods)} re-created pods: {by} with ipkeep.dev/pinned-by, {sel} with nodeSelector = recorded node, {on} bound to it")
 PY
+}
+
+# The StatefulSets of shape $1 (SxR) as YAML, each with a PersistentPodState when $2 is yes.
+statefulsets() {
+  local n=${1%x*} r=${1#*x} with_pps=$2 i
+  for ((i = 0; i < n; i++)); do
+    if [ "$with_pps" = yes ]; then
+      cat <<EOF
+---
+apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata: {name: bench-$i, namespace: bench}
+spec:
+  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: bench-$i}
+  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
+  preferredPersistentTopology:
+    - weight: 50
+      preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
+EOF
+    fi
+    cat <<EOF
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: bench-$i, namespace: bench}
+spec:
+  serviceName: bench
+  replicas: $r
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: bench-$i}}
+  template:
+    metadata:
+      labels: {app: bench-$i, wave: bench}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
+EOF
+  done
 }
 
 # How many pods kube-scheduler has bound so far (its scheduler_schedule_attempts_total with
@@ -153,82 +202,73 @@ wave() {
   echo "$(( ($(date +%s%N) - t0) / 1000000 ))"
 }
 
-results=()
+for shape in $shapes; do
+  [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { say "a shape is SxR (StatefulSets x replicas), got '$shape'"; exit 1; }
+done
 for mode in $modes; do
   bench_up "$mode"
   port_sched=$(grep -o -- '--secure-port=[0-9]*' <(tr '\0' ' ' </proc/"$(cat "$state/c/pids/kube-scheduler")"/cmdline) | cut -d= -f2)
   scrape() { curl -ksS --cert "$state/c/pki/admin.crt" --key "$state/c/pki/admin.key" "https://127.0.0.1:$port_sched/metrics" >"$1"; }
   ascrape() { $k get --raw /metrics >"$1"; }
-  if [ "$mode" != none ]; then
-    $k apply -f - >/dev/null <<EOF
-apiVersion: ipkeep.dev/v1alpha1
-kind: PersistentPodState
-metadata: {name: bench, namespace: bench}
-spec:
-  targetRef: {apiVersion: apps/v1, kind: StatefulSet, name: bench}
-  requiredPersistentTopology: {nodeTopologyKeys: [kubernetes.io/hostname]}
-  preferredPersistentTopology:
-    - weight: 50
-      preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
-EOF
-  fi
-  scrape "$state/m0"
-  ascrape "$state/a0"
-  base=$(scheduled)
-  t0=$(date +%s%N)
-  $k apply -f - >/dev/null <<EOF
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: bench, namespace: bench}
-spec:
-  serviceName: bench
-  replicas: $pods
-  podManagementPolicy: Parallel
-  selector: {matchLabels: {app: bench}}
-  template:
-    metadata:
-      labels: {app: bench}
-      annotations: {ipkeep.dev/persistent-pod-state: bench}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers: [{name: c, image: localhost/ipkeep/busybox:1.35}]
-EOF
-  create=$(wave $((base + pods)) "$t0")
-  scrape "$state/m1"
-  ascrape "$state/a1"
-  if [ "$mode" != none ]; then
-    # The records must be complete before the rebuild, or some pods come back unpinned.
-    # kwok marks pods Ready slowly under load; give up on the rebuild after 3 minutes.
-    for ((i = 0; i < 90; i++)); do
-      [ "$($k -n bench get pps bench -o jsonpath='{.status.recordedPods}')" = "$pods" ] && break
+  with_pps=yes
+  case $mode in none|noop) with_pps=no ;; esac
+  for shape in $shapes; do
+    pods=$(( ${shape%x*} * ${shape#*x} ))
+    statefulsets "$shape" "$with_pps" >"$state/workload.yaml"
+    scrape "$state/m0"
+    ascrape "$state/a0"
+    base=$(scheduled)
+    t0=$(date +%s%N)
+    $k apply -f "$state/workload.yaml" >/dev/null
+    create=$(wave $((base + pods)) "$t0")
+    scrape "$state/m1"
+    ascrape "$state/a1"
+    if [ "$with_pps" = yes ]; then
+      # The records must be complete before the rebuild, or some pods come back unpinned.
+      # kwok marks pods Ready slowly under load; give up on the rebuild after 3 minutes.
+      recorded() { $k -n bench get pps -o jsonpath='{range .items[*]}{.status.recordedPods}{"\n"}{end}' | awk '{n += $1} END {print n + 0}'; }
+      for ((i = 0; i < 90; i++)); do
+        [ "$(recorded)" = "$pods" ] && break
+        sleep 2
+      done
+      [ "$i" -lt 90 ] || say "mode $mode, $shape: only $(recorded) of $pods pods recorded after 180 s (kwok has not marked the rest Ready); the rebuild wave runs anyway, partly unpinned"
+      # The plan is written right after the records; let it reach kube-apiserver's informer.
       sleep 2
-    done
-    [ "$i" -lt 90 ] || say "mode $mode: only $($k -n bench get pps bench -o jsonpath='{.status.recordedPods}') of $pods pods recorded after 180 s (kwok has not marked the rest Ready); the rebuild wave runs anyway, partly unpinned"
-  fi
-  base=$(scheduled)
-  t0=$(date +%s%N)
-  $k -n bench delete pods -l app=bench --wait=false >/dev/null
-  rebuild=$(wave $((base + pods)) "$t0")
-  scrape "$state/m2"
-  ascrape "$state/a2"
-  read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
-  read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
-  admit_c=$(admit "$state/a0" "$state/a1") admit_r=$(admit "$state/a1" "$state/a2")
-  mut_c=$(mutation "$state/a0" "$state/a1") mut_r=$(mutation "$state/a1" "$state/a2")
-  say "mode $mode: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms; mutating admission p50/p99/mean ${admit_c} ms, ipkeep's mutation calls/mean ${mut_c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms; mutating admission ${admit_r} ms, ipkeep's mutation ${mut_r} ms)"
-  say "mode $mode: create admission: $(admission_detail "$state/a0" "$state/a1")"
-  say "mode $mode: rebuild admission: $(admission_detail "$state/a1" "$state/a2")"
-  if [ "$mode" != none ]; then say "mode $mode: $(records)"; fi
-  if [ -n "$keep_metrics" ]; then
-    mkdir -p "$keep_metrics/$mode"
-    for i in 0 1 2; do
-      cp "$state/a$i" "$keep_metrics/$mode/apiserver-$i.txt"
-      cp "$state/m$i" "$keep_metrics/$mode/scheduler-$i.txt"
-    done
-    if [ "$mode" != none ]; then cp "$state/pps.json" "$state/pods.json" "$keep_metrics/$mode/"; fi
-  fi
-  results+=("$mode $create $rebuild $p50c $p99c $p50r $p99r $admit_c $admit_r $mut_c $mut_r")
+    fi
+    base=$(scheduled)
+    t0=$(date +%s%N)
+    $k -n bench delete pods -l wave=bench --wait=false >/dev/null
+    rebuild=$(wave $((base + pods)) "$t0")
+    scrape "$state/m2"
+    ascrape "$state/a2"
+    read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
+    read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
+    admit_c=$(admit "$state/a0" "$state/a1") admit_r=$(admit "$state/a1" "$state/a2")
+    mut_c=$(mutation "$state/a0" "$state/a1") mut_r=$(mutation "$state/a1" "$state/a2")
+    say "mode $mode, $shape: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms; mutating admission p50/p99/mean ${admit_c} ms, ipkeep's mutation calls/mean ${mut_c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms; mutating admission ${admit_r} ms, ipkeep's mutation ${mut_r} ms)"
+    say "mode $mode, $shape: create admission: $(admission_detail "$state/a0" "$state/a1")"
+    say "mode $mode, $shape: rebuild admission: $(admission_detail "$state/a1" "$state/a2")"
+    if [ "$with_pps" = yes ]; then say "mode $mode, $shape: $(records)"; fi
+    if [ -n "$keep_metrics" ]; then
+      mkdir -p "$keep_metrics/$mode/$shape"
+      for i in 0 1 2; do
+        cp "$state/a$i" "$keep_metrics/$mode/$shape/apiserver-$i.txt"
+        cp "$state/m$i" "$keep_metrics/$mode/$shape/scheduler-$i.txt"
+      done
+      if [ "$with_pps" = yes ]; then cp "$state/pps.json" "$state/pods.json" "$state/plan.json" "$keep_metrics/$mode/$shape/"; fi
+    fi
+    echo "$mode $create $rebuild $p50c $p99c $p50r $p99r $admit_c $admit_r $mut_c $mut_r" >>"$state/results-$shape"
+    # Empty the namespace for the next shape: StatefulSets, their pods, PersistentPodStates
+    # (and with them the admission plan).
+    $k -n bench delete statefulsets --all --wait=true >/dev/null
+    $k -n bench delete pods --all --grace-period=0 --force --wait=true >/dev/null 2>&1 || true
+    if [ "$with_pps" = yes ]; then $k -n bench delete pps --all --wait=true >/dev/null; fi
+  done
   "$repo/scripts/cluster.sh" down --state "$state/c" >/dev/null
 done
 
-printf '%s\n' "${results[@]}" | "$report" cluster "$pods" "$nodes"
+for shape in $shapes; do
+  echo
+  echo "Shape $shape: ${shape%x*} StatefulSet(s) of ${shape#*x} in one namespace"
+  "$report" cluster "$(( ${shape%x*} * ${shape#*x} ))" "$nodes" <"$state/results-$shape"
+done

@@ -12,8 +12,8 @@ bench_report_build() {
 #
 # bench_up MODE: a fresh cluster in $state/c with $nodes kwok nodes, ipkeep's release build and
 # upstream's node timeouts (and, if set, $pin_cpus as --pin-cpus, $k8s_version as --k8s-version
-# and $port_base as --port-base); MODE is none (no ipkeep), webhook (the pin webhook, no
-# extender), full (webhook and extender), policy (the admission policy ipkeep-pin, no extender)
+# and $port_base as --port-base); MODE is none (no ipkeep), webhook or noop (the pin webhook, no
+# extender; noop's StatefulSets have no PersistentPodState), full (webhook and extender), policy (the admission policy ipkeep-pin, no extender)
 # or policy-full (policy and extender). The webhook modes force --admission webhook: auto would
 # pick the policy where the API server serves it (Kubernetes 1.36 and later). Exports
 # KUBECONFIG, sets k (the cluster's kubectl) and creates the namespace bench.
@@ -21,11 +21,11 @@ bench_up() {
   local mode=$1 flags=()
   case $mode in
     none) flags=(--without-ipkeep) ;;
-    webhook) flags=(--without-extender --admission webhook) ;;
+    webhook|noop) flags=(--without-extender --admission webhook) ;;
     full) flags=(--admission webhook) ;;
     policy) flags=(--without-extender --admission policy) ;;
     policy-full) flags=(--admission policy) ;;
-    *) say "unknown mode $mode (none, webhook, full, policy, policy-full)"; exit 1 ;;
+    *) say "unknown mode $mode (none, noop, webhook, full, policy, policy-full)"; exit 1 ;;
   esac
   say "mode $mode: starting a cluster with $nodes kwok nodes"
   [ -n "${pin_cpus:-}" ] && flags+=(--pin-cpus "$pin_cpus")
