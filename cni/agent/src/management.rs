@@ -26,6 +26,9 @@
 //!
 //! While the agent's view is not usable (caches not synced, a watch relisting after an error,
 //! its Node unknown) nothing is decided: the pod's annotations decide, as in the plugin alone.
+//! The same holds for the pods of a namespace that has a PersistentPodState the agent cannot
+//! decode: that state might manage any of them, so none is called unmanaged (which would cap
+//! its retention), and none managed by a state whose retention is unknown.
 
 use std::collections::BTreeMap;
 
@@ -41,14 +44,16 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cluster::{Cluster, Readiness};
 
 /// Decides who manages pod `namespace`/`name`. `pod` is the pod of that name the API shows on
-/// this node, if any; `states` are the PersistentPodStates of its namespace; `annotations` are
-/// those the runtime passed (used only when the API no longer shows the pod).
+/// this node, if any; `states` are the PersistentPodStates of its namespace and `undecodable`
+/// the names of those there that the agent cannot decode; `annotations` are those the runtime
+/// passed (used only when the API no longer shows the pod).
 pub fn management(
     readiness: Readiness,
     namespace: &str,
     name: &str,
     pod: Option<&Pod>,
     states: &[&PersistentPodState],
+    undecodable: &[String],
     annotations: Option<&BTreeMap<String, String>>,
 ) -> Management {
     if readiness != Readiness::Ready {
@@ -56,6 +61,14 @@ pub fn management(
             why: format!(
                 "the node agent's view of the API server is not usable ({})",
                 readiness.as_str()
+            ),
+            expected: true,
+        });
+    }
+    if let Some(state) = undecodable.first() {
+        return Management::Unknown(Unavailable {
+            why: format!(
+                "the node agent cannot decode PersistentPodState {namespace}/{state} (its log says why), which may manage this pod"
             ),
             expected: true,
         });
@@ -217,6 +230,7 @@ impl ApiView for ClusterApi<'_> {
             name,
             pod.as_deref(),
             &states,
+            &cluster.undecodable_in(namespace),
             annotations,
         )
     }
