@@ -21,7 +21,7 @@ use crate::caches::CachedPod;
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderError, LeaderSettings};
-use crate::{generate, lifecycle, pin_skipped, record, watches};
+use crate::{generate, lifecycle, pin_skipped, record, undecodable, watches};
 
 /// How long the loops get to finish their reconciles in flight once asked to stop (within the
 /// process's own grace, `ipkeep_daemon::STOP_GRACE`, so the lease is released before it ends).
@@ -150,7 +150,12 @@ async fn run_controllers(
         hooked: (hooked_cache, hooked_changes),
         triggers,
         pin_skipped: skipped,
-    } = watches::open(&client);
+        undecodable,
+        regenerate,
+    } = watches::open(
+        &client,
+        health.metrics.undecodable.gauge("PersistentPodState"),
+    );
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
     let recorder = Recorder::new(
         client.clone(),
@@ -170,6 +175,8 @@ async fn run_controllers(
         .debounce(settings.debounce);
 
     let announce = pin_skipped::announce(ctx.clone(), skipped);
+    let announce_undecodable =
+        undecodable::announce(ctx.clone(), undecodable, regenerate, stop.clone());
 
     let (by_sts, by_pod, by_node) = (caches.clone(), caches.clone(), caches.clone());
     let record_loop = Controller::for_stream(pps, caches.pps.clone())
@@ -231,7 +238,8 @@ async fn run_controllers(
         generate_loop,
         lifecycle_loop,
         mark_ready,
-        announce
+        announce,
+        announce_undecodable
     );
 }
 

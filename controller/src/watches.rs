@@ -17,15 +17,22 @@
 //! The four watches of the record loop and the namespaces are tracked ([`synced`]: no
 //! reconcile runs before their first full list) and, but the namespaces, tapped for the
 //! lifecycle loop ([`Tap`]: a change that may change a hooked pod's fate).
+//!
+//! PersistentPodStates are listed in small pages and decoded one by one
+//! (`ipkeep_daemon::lenient`): one that does not decode is left out of the cache (so it is
+//! neither recorded nor generated over), named in [`Caches::undecodable_pps`], and reported
+//! ([`Watches::undecodable`]) for a Warning Event on it.
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
+use ipkeep_daemon::lenient::{self, Lenient, Report, Undecodables};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
 use crate::caches::{self, CachedPod, Caches};
@@ -62,6 +69,11 @@ pub struct Watches {
     pub triggers: BoxStream<'static, Trigger>,
     /// Pods the webhook marked with a skipped pin, for [`pin_skipped::announce`].
     pub pin_skipped: mpsc::UnboundedReceiver<CachedPod>,
+    /// PersistentPodStates found undecodable (once per resource version) or gone from that
+    /// set, for [`crate::undecodable::announce`].
+    pub undecodable: mpsc::UnboundedReceiver<Report>,
+    /// Reconciles a StatefulSet in the generate loop.
+    pub regenerate: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -70,28 +82,36 @@ impl std::fmt::Debug for Watches {
     }
 }
 
-/// Opens every watch.
-pub fn open(client: &Client) -> Watches {
+/// Opens every watch; `undecodable` counts the PersistentPodStates left out of the cache.
+pub fn open(client: &Client, undecodable: Gauge) -> Watches {
     let (tracker, synced) = synced::tracker();
     let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
     let (relisted_tx, relisted_rx) = mpsc::unbounded_channel();
 
     let (pps_reader, pps_writer) = reflector::store();
     let (generate_tx, generate_rx) = mpsc::unbounded_channel();
+    let (undecodable_pps, undecodable_rx) =
+        Undecodables::new("PersistentPodState", undecodable).reported();
     let pps = tracker
         .track(
             synced::Cache::PersistentPodStates,
             reflector(
                 pps_writer,
-                watcher(
-                    Api::<PersistentPodState>::all(client.clone()),
-                    watcher::Config::default().any_semantic(),
-                )
-                .default_backoff(),
+                lenient::sorted(
+                    watcher(
+                        Api::<Lenient<PersistentPodState>>::all(client.clone()),
+                        watcher::Config::default()
+                            .any_semantic()
+                            .page_size(lenient::PAGE_SIZE),
+                    )
+                    .default_backoff(),
+                    pps_reader.clone(),
+                    undecodable_pps.clone(),
+                ),
             ),
         )
         .inspect(Tap::inspector(&trigger_tx))
-        .inspect(caches::statefulsets_of_pps_events(generate_tx))
+        .inspect(caches::statefulsets_of_pps_events(generate_tx.clone()))
         .applied_objects();
 
     let (sts_reader, sts_writer) = reflector::store();
@@ -192,6 +212,7 @@ pub fn open(client: &Client) -> Watches {
             pods: pod_reader,
             nodes: node_reader,
             pps: pps_reader,
+            undecodable_pps,
             namespaces: namespace_reader,
             synced,
         },
@@ -206,6 +227,8 @@ pub fn open(client: &Client) -> Watches {
         hooked: (hooked_reader, hooked.boxed()),
         triggers: receiver(trigger_rx),
         pin_skipped: skipped_rx,
+        undecodable: undecodable_rx,
+        regenerate: generate_tx,
     }
 }
 
