@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
+use ipkeep_daemon::lenient::Undecodables;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
 use ipkeep_values::keys::{
     AUTO_GENERATE, IP_RETENTION, LAST_APPLIED_ANNOTATION, POD_INDEX_LABEL, REVISION_LABEL,
@@ -130,8 +131,10 @@ pub struct Caches {
     pub pods: Store<CachedPod>,
     /// Nodes (trimmed).
     pub nodes: Store<Node>,
-    /// PersistentPodStates.
+    /// PersistentPodStates (those that decode).
     pub pps: Store<PersistentPodState>,
+    /// The PersistentPodStates that do not decode (left out of `pps`).
+    pub undecodable_pps: Undecodables,
     /// Namespaces (trimmed to their auto-generation label).
     pub namespaces: Store<Namespace>,
     /// Whether they all had their first full list.

@@ -11,7 +11,8 @@
 //! gets none generated (a generated one is deleted), and no Warning. A StatefulSet annotated
 //! `ipkeep.dev/adopt-persistent-pod-state: "true"` takes over a PPS of its name that targets it
 //! and that nothing else controls (orphaned by `--cascade=orphan`, or left by an earlier
-//! StatefulSet of the name), records and all, instead of being refused.
+//! StatefulSet of the name), records and all, instead of being refused. A PPS of that name
+//! that cannot be decoded (`ipkeep_daemon::lenient`) is never applied over, whoever wrote it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,12 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         .caches
         .pps
         .get(&ObjectRef::new(&name).within(&namespace));
+    if existing.is_none() && ctx.caches.undecodable_pps.contains(&namespace, &name) {
+        // It exists, and whose it is cannot be read: applying over it could take over a state
+        // someone else wrote. Its own Warning Event says why; fixed, it reconciles this again.
+        info!("the PersistentPodState of this name cannot be decoded; not generating over it");
+        return Ok(Action::await_change());
+    }
     let controller_uid = existing.as_ref().and_then(|p| {
         p.owner_references()
             .iter()

@@ -17,6 +17,7 @@
 //! - [`generate`]: reconciling a StatefulSet into its generated PersistentPodState.
 //! - [`lifecycle`]: keeping pods with lifecycle hooks in their state, and their readiness gate.
 //! - [`pin_skipped`]: `PinSkipped` Events for pods the webhook could not pin.
+//! - [`undecodable`]: `Undecodable` Events on PersistentPodStates ipkeep cannot decode.
 //! - [`certificates`]: `--webhook-certificates`, the webhook server's CA and serving certificate
 //!   kept in its Secret and the webhook configurations' caBundle (every replica, not only the
 //!   leader).
@@ -38,6 +39,7 @@ pub mod pin_skipped;
 pub mod record;
 pub mod run;
 pub mod synced;
+pub mod undecodable;
 pub mod watches;
 
 pub use args::{Args, StartError};

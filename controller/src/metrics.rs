@@ -63,6 +63,8 @@ pub struct Metrics {
     pub webhook_certificate_expiry: Gauge,
     /// With `--webhook-certificates`: when the webhook's CA in use expires (Unix seconds).
     pub webhook_ca_expiry: Gauge,
+    /// PersistentPodStates left out of the cache because they do not decode.
+    pub undecodable: ipkeep_daemon::lenient::UndecodableMetric,
     /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
     pub listeners: ipkeep_listener::ListenerMetrics,
 }
@@ -90,8 +92,11 @@ impl Default for Metrics {
             leader: Gauge::default(),
             webhook_certificate_expiry: Gauge::default(),
             webhook_ca_expiry: Gauge::default(),
+            undecodable: Default::default(),
             listeners: Default::default(),
         };
+        m.undecodable
+            .register(&mut registry, &["PersistentPodState"]);
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register(
             "reconcile_errors",

@@ -21,7 +21,7 @@ use crate::caches::CachedPod;
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderError, LeaderSettings};
-use crate::{admission_plan, generate, lifecycle, pin_skipped, record, watches};
+use crate::{admission_plan, generate, lifecycle, pin_skipped, record, undecodable, watches};
 
 /// How long the loops get to finish their reconciles in flight once asked to stop (within the
 /// process's own grace, `ipkeep_daemon::STOP_GRACE`, so the lease is released before it ends).
@@ -152,7 +152,12 @@ async fn run_controllers(
         pin_skipped: skipped,
         plan_namespaces,
         plan_sender,
-    } = watches::open(&client);
+        undecodable,
+        regenerate,
+    } = watches::open(
+        &client,
+        health.metrics.undecodable.gauge("PersistentPodState"),
+    );
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
     let recorder = Recorder::new(
         client.clone(),
@@ -173,6 +178,8 @@ async fn run_controllers(
         .debounce(settings.debounce);
 
     let announce = pin_skipped::announce(ctx.clone(), skipped);
+    let announce_undecodable =
+        undecodable::announce(ctx.clone(), undecodable, regenerate, stop.clone());
 
     let (by_sts, by_pod, by_node) = (caches.clone(), caches.clone(), caches.clone());
     let record_loop = Controller::for_stream(pps, caches.pps.clone())
@@ -254,7 +261,8 @@ async fn run_controllers(
         lifecycle_loop,
         plan_loop,
         mark_ready,
-        announce
+        announce,
+        announce_undecodable
     );
 }
 

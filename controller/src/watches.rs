@@ -17,15 +17,22 @@
 //! The four watches of the record loop and the namespaces are tracked ([`synced`]: no
 //! reconcile runs before their first full list) and, but the namespaces, tapped for the
 //! lifecycle loop ([`Tap`]: a change that may change a hooked pod's fate).
+//!
+//! PersistentPodStates are listed in small pages and decoded one by one
+//! (`ipkeep_daemon::lenient`): one that does not decode is left out of the cache (so it is
+//! neither recorded nor generated over), named in [`Caches::undecodable_pps`], and reported
+//! ([`Watches::undecodable`]) for a Warning Event on it.
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
+use ipkeep_daemon::lenient::{self, Lenient, Report, Undecodables};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
 use crate::caches::{self, CachedPod, Caches};
@@ -67,6 +74,11 @@ pub struct Watches {
     pub plan_namespaces: BoxStream<'static, ObjectRef<Namespace>>,
     /// The sender of `plan_namespaces`, for the record loop.
     pub plan_sender: mpsc::UnboundedSender<ObjectRef<Namespace>>,
+    /// PersistentPodStates found undecodable (once per resource version) or gone from that
+    /// set, for [`crate::undecodable::announce`].
+    pub undecodable: mpsc::UnboundedReceiver<Report>,
+    /// Reconciles a StatefulSet in the generate loop.
+    pub regenerate: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
 }
 
 impl std::fmt::Debug for Watches {
@@ -75,8 +87,8 @@ impl std::fmt::Debug for Watches {
     }
 }
 
-/// Opens every watch.
-pub fn open(client: &Client) -> Watches {
+/// Opens every watch; `undecodable` counts the PersistentPodStates left out of the cache.
+pub fn open(client: &Client, undecodable: Gauge) -> Watches {
     let (tracker, synced) = synced::tracker();
     let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
     let (relisted_tx, relisted_rx) = mpsc::unbounded_channel();
@@ -85,20 +97,28 @@ pub fn open(client: &Client) -> Watches {
     let (generate_tx, generate_rx) = mpsc::unbounded_channel();
     let (plan_tx, plan_rx) = mpsc::unbounded_channel();
     let plan_on_delete = plan_tx.clone();
+    let (undecodable_pps, undecodable_rx) =
+        Undecodables::new("PersistentPodState", undecodable).reported();
     let pps = tracker
         .track(
             synced::Cache::PersistentPodStates,
             reflector(
                 pps_writer,
-                watcher(
-                    Api::<PersistentPodState>::all(client.clone()),
-                    watcher::Config::default().any_semantic(),
-                )
-                .default_backoff(),
+                lenient::sorted(
+                    watcher(
+                        Api::<Lenient<PersistentPodState>>::all(client.clone()),
+                        watcher::Config::default()
+                            .any_semantic()
+                            .page_size(lenient::PAGE_SIZE),
+                    )
+                    .default_backoff(),
+                    pps_reader.clone(),
+                    undecodable_pps.clone(),
+                ),
             ),
         )
         .inspect(Tap::inspector(&trigger_tx))
-        .inspect(caches::statefulsets_of_pps_events(generate_tx))
+        .inspect(caches::statefulsets_of_pps_events(generate_tx.clone()))
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(pps)) = event
                 && let Some(namespace) = pps.metadata.namespace.as_deref()
@@ -206,6 +226,7 @@ pub fn open(client: &Client) -> Watches {
             pods: pod_reader,
             nodes: node_reader,
             pps: pps_reader,
+            undecodable_pps,
             namespaces: namespace_reader,
             synced,
         },
@@ -222,6 +243,8 @@ pub fn open(client: &Client) -> Watches {
         pin_skipped: skipped_rx,
         plan_namespaces: receiver(plan_rx),
         plan_sender: plan_tx,
+        undecodable: undecodable_rx,
+        regenerate: generate_tx,
     }
 }
 

@@ -176,7 +176,7 @@ async fn no_hold_outlives_its_timeout_whatever_the_tenant_writes() {
     );
 
     // The webhook's caches, filled from the API server.
-    let (caches, writers) = Caches::new();
+    let (caches, writers) = Caches::new(Default::default());
     let watching = tokio::spawn(cache::watch(c.client.clone(), writers));
     caches.wait_until_ready().await;
 

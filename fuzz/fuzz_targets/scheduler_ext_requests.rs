@@ -13,7 +13,7 @@ use libfuzzer_sys::fuzz_target;
 fn caches() -> &'static Caches {
     static CACHES: OnceLock<Caches> = OnceLock::new();
     CACHES.get_or_init(|| {
-        let (caches, mut writers) = Caches::new();
+        let (caches, mut writers) = Caches::new(Default::default());
         let pps = serde_json::from_str(include_str!("../seeds/scheduler_ext_requests/pps.json"))
             .expect("seed PersistentPodState");
         writers.pps.apply_watcher_event(&Event::Init);

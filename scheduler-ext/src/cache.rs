@@ -1,7 +1,13 @@
-//! What the decisions read, kept in kube-rs reflector caches: every PersistentPodState (without
-//! `managedFields`), every node's name, labels and Ready condition, and the pods that have
-//! lifecycle hooks (those labelled `ipkeep.dev/lifecycle-state`; an eviction names its pod
-//! without carrying it). Requests never call the API server.
+//! What the decisions read, kept in kube-rs reflector caches: every PersistentPodState (the
+//! fields the decisions read, [`crate::lean_pps`]), every node's name, labels and Ready
+//! condition, and the pods that have lifecycle hooks (those labelled `ipkeep.dev/lifecycle-state`;
+//! an eviction names its pod without carrying it). Requests never call the API server.
+//!
+//! PersistentPodStates are listed in small pages and decoded one by one
+//! (`ipkeep_daemon::lenient`): one that does not decode is left out of the cache, counted and
+//! logged, and the caches still sync. The pods of its StatefulSet are then treated as having
+//! no PersistentPodState (not pinned, no preDelete hook), as when the extension is down: the
+//! webhooks fail open for them, and the controller puts a Warning Event on the object.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
+use ipkeep_daemon::lenient::{self, Lenient, Undecodables};
 use ipkeep_placement::ipkeep_lifecycle::Lifecycle;
 use ipkeep_values::keys::STATE_LABEL;
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
@@ -16,11 +23,16 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::lean_pps::LeanPps;
 
 /// The caches.
 #[derive(Clone, Debug)]
 pub struct Caches {
     pps: Store<PersistentPodState>,
+    /// The PersistentPodStates that do not decode (left out of `pps`).
+    undecodable: Undecodables,
     nodes: Store<Node>,
     pods: Store<Pod>,
     synced: Arc<AtomicBool>,
@@ -31,6 +43,8 @@ pub struct Caches {
 pub struct Writers {
     /// PersistentPodStates.
     pub pps: Writer<PersistentPodState>,
+    /// Where the PersistentPodState watch keeps those that do not decode.
+    pub undecodable: Undecodables,
     /// Nodes.
     pub nodes: Writer<Node>,
     /// Pods with lifecycle hooks.
@@ -38,20 +52,23 @@ pub struct Writers {
 }
 
 impl Caches {
-    /// Empty caches and their writers.
-    pub fn new() -> (Self, Writers) {
+    /// Empty caches and their writers; `undecodable` counts the PersistentPodStates left out.
+    pub fn new(undecodable: Gauge) -> (Self, Writers) {
         let (pps, pps_writer) = reflector::store();
         let (nodes, nodes_writer) = reflector::store();
         let (pods, pods_writer) = reflector::store();
+        let undecodable = Undecodables::new("PersistentPodState", undecodable);
         (
             Self {
                 pps,
+                undecodable: undecodable.clone(),
                 nodes,
                 pods,
                 synced: Arc::default(),
             },
             Writers {
                 pps: pps_writer,
+                undecodable,
                 nodes: nodes_writer,
                 pods: pods_writer,
             },
@@ -74,9 +91,19 @@ impl Caches {
         }
     }
 
+    /// Whether PersistentPodState `namespace`/`name` exists but does not decode.
+    pub fn undecodable(&self, namespace: &str, name: &str) -> bool {
+        self.undecodable.contains(namespace, name)
+    }
+
     /// The PersistentPodState of StatefulSet `statefulset` in `namespace`: the one named after
-    /// it (what auto-generation creates), else the first by name that targets it.
+    /// it (what auto-generation creates), else the first by name that targets it. None when
+    /// the one named after it does not decode: what it targets is unknown, so no other is
+    /// taken for it.
     pub fn pps_for(&self, namespace: &str, statefulset: &str) -> Option<Arc<PersistentPodState>> {
+        if self.undecodable(namespace, statefulset) {
+            return None;
+        }
         let targets = |p: &PersistentPodState| {
             p.spec.target_ref.name == statefulset && p.spec.target_ref.kind == "StatefulSet"
         };
@@ -132,12 +159,15 @@ pub fn labels(node: &Node) -> &BTreeMap<String, String> {
 /// Keeps both caches in step with the API server until the process ends. Watch errors are
 /// retried with backoff (and logged); the caches keep serving what they have meanwhile.
 pub async fn watch(client: Client, writers: Writers) {
-    let pps = watcher(
-        Api::<PersistentPodState>::all(client.clone()),
-        watcher::Config::default(),
+    let pps = lenient::sorted(
+        watcher(
+            Api::<Lenient<PersistentPodState, LeanPps>>::all(client.clone()),
+            watcher::Config::default().page_size(lenient::PAGE_SIZE),
+        )
+        .default_backoff(),
+        writers.pps.as_reader(),
+        writers.undecodable,
     )
-    .default_backoff()
-    .modify(|p| p.managed_fields_mut().clear())
     .reflect(writers.pps);
     let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()

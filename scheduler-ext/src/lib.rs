@@ -31,6 +31,7 @@ pub mod deletion;
 pub mod error;
 pub mod extender;
 pub mod http;
+pub mod lean_pps;
 pub mod metrics;
 pub mod pending;
 pub mod pod;
@@ -129,7 +130,7 @@ pub async fn run(
         );
         webhook = webhook.with_tls(tls);
     }
-    let (caches, writers) = Caches::new();
+    let (caches, writers) = Caches::new(metrics.undecodable.gauge("PersistentPodState"));
     tokio::spawn(cache::watch(client, writers));
     let ready = caches.clone();
     tokio::spawn(async move {

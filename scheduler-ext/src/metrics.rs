@@ -64,6 +64,8 @@ pub struct Metrics {
     cert_reloads: Family<ReloadLabel, Counter>,
     cert_expiry: Gauge,
     in_flight: Gauge,
+    /// PersistentPodStates left out of the cache because they do not decode.
+    pub undecodable: ipkeep_daemon::lenient::UndecodableMetric,
     /// Connections of the webhook and probe listeners.
     pub listeners: ListenerMetrics,
 }
@@ -84,6 +86,7 @@ impl Default for Metrics {
             cert_reloads: Family::default(),
             cert_expiry: Gauge::default(),
             in_flight: Gauge::default(),
+            undecodable: Default::default(),
             listeners: ListenerMetrics::default(),
         };
         registry.register(
@@ -117,6 +120,8 @@ impl Default for Metrics {
             m.cert_expiry.clone(),
         );
         m.listeners.register(&mut registry);
+        m.undecodable
+            .register(&mut registry, &["PersistentPodState"]);
         registry.register(
             "in_flight_bytes",
             "Request and response body bytes held now, out of --max-in-flight-bytes",

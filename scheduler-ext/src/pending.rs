@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn a_persistent_pod_state_created_with_hooks_is_labelled_pending() {
-        let caches = Caches::new().0;
+        let caches = Caches::new(Default::default()).0;
         let r = review(
             &body("CREATE", pps(Some("true"), json!(null)), None),
             &caches,
@@ -162,7 +162,7 @@ mod tests {
 
     #[test]
     fn only_a_change_of_hooks_labels_an_update() {
-        let caches = Caches::new().0;
+        let caches = Caches::new(Default::default()).0;
         let same = review(
             &body(
                 "UPDATE",

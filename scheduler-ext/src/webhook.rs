@@ -71,6 +71,11 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
     let pps = caches.pps_for(&namespace, &statefulset);
     let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
         out.review.response.warnings = retention_warnings(&pod, &pod);
+        if pps.is_none() && caches.undecodable(&namespace, &statefulset) {
+            out.review.response.warnings.push(format!(
+                "ipkeep: pod not pinned: PersistentPodState {statefulset} cannot be decoded (see its Warning Events)"
+            ));
+        }
         return Ok(out);
     };
     let mut after = pod.clone();

@@ -372,7 +372,7 @@ fn body_channel() -> (futures::channel::mpsc::Sender<axum::body::Bytes>, Body) {
 
 #[tokio::test]
 async fn not_ready_refuses_statefulset_pods_only() {
-    let (caches, _writers) = Caches::new();
+    let (caches, _writers) = Caches::new(Default::default());
     let app = app_with(caches, Limits::default());
     let (status, response) = app.post("/mutate-pods", REVIEW).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);

@@ -386,7 +386,7 @@ async fn sweep(admin: &Client) {
     use k8s_openapi::api::apps::v1::StatefulSet;
     use k8s_openapi::api::core::v1::{Node, Pod};
     let now = DeleteParams::default().grace_period(0);
-    let pods: Vec<Pod> = list_all(admin).await;
+    let pods = list_all::<Pod>(admin).await;
     for pod in pods {
         let api = Api::<Pod>::namespaced(admin.clone(), &pod.namespace().unwrap_or_default());
         let _ = api.delete(&pod.name_any(), &now).await;
@@ -398,16 +398,14 @@ async fn sweep(admin: &Client) {
     delete_cluster_scoped::<ValidatingWebhookConfiguration>(admin).await;
 }
 
-async fn list_all<K>(admin: &Client) -> Vec<K>
+/// What earlier tests left of kind `K`: metadata only, so that an object that does not decode
+/// (a test's on purpose, see [`crate::loose_crd`]) is deleted like any other.
+async fn list_all<K>(admin: &Client) -> Vec<kube::core::PartialObjectMeta<K>>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + ResourceExt,
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     Api::<K>::all(admin.clone())
-        .list(&ListParams::default())
+        .list_metadata(&ListParams::default())
         .await
         .expect("list what earlier tests left")
         .items

@@ -469,6 +469,7 @@ pub mod cluster;
 pub mod demo;
 pub mod faults;
 pub mod kubectl;
+pub mod loose_crd;
 pub mod mountns;
 pub mod pki;
 pub mod promql;

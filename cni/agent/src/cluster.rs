@@ -4,20 +4,28 @@
 //! is made until all three caches have synced, while any watch is relisting after an error,
 //! or while the Node named by `--node-name` does not exist: a wrong node name would otherwise
 //! make every running pod look gone. The store keeps serving regardless.
+//!
+//! PersistentPodStates are listed in small pages and decoded one by one through
+//! [`LeanPps`] (`ipkeep_daemon::lenient`): one the agent cannot decode is left out and
+//! remembered by name, the cache still syncs, and no decision is made for the pods of its
+//! namespace (see [`crate::management`] and [`crate::release`]): it might manage any of them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
+use ipkeep_daemon::lenient::{self, Lenient, Undecodables};
 use ipkeep_values::keys::{MIRROR_ANNOTATION, POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
+use crate::lean_pps::LeanPps;
 use crate::release::{ClusterView, PpsView};
 
 /// Whether Kubernetes-aware release can run, and if not, why.
@@ -49,6 +57,8 @@ pub struct Cluster {
     nodes: Store<Node>,
     pods: Store<Pod>,
     pps: Store<PersistentPodState>,
+    /// The PersistentPodStates that do not decode (left out of `pps`).
+    undecodable: Undecodables,
     synced: Arc<AtomicBool>,
     /// Per watch: false from a watch error until its relist completes. A cache that may have
     /// missed events is never used for a decision (a pod created meanwhile would look gone).
@@ -70,21 +80,24 @@ pub struct Writers {
 }
 
 impl Cluster {
-    /// Empty caches for `node`.
-    pub fn new(node: &str) -> (Self, Writers) {
+    /// Empty caches for `node`; `undecodable` counts the PersistentPodStates left out.
+    pub fn new(node: &str, undecodable: Gauge) -> (Self, Writers) {
         let (nodes, nodes_writer) = reflector::store();
         let (pods, pods_writer) = reflector::store();
         let (pps, pps_writer) = reflector::store();
+        let changed = Arc::new(Notify::new());
         (
             Cluster {
                 node: node.to_string(),
                 nodes,
                 pods,
                 pps,
+                undecodable: Undecodables::new("PersistentPodState", undecodable)
+                    .notifying(changed.clone()),
                 synced: Arc::default(),
                 current: std::array::from_fn(|_| Arc::new(AtomicBool::new(true))),
                 node_seen: Arc::new(AtomicBool::new(true)),
-                changed: Arc::default(),
+                changed,
                 generation: Arc::default(),
             },
             Writers {
@@ -135,7 +148,9 @@ impl Cluster {
 
     /// Counts the changes the watches have seen: a different value means a different view.
     pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
+        self.generation
+            .load(Ordering::Acquire)
+            .wrapping_add(self.undecodable.generation())
     }
 
     /// Whether decisions can run.
@@ -148,7 +163,12 @@ impl Cluster {
         self.pods.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// The PersistentPodStates of `namespace`.
+    /// The names of the PersistentPodStates of `namespace` that do not decode.
+    pub fn undecodable_in(&self, namespace: &str) -> Vec<String> {
+        self.undecodable.names_in(namespace)
+    }
+
+    /// The PersistentPodStates of `namespace` (those that decode).
     pub fn states_in(&self, namespace: &str) -> Vec<Arc<PersistentPodState>> {
         self.pps
             .state()
@@ -198,6 +218,7 @@ impl Cluster {
         Some(ClusterView {
             node: self.node.clone(),
             pps,
+            undecodable: self.undecodable.namespaces(),
             pods,
         })
     }
@@ -230,12 +251,15 @@ pub async fn watch(client: Client, cluster: Cluster, writers: Writers) {
     .default_backoff()
     .modify(trim_pod)
     .reflect(writers.pods);
-    let pps = watcher(
-        Api::<PersistentPodState>::all(client),
-        watcher::Config::default(),
+    let pps = lenient::sorted(
+        watcher(
+            Api::<Lenient<PersistentPodState, LeanPps>>::all(client),
+            watcher::Config::default().page_size(lenient::PAGE_SIZE),
+        )
+        .default_backoff(),
+        cluster.pps.clone(),
+        cluster.undecodable.clone(),
     )
-    .default_backoff()
-    .modify(trim_pps)
     .reflect(writers.pps);
     let [nodes_current, pods_current, pps_current] = &cluster.current;
     let nodes = nodes.for_each(|event| {
@@ -340,20 +364,6 @@ fn trim_pod(pod: &mut Pod) {
         .filter(|o| !o.is_empty());
     pod.spec = None;
     pod.status = None;
-}
-
-/// Keeps a PersistentPodState's target and which node each record names.
-fn trim_pps(pps: &mut PersistentPodState) {
-    pps.managed_fields_mut().clear();
-    pps.annotations_mut().clear();
-    if let Some(status) = pps.status.as_mut() {
-        status.conditions.clear();
-        for state in status.pod_states.values_mut() {
-            state.node_topology_labels.clear();
-            state.annotations.clear();
-            state.pod_ips.clear();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod args;
 pub mod cluster;
 pub mod cniconf;
 pub mod events;
+pub mod lean_pps;
 pub mod management;
 pub mod metrics;
 pub mod netns;
@@ -138,7 +139,8 @@ pub async fn run(
         .as_ref()
         .map(|client| events::spawn(client.clone(), &settings.node_name));
     let cluster = client.map(|client| {
-        let (cluster, writers) = Cluster::new(&settings.node_name);
+        let undecodable = metrics.undecodable.gauge("PersistentPodState");
+        let (cluster, writers) = Cluster::new(&settings.node_name, undecodable);
         tokio::spawn(cluster::watch(client, cluster.clone(), writers));
         cluster
     });

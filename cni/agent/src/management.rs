@@ -36,6 +36,9 @@
 //!
 //! While the agent's view is not usable (caches not synced, a watch relisting after an error,
 //! its Node unknown) nothing is decided: the pod's annotations decide, as in the plugin alone.
+//! The same holds for the pods of a namespace that has a PersistentPodState the agent cannot
+//! decode: that state might manage any of them, so none is called unmanaged (which would cap
+//! its retention), and none managed by a state whose retention is unknown.
 
 use std::collections::BTreeMap;
 
@@ -51,19 +54,30 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::cluster::{Cluster, Readiness, runtime_uid};
 
 /// Decides who manages `asked`, the pod of a command. `pod` is the pod of that name the API
-/// shows on this node, if any; `states` are the PersistentPodStates of its namespace. The
-/// runtime's annotations count only for a pod the API no longer shows.
+/// shows on this node, if any; `states` are the PersistentPodStates of its namespace and
+/// `undecodable` the names of those there that the agent cannot decode. The runtime's
+/// annotations count only for a pod the API no longer shows.
 pub fn management(
     readiness: Readiness,
     asked: &SandboxPod<'_>,
     pod: Option<&Pod>,
     states: &[&PersistentPodState],
+    undecodable: &[String],
 ) -> Management {
     if readiness != Readiness::Ready {
         return Management::Unknown(Unavailable {
             why: format!(
                 "the node agent's view of the API server is not usable ({})",
                 readiness.as_str()
+            ),
+            expected: true,
+        });
+    }
+    if let Some(state) = undecodable.first() {
+        return Management::Unknown(Unavailable {
+            why: format!(
+                "the node agent cannot decode PersistentPodState {}/{state} (its log says why), which may manage this pod",
+                asked.namespace
             ),
             expected: true,
         });
@@ -245,7 +259,13 @@ impl ApiView for ClusterApi<'_> {
         let pod = cluster.pod(asked.namespace, asked.name);
         let states = cluster.states_in(asked.namespace);
         let states: Vec<&PersistentPodState> = states.iter().map(AsRef::as_ref).collect();
-        management(cluster.readiness(), asked, pod.as_deref(), &states)
+        management(
+            cluster.readiness(),
+            asked,
+            pod.as_deref(),
+            &states,
+            &cluster.undecodable_in(asked.namespace),
+        )
     }
 }
 

@@ -25,7 +25,10 @@ fn pod(name: &str, sts: &str, annotations: Value, labels: Value) -> Pod {
 
 /// `state` with a record of `pod` (node `n1`) made for the pod with UID `uid`.
 fn recording(mut state: PersistentPodState, pod: &str, uid: &str) -> PersistentPodState {
-    let record = serde_json::from_value(json!({"nodeName": "n1", "podUID": uid})).unwrap();
+    let record = serde_json::from_value(json!({"nodeName": "n1", "podUID": uid,
+        "nodeTopologyLabels": {"kubernetes.io/hostname": "n1"}, "podIPs": ["10.0.0.9"],
+        "recordedAt": "2026-11-26T08:00:00Z"}))
+    .unwrap();
     state
         .status
         .get_or_insert_default()
@@ -35,7 +38,8 @@ fn recording(mut state: PersistentPodState, pod: &str, uid: &str) -> PersistentP
 }
 
 /// PersistentPodState `name` (UID `uid-<name>`) in `namespace` for StatefulSet `target`,
-/// `ipRetention: 2h`.
+/// `ipRetention: 2h`, with a spec that checks (topology, hooks, annotations recorded: what the
+/// agent does not read).
 fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> PersistentPodState {
     let mut meta = json!({"name": name, "namespace": namespace, "uid": format!("uid-{name}")});
     if deleting {
@@ -45,7 +49,13 @@ fn state(namespace: &str, name: &str, target: &str, deleting: bool) -> Persisten
     serde_json::from_value(json!({
         "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": meta,
         "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": target},
-                 "ipRetention": "2h"}
+                 "ipRetention": "2h",
+                 "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]},
+                 "persistentPodAnnotations": [{"key": "example.com/a"}],
+                 "nodeLossPolicy": {"action": "Wait", "after": "10m"},
+                 "lifecycle": {"preDelete": {"labelsHandler": {"example.com/registered": "true"}}}},
+        "status": {"recordedPods": 0, "conditions": [{"type": "Ready", "status": "True",
+            "reason": "Recording", "message": "m", "lastTransitionTime": "2026-11-26T08:00:00Z"}]}
     }))
     .unwrap()
 }
@@ -79,6 +89,14 @@ fn owned(mut state: PersistentPodState) -> PersistentPodState {
         .unwrap(),
     ]);
     state
+}
+
+/// `state` as the agent decodes it ([`crate::lean_pps`]).
+fn lean(state: &PersistentPodState) -> PersistentPodState {
+    let text = serde_json::to_string(state).unwrap();
+    ipkeep_daemon::lenient::Lenient::<PersistentPodState, crate::lean_pps::LeanPps>::decode(&text)
+        .decoded
+        .unwrap()
 }
 
 /// Managed by `pps` (its UID `uid-<pps>`), judged from the pod.
@@ -131,6 +149,7 @@ struct Row {
     adding: bool,
     pod: Option<Pod>,
     states: Vec<PersistentPodState>,
+    undecodable: Vec<String>,
     runtime: Option<Value>,
     want: Management,
 }
@@ -147,6 +166,7 @@ fn rows() -> Vec<Row> {
         adding: false,
         pod,
         states,
+        undecodable: Vec::new(),
         runtime: None,
         want,
     };
@@ -395,6 +415,32 @@ fn rows() -> Vec<Row> {
             Management::Unmanaged,
         ),
         Row {
+            undecodable: vec!["odd".into()],
+            ..row(
+                "a state of its namespace does not decode: it may be the one, nobody can say",
+                "db-0",
+                db_pod("db-0"),
+                db(),
+                Management::Unknown(Unavailable {
+                    why: "the node agent cannot decode PersistentPodState prod/odd (its log says why), which may manage this pod".into(),
+                    expected: true,
+                }),
+            )
+        },
+        Row {
+            undecodable: vec!["odd".into()],
+            ..row(
+                "... also for a pod no decoded state manages",
+                "web-0",
+                Some(pod("web-0", "web", none(), none())),
+                db(),
+                Management::Unknown(Unavailable {
+                    why: "the node agent cannot decode PersistentPodState prod/odd (its log says why), which may manage this pod".into(),
+                    expected: true,
+                }),
+            )
+        },
+        Row {
             readiness: Readiness::Syncing,
             ..row(
                 "view stale: caches not synced or a watch relisting",
@@ -423,10 +469,10 @@ fn rows() -> Vec<Row> {
     ]
 }
 
+/// Each row with the states whole, and as the agent decodes them: the same answer.
 #[test]
 fn who_manages_a_pod_at_its_add_or_del() {
     for row in rows() {
-        let states: Vec<&PersistentPodState> = row.states.iter().collect();
         let runtime: Option<BTreeMap<String, String>> =
             row.runtime.map(|v| serde_json::from_value(v).unwrap());
         let asked = SandboxPod {
@@ -436,8 +482,18 @@ fn who_manages_a_pod_at_its_add_or_del() {
             adding: row.adding,
             annotations: runtime.as_ref(),
         };
-        let got = management(row.readiness, &asked, row.pod.as_ref(), &states);
-        assert_eq!(got, row.want, "{}", row.what);
+        let leans: Vec<PersistentPodState> = row.states.iter().map(lean).collect();
+        for (how, states) in [("whole", &row.states), ("lean", &leans)] {
+            let states: Vec<&PersistentPodState> = states.iter().collect();
+            let got = management(
+                row.readiness,
+                &asked,
+                row.pod.as_ref(),
+                &states,
+                &row.undecodable,
+            );
+            assert_eq!(got, row.want, "{} ({how})", row.what);
+        }
     }
 }
 

@@ -85,6 +85,8 @@ pub struct Metrics {
     store_healthy: Family<NetworkLabel, Gauge>,
     wall_clock_doubted: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
+    /// PersistentPodStates left out of the cache because they do not decode.
+    pub undecodable: ipkeep_daemon::lenient::UndecodableMetric,
     /// Connections of the `/healthz`, `/readyz` and `/metrics` listener.
     pub listeners: ipkeep_listener::ListenerMetrics,
 }
@@ -117,6 +119,7 @@ impl Default for Metrics {
             store_healthy: Family::default(),
             wall_clock_doubted: Family::default(),
             kubernetes_synced: Gauge::default(),
+            undecodable: Default::default(),
             listeners: Default::default(),
         };
         registry.register(
@@ -179,6 +182,8 @@ impl Default for Metrics {
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
         );
+        m.undecodable
+            .register(&mut registry, &["PersistentPodState"]);
         m.listeners.register(&mut registry);
         // prometheus-client writes a family only once it has a series, and alerts and
         // dashboards must find every family from the start: the series every agent has, at

@@ -8,7 +8,9 @@
 //! * that PersistentPodState was deleted (with its StatefulSet, or by hand).
 //!
 //! A holding of a pod no PersistentPodState manages is left to its retention timer, and so is
-//! one whose pod is on this node again (its ADD takes the address back).
+//! one whose pod is on this node again (its ADD takes the address back), and every holding of a
+//! namespace with a PersistentPodState the agent cannot decode (it might be the managing one,
+//! and say to keep it).
 //!
 //! An **active** address whose pod is gone from this node lost its DEL (the node or runtime
 //! was down when the pod was deleted); it gets DEL semantics: held per its retention, or freed.
@@ -20,7 +22,7 @@
 //! Every decision waits for a grace period after the lease's last change, so a cache that is a
 //! moment behind the API server cannot release what was just recorded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use std::path::Path;
@@ -35,6 +37,8 @@ pub struct ClusterView {
     pub node: String,
     /// PersistentPodStates by `(namespace, name)`.
     pub pps: BTreeMap<(String, String), PpsView>,
+    /// Namespaces with a PersistentPodState that does not decode (not in `pps`).
+    pub undecodable: BTreeSet<String>,
     /// Pods bound to this node, `(namespace, name)` → the UID the container runtime knows
     /// them by (the static pod's UID for a mirror Pod).
     pub pods: BTreeMap<(String, String), Option<String>>,
@@ -172,6 +176,7 @@ pub fn holding_verdict(lease: &Lease, view: &ClusterView) -> Option<Reason> {
     if view
         .pods
         .contains_key(&(pod.namespace.clone(), pod.name.clone()))
+        || view.undecodable.contains(&pod.namespace)
     {
         return None;
     }
@@ -397,6 +402,7 @@ mod tests {
                         .collect(),
                 },
             )]),
+            undecodable: BTreeSet::new(),
             pods: BTreeMap::new(),
         }
     }
@@ -442,6 +448,37 @@ mod tests {
                 ("kv-4".into(), Some("persistent-pod-state-deleted")),
                 ("kv-5".into(), None),
                 ("kvx-0".into(), None),
+            ]
+        );
+    }
+
+    /// A PersistentPodState of the namespace that the agent cannot decode may be the one that
+    /// manages a holding, and say to keep it: no holding of the namespace is released on
+    /// Kubernetes' word while it does not decode (each keeps its retention timer).
+    #[test]
+    fn holdings_of_a_namespace_with_an_undecodable_state_stay() {
+        let mut v = view(&[("kv-1", "n2")]);
+        v.undecodable.insert("db".into());
+        let leases = [
+            lease(2, "kv-1", Some("kv"), true, 0),
+            lease(3, "kv-2", Some("kv"), true, 0),
+            lease(6, "kv-4", Some("gone"), true, 0),
+        ];
+        assert_eq!(
+            verdicts(&leases, &v),
+            vec![
+                ("kv-1".into(), None),
+                ("kv-2".into(), None),
+                ("kv-4".into(), None)
+            ]
+        );
+        v.undecodable = BTreeSet::from(["elsewhere".to_string()]);
+        assert_eq!(
+            verdicts(&leases, &v),
+            vec![
+                ("kv-1".into(), Some("recorded-on-another-node")),
+                ("kv-2".into(), Some("record-pruned")),
+                ("kv-4".into(), Some("persistent-pod-state-deleted")),
             ]
         );
     }

@@ -1,10 +1,15 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log, name themselves, reach the API server and stop the same way: [`LogArgs`],
-//! [`identity`], [`preflight`], [`shutdown_signal`] and [`run_until_stopped`].
+//! so they log, name themselves, reach the API server, cache objects and stop the same way:
+//! [`LogArgs`], [`identity`], [`preflight`], [`lenient`], [`shutdown_signal`] and
+//! [`run_until_stopped`].
 
+pub mod bodies;
+pub mod lenient;
 pub mod preflight;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// How logs are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -56,7 +61,8 @@ pub enum LogError {
     },
 }
 
-/// Sends `tracing` events to stderr in `format`, filtered by `filter` (`$RUST_LOG` syntax).
+/// Sends `tracing` events to stderr in `format`, filtered by `filter` (`$RUST_LOG` syntax),
+/// without the response bodies kube-client would log ([`bodies`]).
 pub fn init_logging(format: LogFormat, filter: &str) -> Result<(), LogError> {
     let env_filter = EnvFilter::try_new(filter).map_err(|source| LogError::BadFilter {
         filter: filter.to_string(),
@@ -70,8 +76,8 @@ pub fn init_logging(format: LogFormat, filter: &str) -> Result<(), LogError> {
         ))
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Plain => logs.init(),
-        LogFormat::Json => logs.json().init(),
+        LogFormat::Plain => logs.finish().with(bodies::NoResponseBodies).init(),
+        LogFormat::Json => logs.json().finish().with(bodies::NoResponseBodies).init(),
     }
     Ok(())
 }

@@ -31,10 +31,12 @@ pub async fn client() -> Result<kube::Client, ClientError> {
 #[error("failed to find the cluster (set KUBECONFIG, or run in a pod with a service account): {0}")]
 pub struct ClientError(#[source] kube::Error);
 
-/// Lists one PersistentPodState, to check the CRD is installed and readable.
+/// Lists one PersistentPodState's metadata, to check the CRD is installed and readable: its
+/// metadata only, so that an object whose spec or status does not decode fails no start (the
+/// caches leave such an object out, see [`crate::lenient`]).
 pub async fn check_crd(client: &kube::Client) -> Result<(), PreflightError> {
     let api: Api<PersistentPodState> = Api::all(client.clone());
-    match api.list(&ListParams::default().limit(1)).await {
+    match api.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Err(PreflightError::CrdMissing),
         Err(e) => Err(PreflightError::Unreachable(e)),

@@ -78,7 +78,7 @@ pub async fn caches(pps: &[Value], nodes: usize) -> Caches {
 
 /// Caches holding `pps`, nodes `n0`..`n<nodes-1>` and the pods with hooks `pods`, synced.
 pub async fn caches_with_pods(pps: &[Value], nodes: usize, pods: &[Value]) -> Caches {
-    let (caches, mut writers) = Caches::new();
+    let (caches, mut writers) = Caches::new(Default::default());
     writers.pps.apply_watcher_event(&Event::Init);
     for p in pps {
         let p: PersistentPodState = serde_json::from_value(p.clone()).unwrap();
