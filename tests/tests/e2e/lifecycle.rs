@@ -154,25 +154,8 @@ pub fn on_real_nodes(state: &Path) {
     let example = std::fs::read_to_string(repo_root().join("deploy/examples/lifecycle.yaml"))
         .unwrap()
         .replace("busybox:1.36", "localhost/ipkeep/busybox:dev");
-    // The PersistentPodState first, and its admission plan written (the admission policy gives
-    // the hooks' marks only to pods created once the plan exists: docs/lifecycle.md).
-    let state = example.split("\n---\n").next().unwrap();
-    let out = hooks
-        .kubectl
-        .try_run(&["apply", "-n", NS, "-f", "-"], Some(state));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait_until(
-        "the PersistentPodState's admission plan",
-        Duration::from_secs(60),
-        || {
-            let pps = hooks.kubectl.get(&["pps", "-n", NS, "broker"])?;
-            pps["status"]["admission"].is_object().then_some(())
-        },
-    );
+    // The whole file at once, as a user applies it: the first pod waits for its hooks' admission
+    // plan (docs/lifecycle.md), and `not_ready_until_registered` checks it got them.
     let out = hooks
         .kubectl
         .try_run(&["apply", "-n", NS, "-f", "-"], Some(&example));
