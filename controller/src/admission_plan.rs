@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::admission::{self, AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL};
@@ -47,6 +47,10 @@ pub struct Plans {
     omitted: Mutex<HashMap<String, Vec<String>>>,
     /// Per namespace, the entries last written (empty: deleted).
     written: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    /// Per namespace, held while its plan is written.
+    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per namespace, when its plan was last written.
+    written_at: Mutex<HashMap<String, Instant>>,
 }
 
 impl Plans {
@@ -90,16 +94,31 @@ impl Plans {
             .retain(|uid, (ns, _)| ns != namespace || live.contains(uid));
     }
 
+    /// The lock held while `namespace`'s plan is written.
+    fn lock_of(&self, namespace: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        writing.entry(namespace.to_string()).or_default().clone()
+    }
+
     /// Whether `data` is what was last written in `namespace` by this replica.
     fn is_written(&self, namespace: &str, data: &BTreeMap<String, String>) -> bool {
         let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         written.get(namespace) == Some(data)
     }
 
-    /// Remembers what was written in `namespace`.
+    /// Remembers what was written in `namespace`, and when.
     fn wrote(&self, namespace: &str, data: BTreeMap<String, String>) {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         written.insert(namespace.to_string(), data);
+        let mut at = self.written_at.lock().unwrap_or_else(|e| e.into_inner());
+        at.insert(namespace.to_string(), Instant::now());
+    }
+
+    /// How long `namespace`'s last write has still to settle ([`SETTLE`]), if at all.
+    fn settling(&self, namespace: &str) -> Option<Duration> {
+        let at = self.written_at.lock().unwrap_or_else(|e| e.into_inner());
+        let left = SETTLE.checked_sub(at.get(namespace)?.elapsed())?;
+        (!left.is_zero()).then_some(left)
     }
 
     /// Remembers which StatefulSets of `namespace` were omitted; true if that changed.
@@ -114,12 +133,45 @@ impl Plans {
     }
 }
 
-/// Reconciles the admission plan of one namespace.
+/// Reconciles the admission plan of one namespace (a PersistentPodState of it deleted, or a
+/// write the record loop could not make).
 #[instrument(skip_all, fields(namespace = ns.name_any()))]
 pub async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
     ctx.caches.wait_until_ready().await?;
-    let namespace = ns.name_any();
+    Ok(match write_namespace(&ctx, &ns.name_any()).await? {
+        Written::Yes => Action::await_change(),
+        Written::Undecided => Action::requeue(Duration::from_secs(5)),
+        Written::Settling(left) => Action::requeue(left),
+    })
+}
+
+/// Whether [`write_namespace`] could write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The namespace's plan is what its PersistentPodStates' decided plans make.
+    Yes,
+    /// A PersistentPodState of the namespace has not had its plan decided since the start.
+    Undecided,
+    /// Written, but a PersistentPodState waits on its hooks and the write is younger than
+    /// [`SETTLE`]: look again after this long.
+    Settling(Duration),
+}
+
+/// How long a written plan is given to reach kube-apiserver's own cache of ConfigMaps (the
+/// admission policy reads its parameter from an informer) before the pods waiting on it are let
+/// through: the admission policy `ipkeep-hooks-pending` reads the PersistentPodStates from
+/// another informer, and a pod created in between would get no hooks. Watches deliver within
+/// milliseconds unless kube-apiserver is badly overloaded.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// Writes the admission plan of `namespace` from the plans decided for its PersistentPodStates
+/// (one namespace at a time: concurrent callers for one namespace wait for each other), says
+/// what did not fit, and releases PersistentPodStates pending on their hooks.
+pub async fn write_namespace(ctx: &Context, namespace: &str) -> Result<Written, Error> {
+    let lock = ctx.plans.lock_of(namespace);
+    let _one_at_a_time = lock.lock().await;
+    let namespace = namespace.to_string();
     let states: Vec<Arc<PersistentPodState>> = ctx
         .caches
         .pps
@@ -131,10 +183,10 @@ pub async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, 
     ctx.plans.forget_gone(&namespace, &states);
     let Some(plans) = ctx.plans.chosen(&states) else {
         debug!("a PersistentPodState's plan is not decided yet; waiting for the record loop");
-        return Ok(Action::requeue(Duration::from_secs(5)));
+        return Ok(Written::Undecided);
     };
     let encoded = admission::encode(&plans, PLAN_BUDGET);
-    write(&ctx, &namespace, &encoded.data).await?;
+    write(ctx, &namespace, &encoded.data).await?;
     if ctx.plans.omitted(&namespace, &encoded.omitted) {
         ctx.metrics
             .admission_plan_omitted
@@ -142,21 +194,42 @@ pub async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, 
                 namespace: namespace.clone(),
             })
             .set(i64::try_from(encoded.omitted.len()).unwrap_or(i64::MAX));
-        announce_omitted(&ctx, &states, &plans, &encoded.omitted).await;
+        announce_omitted(ctx, &states, &plans, &encoded.omitted).await;
     }
-    release_pending(&ctx, &states, &plans, &encoded).await?;
-    Ok(Action::await_change())
+    if let Some(left) = ctx.plans.settling(&namespace)
+        && states
+            .iter()
+            .any(|p| p.labels().contains_key(ADMISSION_PENDING_LABEL))
+    {
+        return Ok(Written::Settling(left));
+    }
+    release_pending(ctx, &states, &plans, &encoded).await?;
+    Ok(Written::Yes)
 }
 
-/// What the record loop calls after deciding a plan: remembers it and, if it changed, asks for
-/// its namespace's reconcile.
-pub fn plan_decided(ctx: &Context, pps: &PersistentPodState, plan: Option<AdmissionPlan>) {
+/// What the record loop calls after deciding a plan, before it writes the status: remembers the
+/// plan and, if it changed (or the PersistentPodState waits on its hooks), writes the
+/// namespace's plan. So a pin is in the plan no later than its record is in the status: a pod
+/// rebuilt right after it was recorded is pinned by the policy too. If the namespace's plan
+/// cannot be written now (another PersistentPodState undecided since the start, or the write
+/// failed), the admission plan loop writes it once it can: recording never waits on the plan.
+pub async fn plan_decided(ctx: &Context, pps: &PersistentPodState, plan: Option<AdmissionPlan>) {
     let (Some(uid), Some(namespace)) = (pps.uid(), pps.namespace()) else {
         return;
     };
     let pending = pps.labels().contains_key(ADMISSION_PENDING_LABEL);
-    if ctx.plans.decided(&uid, &namespace, plan) || pending {
-        ctx.plan_namespace(&namespace);
+    let changed = ctx.plans.decided(&uid, &namespace, plan);
+    if !(changed || pending) {
+        return;
+    }
+    match write_namespace(ctx, &namespace).await {
+        Ok(Written::Yes) => {}
+        Ok(Written::Undecided | Written::Settling(_)) => ctx.plan_namespace(&namespace),
+        Err(e) => {
+            ctx.metrics.error(LOOP, &e);
+            warn!(error = ?e.to_string(), kind = e.kind(), "failed to write the namespace's admission plan; the admission plan loop retries");
+            ctx.plan_namespace(&namespace);
+        }
     }
 }
 

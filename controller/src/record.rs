@@ -77,7 +77,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         }
         _ => {}
     }
-    crate::admission_plan::plan_decided(&ctx, &pps, decided.plan.take());
+    crate::admission_plan::plan_decided(&ctx, &pps, decided.plan.take()).await;
     write_status(&pps, &ctx, &previous, &decided.status).await?;
     publish_changes(&pps, &ctx, &decided.changes).await;
     announce_conditions(&pps, &ctx, &previous, &decided.status).await;

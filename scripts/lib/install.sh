@@ -160,7 +160,8 @@ ipkeep_helm_test() {
 ipkeep_up() {
   local ib=$1 sa token ca
   say "installing ipkeep from deploy/"
-  for f in namespace.yaml crd.yaml controller/rbac.yaml scheduler-ext/rbac.yaml; do
+  for f in namespace.yaml crd.yaml controller/rbac.yaml controller/admission-policies.yaml \
+    scheduler-ext/rbac.yaml; do
     "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
   done
   wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
@@ -168,7 +169,9 @@ ipkeep_up() {
   ca=$(base64 -w0 <"$state/pki/ca.crt")
   "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[
     {\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\",
-     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}}]" \
+     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-pods\", \"caBundle\": \"$ca\"}},
+    {\"op\": \"replace\", \"path\": \"/webhooks/1/clientConfig\",
+     \"value\": {\"url\": \"https://127.0.0.1:$p_ext/mutate-persistentpodstates\", \"caBundle\": \"$ca\"}}]" \
     >"$state/webhook.yaml"
   local i patch=
   for i in 0 1; do

@@ -391,8 +391,13 @@ fn statefulset_pods_are_recorded_pinned_and_pruned(cluster: &Cluster) {
     let required = required_placement(&rebuilt);
     assert!(
         required.contains(&node_of_1),
-        "{:?}: the rebuilt pod is not pinned to {node_of_1}: {required}",
-        cluster.admission()
+        "{:?}: the rebuilt pod is not pinned to {node_of_1}: {required}; its annotations {}; the namespace's admission plan: {}",
+        cluster.admission(),
+        rebuilt["metadata"]["annotations"],
+        cluster
+            .get(&["configmap", "ipkeep-admission-plan", "-n", "db"])
+            .map(|c| c["data"].clone())
+            .unwrap_or_default()
     );
     assert_eq!(
         rebuilt["spec"]["nodeName"], node_of_1,

@@ -2,8 +2,9 @@
 //! drain or leader change restarts it: each of its three loops must pick up what is there, and
 //! the process must stop on SIGTERM within its grace.
 //!
-//! The two replicas `scripts/cluster.sh` started are stopped with SIGTERM first (a clean stop
-//! while they run). Then, [`STARTS`] times: a fresh process starts beside three pods whose
+//! The objects are created while the replicas `scripts/cluster.sh` started run (a StatefulSet
+//! with hooks gets its pods once its hooks are in the admission plan); then the replicas are
+//! stopped with SIGTERM (a clean stop while they run). Then, [`STARTS`] times: a fresh process starts beside three pods whose
 //! preNormal hook waits (their gate's condition reset to `Unknown`) and a StatefulSet whose
 //! generated PersistentPodState was deleted meanwhile; one pod is registered once the process
 //! is ready. The lifecycle loop must set every gate and make the registered pod `Normal`, the
@@ -130,20 +131,49 @@ fn pods(cluster: &Cluster, app: &str) -> Vec<Value> {
 
 /// The step (the cluster's own controllers are stopped by it and stay stopped).
 pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
-    // Through the admission policy, new pods get the hooks' marks from the plan the controller
-    // writes: the PersistentPodState first, while a controller runs (docs/lifecycle.md).
+    // The objects while a controller runs: a StatefulSet with hooks gets its pods once the
+    // controller has put the hooks into the namespace's admission plan (docs/lifecycle.md),
+    // through the admission policy or the webhook (the cluster's own scheduler-ext was killed
+    // by an earlier step: a fresh one serves this step's webhook calls).
     cluster.run(&["create", "namespace", NS]);
-    if cluster.admission() == ipkeep_tests::cluster::Admission::Policy {
-        cluster.apply(&persistent_pod_state(NS, "hooked", HOOK));
-        wait_until(
-            "the admission plan of hooked",
-            Duration::from_secs(60),
-            || {
-                let plan = cluster.get(&["configmap", "ipkeep-admission-plan", "-n", NS])?;
-                plan["data"]["gate.hooked"].is_string().then_some(())
-            },
-        );
-    }
+    let (ext, addresses) = start_scheduler_extension(cluster);
+    cluster.apply(&objects());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let hooked = loop {
+        let ps = pods(cluster, "hooked");
+        let done = ps.len() == 3
+            && ps.iter().all(|p| {
+                p["metadata"]["labels"][STATE] == "PreparingNormal"
+                    && p["spec"]["readinessGates"][0]["conditionType"] == GATE
+                    && p["status"]["podIP"].is_string()
+            });
+        if done {
+            break ps;
+        }
+        if Instant::now() >= deadline {
+            let metrics = cluster.run(&["get", "--raw", "/metrics"]);
+            let policy_metrics: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.contains("mutating_admission_policy") && !l.starts_with('#'))
+                .collect();
+            panic!(
+                "90 s after the objects: the hooked pods are not running with their state and gate: {:?}\nevents: {}\nplan: {}\ncontrollers: {}\n{}\npolicy metrics: {}\napiserver: {}",
+                ps.iter()
+                    .map(|p| (&p["metadata"]["name"], &p["metadata"]["labels"]))
+                    .collect::<Vec<_>>(),
+                cluster.run(&["get", "events", "-n", NS]),
+                cluster
+                    .get(&["configmap", "ipkeep-admission-plan", "-n", NS])
+                    .map(|c| c["data"].clone())
+                    .unwrap_or_default(),
+                cluster.log_tail("controller-0", 10),
+                cluster.log_tail("controller-1", 10),
+                policy_metrics.join("\n"),
+                cluster.log_tail("kube-apiserver", 30),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     for replica in ["controller-0", "controller-1"] {
         let pid = cluster.pid(replica).expect("the replica's pid");
         let alive = || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
@@ -157,22 +187,6 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
             cluster.log_tail(replica, 30)
         );
     }
-    let (ext, addresses) = start_scheduler_extension(cluster);
-    cluster.apply(&objects());
-    let hooked = wait_until(
-        "the hooked pods running with their state and gate",
-        Duration::from_secs(90),
-        || {
-            let ps = pods(cluster, "hooked");
-            (ps.len() == 3
-                && ps.iter().all(|p| {
-                    p["metadata"]["labels"][STATE] == "PreparingNormal"
-                        && p["spec"]["readinessGates"][0]["conditionType"] == GATE
-                        && p["status"]["podIP"].is_string()
-                }))
-            .then_some(ps)
-        },
-    );
     let names: Vec<String> = hooked
         .iter()
         .map(|p| p["metadata"]["name"].as_str().unwrap_or_default().into())
