@@ -26,13 +26,14 @@ tool_option() {
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-go_tool_start "e2e.test from k8s.io/kubernetes" IPKEEP_K8S_CACHE /var/cache/ipkeep-k8s "$@"
+cached_build_args IPKEEP_K8S_CACHE /var/cache/ipkeep-k8s "$@"
+go_require "e2e.test from k8s.io/kubernetes"
 wrapper=$tools/e2e/$k8s
 [ -f "$wrapper/go.mod" ] ||
   die "no e2e wrapper module for Kubernetes '$k8s' (have: $(for d in "$tools"/e2e/v*/; do basename "$d"; done | paste -sd ' ')); copy tests/k8s/tools/e2e/v1.37.2 and run go mod tidy in it"
 pinned=$(version_of k8s.io/kubernetes "e2e/$k8s")
 [ "$pinned" = "$k8s" ] || die "tests/k8s/tools/e2e/$k8s/go.mod requires k8s.io/kubernetes $pinned, not $k8s"
-go_tool_cache "$cache/e2e-$k8s-$gover"
+cached_build_dir "$cache/e2e-$k8s-$gover"
 
 # The flags and version stamps of scripts/k8s-build.sh, so both share Go's build cache and the
 # suite reports the release it was built from.
@@ -58,4 +59,4 @@ if [ ! -x "$dir/agnhost" ]; then
   go_build "agnhost $k8s" "e2e/$k8s" CGO_ENABLED=0 "${flags[@]}" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
   mv "$dir/agnhost.tmp" "$dir/agnhost"
 fi
-go_tool_ready "$dir (e2e.test and agnhost of kubernetes $k8s)"
+cached_build_ready "$dir (e2e.test and agnhost of kubernetes $k8s)"

@@ -24,10 +24,11 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-go_tool_start "flannel from its modules" IPKEEP_FLANNEL_CACHE /var/cache/ipkeep-flannel "$@"
+cached_build_args IPKEEP_FLANNEL_CACHE /var/cache/ipkeep-flannel "$@"
+go_require "flannel from its modules"
 flannel=$(version_of github.com/flannel-io/flannel flannel)
 plugins=$(version_of github.com/containernetworking/plugins flannel-cni)
-go_tool_cache "$cache/flannel$flannel-plugins$plugins-$gover" bin cni
+cached_build_dir "$cache/flannel$flannel-plugins$plugins-$gover" bin cni
 
 if [ ! -x "$dir/bin/flanneld" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (flanneld's UDP backend builds with cgo): apt-get install gcc"
@@ -40,4 +41,4 @@ if [ ! -x "$dir/cni/flannel" ]; then
     -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$plugins" \
     -o "$dir/cni/flannel" github.com/containernetworking/plugins/plugins/meta/flannel
 fi
-go_tool_ready "$dir (flanneld $flannel, flannel CNI plugin of plugins $plugins, $gover)"
+cached_build_ready "$dir (flanneld $flannel, flannel CNI plugin of plugins $plugins, $gover)"

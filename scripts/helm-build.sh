@@ -21,9 +21,10 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-go_tool_start "helm from its module" IPKEEP_HELM_CACHE /var/cache/ipkeep-helm "$@"
+cached_build_args IPKEEP_HELM_CACHE /var/cache/ipkeep-helm "$@"
+go_require "helm from its module"
 helm=$(version_of helm.sh/helm/v4 helm)
-go_tool_cache "$cache/helm$helm-$gover" bin
+cached_build_dir "$cache/helm$helm-$gover" bin
 
 if [ ! -x "$dir/bin/helm" ]; then
   # As Helm's Makefile builds a release: static, the version stamped in (`helm version`).
@@ -32,4 +33,4 @@ if [ ! -x "$dir/bin/helm" ]; then
     -o "$dir/bin/helm.tmp" helm.sh/helm/v4/cmd/helm
   mv -f "$dir/bin/helm.tmp" "$dir/bin/helm"
 fi
-go_tool_ready "$dir/bin/helm ($("$dir/bin/helm" version --short 2>/dev/null || echo "helm $helm"), $gover)"
+cached_build_ready "$dir/bin/helm ($("$dir/bin/helm" version --short 2>/dev/null || echo "helm $helm"), $gover)"

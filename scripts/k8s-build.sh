@@ -161,4 +161,4 @@ if wants kwok && [ ! -d "$dir/kwok-stages" ]; then
   chmod -R u+w "$dir/kwok-stages.tmp"
   mv "$dir/kwok-stages.tmp" "$dir/kwok-stages"
 fi
-go_tool_ready "${wanted[*]} in $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"
+cached_build_ready "${wanted[*]} in $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"

@@ -23,9 +23,10 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-go_tool_start "promtool from its module" IPKEEP_PROMETHEUS_CACHE /var/cache/ipkeep-prometheus "$@"
+cached_build_args IPKEEP_PROMETHEUS_CACHE /var/cache/ipkeep-prometheus "$@"
+go_require "promtool from its module"
 module=$(version_of github.com/prometheus/prometheus promtool)
-go_tool_cache "$cache/$module-$gover" bin
+cached_build_dir "$cache/$module-$gover" bin
 
 if [ ! -x "$dir/bin/promtool" ]; then
   # v0.316.0 is Prometheus 3.16.0: stamped in as Prometheus's Makefile (promu) does.
@@ -36,4 +37,4 @@ if [ ! -x "$dir/bin/promtool" ]; then
     -o "$dir/bin/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool
   mv -f "$dir/bin/promtool.tmp" "$dir/bin/promtool"
 fi
-go_tool_ready "$dir/bin/promtool ($("$dir/bin/promtool" --version 2>/dev/null | head -1 || echo "promtool $module"), $gover)"
+cached_build_ready "$dir/bin/promtool ($("$dir/bin/promtool" --version 2>/dev/null | head -1 || echo "promtool $module"), $gover)"

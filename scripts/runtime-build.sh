@@ -21,12 +21,13 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-go_tool_start "the node runtime from its modules" IPKEEP_RUNTIME_CACHE /var/cache/ipkeep-runtime "$@"
+cached_build_args IPKEEP_RUNTIME_CACHE /var/cache/ipkeep-runtime "$@"
+go_require "the node runtime from its modules"
 containerd=$(version_of github.com/containerd/containerd/v2 containerd)
 runc=$(version_of github.com/opencontainers/runc runc)
 plugins=$(version_of github.com/containernetworking/plugins cni-plugins)
 cni=$(version_of github.com/containernetworking/cni cni-plugins)
-go_tool_cache "$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni-$gover" bin cni
+cached_build_dir "$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni-$gover" bin cni
 
 # containerd as its Makefile builds it: the version stamps, no cgo (so no btrfs snapshotter,
 # which needs libbtrfs; the nodes use overlayfs), and neither devmapper nor zfs (unused). The
@@ -71,4 +72,4 @@ fi
 # so that a test running it meanwhile never sees half a binary.
 go_build "libcni-driver (libcni $cni)" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/.libcni-driver.$$" ./libcni-driver
 mv -f "$dir/bin/.libcni-driver.$$" "$dir/bin/libcni-driver"
-go_tool_ready "$dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
+cached_build_ready "$dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
