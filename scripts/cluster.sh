@@ -192,148 +192,23 @@ api_host=127.0.0.1
 image_tag=dev
 ext_cluster_ip=10.96.0.50
 up_done=
-# shellcheck source=scripts/lib/nodes.sh
-. "$repo/scripts/lib/nodes.sh"
-# shellcheck source=scripts/lib/install.sh
-. "$repo/scripts/lib/install.sh"
-# shellcheck source=scripts/lib/flannel.sh
-. "$repo/scripts/lib/flannel.sh"
-# shellcheck source=scripts/lib/dualstack.sh
-. "$repo/scripts/lib/dualstack.sh"
-ip_family_use "$ip_family"
-
-# --- processes -------------------------------------------------------------------------------
-
-# start NAME CMD...: runs CMD in the background, logging to logs/NAME.log, pid in pids/NAME.
-# With --pin-cpus, the control plane and ipkeep's local processes run on their own CPUs.
-start() {
-  local name=$1 pin=(); shift
-  if [ -n "$pin_cpus" ]; then
-    case $name in
-      etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kwok) pin=(taskset -c "${pin_cpus%%:*}") ;;
-      controller-*|scheduler-ext) pin=(taskset -c "${pin_cpus##*:}") ;;
-    esac
-  fi
-  "${pin[@]}" "$@" >>"$state/logs/$name.log" 2>&1 &
-  echo $! >"$state/pids/$name"
-}
-
-alive() { [ -f "$state/pids/$1" ] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null; }
-
-# gone PID: waits up to 10 s for PID to exit; fails if it still runs. A process killed with
-# SIGKILL holds its ports until it is gone, and the next `up` on the same ports checks them first.
-gone() {
-  local waited=0
-  while kill -0 "$1" 2>/dev/null; do
-    [ $waited -lt 100 ] || return 1
-    sleep 0.1; waited=$((waited + 1))
-  done
-}
-
-stop_all() {
-  local f pid
-  for f in "$state"/pids/*; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    kill -TERM "$pid" 2>/dev/null || true
-  done
-  for f in "$state"/pids/*; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    gone "$pid" || { kill -KILL "$pid" 2>/dev/null || true; gone "$pid" || say "process $pid still runs 10 s after SIGKILL"; }
-    rm -f "$f"
-  done
-}
-
-# stop_one NAME: stops one process up started (TERM, then KILL after 10 s) and waits until it
-# is gone.
-stop_one() {
-  local f=$state/pids/$1 pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  kill -TERM "$pid" 2>/dev/null || true
-  gone "$pid" || { kill -KILL "$pid" 2>/dev/null || true; gone "$pid" || say "process $pid still runs 10 s after SIGKILL"; }
-  rm -f "$f"
-}
-
-# wait_for WHAT SECONDS PROCESS CMD...: retries CMD until it succeeds; fails (with the process's
-# last log lines) if PROCESS dies or time runs out.
-wait_for() {
-  local what=$1 secs=$2 proc=$3; shift 3
-  local t0; t0=$(date +%s)
-  until "$@" >/dev/null 2>&1; do
-    if [ -n "$proc" ] && ! alive "$proc"; then
-      tail -20 "$state/logs/$proc.log" >&2 || true
-      die "$proc exited while waiting for $what (log: $state/logs/$proc.log)"
-    fi
-    if (( $(date +%s) - t0 >= secs )); then
-      [ -n "$proc" ] && { tail -20 "$state/logs/$proc.log" >&2 || true; }
-      die "$what not ready after ${secs}s${proc:+ (log: $state/logs/$proc.log)}"
-    fi
-    sleep 0.5
-  done
-  say "  $what ready ($(( $(date +%s) - t0 )) s)"
-}
-
-port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Set by `up` (or read from DIR by the other commands).
+bin='' kubectl=()
 
 # --- certificates ----------------------------------------------------------------------------
 
-# ssl ARGS...: openssl, quiet unless it fails.
-ssl() {
-  local out
-  out=$(openssl "$@" 2>&1) || die "openssl $1 failed: $out"
-}
-
-# cert NAME SUBJECT [SAN]: a key and an X.509 v3 certificate signed by the cluster's CA, in
-# DIR/pki (v3 for every one: rustls, which ipkeep's clients use, refuses v1 certificates).
-cert() {
-  local d=$state/pki
-  {
-    echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=serverAuth,clientAuth"
-    [ -n "${3:-}" ] && echo "subjectAltName=$3"
-  } >"$d/$1.ext"
-  ssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$d/$1.key" -out "$d/$1.csr"
-  ssl x509 -req -in "$d/$1.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
-    -days 30 -out "$d/$1.crt" -extfile "$d/$1.ext"
-}
-
+# pki: the cluster's certificates (scripts/lib/controlplane.sh makes the CA, kube-apiserver's,
+# the admin's and the service-account key) and the admin's kubeconfig.
 pki() {
-  local d=$state/pki
-  mkdir -p "$d"
-  ssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=ipkeep-test-ca" \
-    -keyout "$d/ca.key" -out "$d/ca.crt"
-  cert apiserver "/CN=kube-apiserver" "IP:127.0.0.1,IP:10.200.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  controlplane_pki "IP:127.0.0.1,IP:10.200.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
   # kube-apiserver's client certificate for kubelets (logs, exec).
   cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-  cert admin "/O=system:masters/CN=ipkeep-test-admin"
   cert kcm "/CN=system:kube-controller-manager"
   cert scheduler "/CN=system:kube-scheduler"
   cert scheduler-ext "/CN=ipkeep-scheduler-ext" "IP:127.0.0.1,DNS:ipkeep-scheduler-ext.ipkeep-system.svc"
   # With --webhook-client-auth: what kube-apiserver and kube-scheduler present to it.
   cert apiserver-webhook-client "/CN=kube-apiserver-webhook-client"
   cert scheduler-extender-client "/CN=kube-scheduler-extender-client"
-  ssl genrsa -out "$d/sa.key" 2048
-  ssl rsa -in "$d/sa.key" -pubout -out "$d/sa.pub"
-}
-
-# kubeconfig FILE USER-ARGS... (cert NAME | token TOKEN) [NAMESPACE]
-kubeconfig() {
-  local file=$1 kind=$2 cred=$3 ns=${4:-default}
-  local k=(env KUBECONFIG="$file" "$bin/kubectl")
-  "${k[@]}" config set-cluster local --server="https://$api_host:$p_api" \
-    --certificate-authority="$state/pki/ca.crt" --embed-certs=true >/dev/null
-  if [ "$kind" = cert ]; then
-    "${k[@]}" config set-credentials user --client-certificate="$state/pki/$cred.crt" \
-      --client-key="$state/pki/$cred.key" --embed-certs=true >/dev/null
-  else
-    "${k[@]}" config set-credentials user --token="$cred" >/dev/null
-  fi
-  "${k[@]}" config set-context local --cluster=local --user=user --namespace="$ns" >/dev/null
-  "${k[@]}" config use-context local >/dev/null
-  chmod 600 "$file"
 }
 
 # --- up --------------------------------------------------------------------------------------
@@ -388,18 +263,10 @@ up() {
     dual_underlay_up
   fi
   pki
-  kubeconfig "$state/admin.kubeconfig" cert admin
   kubeconfig "$state/kcm.kubeconfig" cert kcm
   kubeconfig "$state/scheduler.kubeconfig" cert scheduler
-  kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
 
-  say "starting etcd on 127.0.0.1:$p_etcd"
-  start etcd "$bin/etcd" --name=node0 --data-dir="$state/etcd" \
-    --listen-client-urls="http://127.0.0.1:$p_etcd" --advertise-client-urls="http://127.0.0.1:$p_etcd" \
-    --listen-peer-urls="http://127.0.0.1:$p_peer" --initial-advertise-peer-urls="http://127.0.0.1:$p_peer" \
-    --initial-cluster="node0=http://127.0.0.1:$p_peer" --unsafe-no-fsync=true \
-    --auto-compaction-retention=1 --quota-backend-bytes=$((4 << 30))
-  wait_for etcd 60 etcd curl -fsS "http://127.0.0.1:$p_etcd/readyz"
+  etcd_start --auto-compaction-retention=1 --quota-backend-bytes=$((4 << 30))
 
   # With real nodes, pods reach kube-apiserver through the `kubernetes` Service, whose endpoint
   # is the advertised address; without, nothing outside this machine's loopback needs it.
@@ -410,21 +277,14 @@ up() {
     webhook_client_auth_config
     admission_config=(--admission-control-config-file="$state/admission.yaml")
   fi
-  say "starting kube-apiserver on https://$api_host:$p_api"
-  start kube-apiserver "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
-    --bind-address="$api_host" --secure-port="$p_api" "${endpoints[@]}" \
-    --tls-cert-file="$state/pki/apiserver.crt" --tls-private-key-file="$state/pki/apiserver.key" \
-    --client-ca-file="$state/pki/ca.crt" \
+  apiserver_start "${endpoints[@]}" \
     --kubelet-client-certificate="$state/pki/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$state/pki/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname \
-    --service-account-issuer=https://kubernetes.default.svc \
-    --service-account-key-file="$state/pki/sa.pub" --service-account-signing-key-file="$state/pki/sa.key" \
     --service-cluster-ip-range="$service_cidrs" --authorization-mode=Node,RBAC --allow-privileged=true \
     --default-not-ready-toleration-seconds="$toleration_seconds" \
     --default-unreachable-toleration-seconds="$toleration_seconds" \
     "${admission_config[@]}" --feature-gates="$feature_gates"
-  wait_for kube-apiserver 120 kube-apiserver "${kubectl[@]}" get --raw /readyz
   [ "$nodes" -gt 0 ] && host_proxy_start
 
   say "starting kube-controller-manager"
@@ -651,6 +511,19 @@ images() {
     fi
   done
 }
+
+# The libraries last: each checks, as it is sourced, that what it uses from this script is defined.
+# shellcheck source=scripts/lib/controlplane.sh
+. "$repo/scripts/lib/controlplane.sh"
+# shellcheck source=scripts/lib/nodes.sh
+. "$repo/scripts/lib/nodes.sh"
+# shellcheck source=scripts/lib/install.sh
+. "$repo/scripts/lib/install.sh"
+# shellcheck source=scripts/lib/flannel.sh
+. "$repo/scripts/lib/flannel.sh"
+# shellcheck source=scripts/lib/dualstack.sh
+. "$repo/scripts/lib/dualstack.sh"
+ip_family_use "$ip_family"
 
 case $cmd in
   up) up ;;

@@ -14,34 +14,26 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
-cache=${IPKEEP_K8S_CACHE:-/var/cache/ipkeep-k8s}
 k8s=${IPKEEP_K8S_VERSION:-v1.37.2}
-print_dir=0
-
 say() { echo "e2e-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
-
-while [ $# -gt 0 ]; do
+tool_option() {
   case $1 in
-    --k8s-version) k8s=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
-    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
+    --k8s-version) k8s=${2:?--k8s-version needs a release such as v1.37.2} ;;
+    *) return 1 ;;
   esac
-done
+}
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
-command -v go >/dev/null || die "Go is not installed (needed to build e2e.test from k8s.io/kubernetes; https://go.dev/dl, >= 1.26)"
+cached_build_args IPKEEP_K8S_CACHE /var/cache/ipkeep-k8s "$@"
+go_require "e2e.test from k8s.io/kubernetes"
 wrapper=$tools/e2e/$k8s
 [ -f "$wrapper/go.mod" ] ||
   die "no e2e wrapper module for Kubernetes '$k8s' (have: $(for d in "$tools"/e2e/v*/; do basename "$d"; done | paste -sd ' ')); copy tests/k8s/tools/e2e/v1.37.2 and run go mod tidy in it"
-pinned=$(cd "$wrapper" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+pinned=$(version_of k8s.io/kubernetes "e2e/$k8s")
 [ "$pinned" = "$k8s" ] || die "tests/k8s/tools/e2e/$k8s/go.mod requires k8s.io/kubernetes $pinned, not $k8s"
-dir=$cache/e2e-$k8s-$(go env GOVERSION)
-mkdir -p "$dir" || die "cannot create the cache directory $dir (set IPKEEP_K8S_CACHE or --cache)"
-log=$dir/build.log
-started=$(date +%s)
+cached_build_dir "$cache/e2e-$k8s-$gover"
 
 # The flags and version stamps of scripts/k8s-build.sh, so both share Go's build cache and the
 # suite reports the release it was built from.
@@ -52,9 +44,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldf="$ldf -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 flags=("-tags=selinux,notest" -ldflags "$ldf")
-
-# shellcheck source=scripts/lib/go-build.sh
-. "$repo/scripts/lib/go-build.sh"
 
 if [ ! -x "$dir/e2e.test" ]; then
   # `go test -c` prints nothing while it compiles; `go build -v` of the same packages first shows
@@ -70,7 +59,4 @@ if [ ! -x "$dir/agnhost" ]; then
   go_build "agnhost $k8s" "e2e/$k8s" CGO_ENABLED=0 "${flags[@]}" -o "$dir/agnhost.tmp" k8s.io/kubernetes/test/images/agnhost
   mv "$dir/agnhost.tmp" "$dir/agnhost"
 fi
-say "ready in $(( $(date +%s) - started )) s: $dir (e2e.test and agnhost of kubernetes $k8s)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "$dir (e2e.test and agnhost of kubernetes $k8s)"

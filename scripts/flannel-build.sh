@@ -19,35 +19,16 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
-cache=${IPKEEP_FLANNEL_CACHE:-/var/cache/ipkeep-flannel}
-print_dir=0
-
 say() { echo "flannel-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
-
-while [ $# -gt 0 ]; do
-  case $1 in
-    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
-  esac
-done
-
-command -v go >/dev/null || die "Go is not installed (needed to build flannel from its modules; https://go.dev/dl, >= 1.26)"
-gover=$(go env GOVERSION)
-version_of() { # module path, wrapper dir -> the version its go.mod requires
-  (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
-}
-flannel=$(version_of github.com/flannel-io/flannel flannel)
-plugins=$(version_of github.com/containernetworking/plugins flannel-cni)
-dir=$cache/flannel$flannel-plugins$plugins-$gover
-mkdir -p "$dir/bin" "$dir/cni" || die "cannot create the cache directory $dir (set IPKEEP_FLANNEL_CACHE or --cache)"
-log=$dir/build.log
-started=$(date +%s)
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
+
+cached_build_args IPKEEP_FLANNEL_CACHE /var/cache/ipkeep-flannel "$@"
+go_require "flannel from its modules"
+flannel=$(version_of github.com/flannel-io/flannel flannel)
+plugins=$(version_of github.com/containernetworking/plugins flannel-cni)
+cached_build_dir "$cache/flannel$flannel-plugins$plugins-$gover" bin cni
 
 if [ ! -x "$dir/bin/flanneld" ]; then
   command -v gcc >/dev/null || die "gcc is not installed (flanneld's UDP backend builds with cgo): apt-get install gcc"
@@ -60,7 +41,4 @@ if [ ! -x "$dir/cni/flannel" ]; then
     -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$plugins" \
     -o "$dir/cni/flannel" github.com/containernetworking/plugins/plugins/meta/flannel
 fi
-say "ready in $(( $(date +%s) - started )) s: $dir (flanneld $flannel, flannel CNI plugin of plugins $plugins, $gover)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "$dir (flanneld $flannel, flannel CNI plugin of plugins $plugins, $gover)"

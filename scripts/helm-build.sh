@@ -16,31 +16,15 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
-cache=${IPKEEP_HELM_CACHE:-/var/cache/ipkeep-helm}
-print_dir=0
-
 say() { echo "helm-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
-
-while [ $# -gt 0 ]; do
-  case $1 in
-    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
-  esac
-done
-
-command -v go >/dev/null || die "Go is not installed (needed to build helm from its module; https://go.dev/dl, >= 1.26)"
-gover=$(go env GOVERSION)
-helm=$(cd "$tools/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v4)
-dir=$cache/helm$helm-$gover
-mkdir -p "$dir/bin" || die "cannot create the cache directory $dir (set IPKEEP_HELM_CACHE or --cache)"
-log=$dir/build.log
-started=$(date +%s)
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
+
+cached_build_args IPKEEP_HELM_CACHE /var/cache/ipkeep-helm "$@"
+go_require "helm from its module"
+helm=$(version_of helm.sh/helm/v4 helm)
+cached_build_dir "$cache/helm$helm-$gover" bin
 
 if [ ! -x "$dir/bin/helm" ]; then
   # As Helm's Makefile builds a release: static, the version stamped in (`helm version`).
@@ -49,7 +33,4 @@ if [ ! -x "$dir/bin/helm" ]; then
     -o "$dir/bin/helm.tmp" helm.sh/helm/v4/cmd/helm
   mv -f "$dir/bin/helm.tmp" "$dir/bin/helm"
 fi
-say "ready in $(( $(date +%s) - started )) s: $dir/bin/helm ($("$dir/bin/helm" version --short 2>/dev/null || echo "helm $helm"), $gover)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "$dir/bin/helm ($("$dir/bin/helm" version --short 2>/dev/null || echo "helm $helm"), $gover)"

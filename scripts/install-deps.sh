@@ -5,8 +5,32 @@
 # scripts/validate-deploy.sh (which puts its pinned validators in a virtualenv), and as root
 # what real nodes need (busybox, gcc, iptables, conntrack, netcat-openbsd for the conformance
 # images, and libseccomp's headers and pkg-config for building runc). Skips apt entirely when
-# everything is already there.
+# everything is already there. First the Rust toolchain rust-toolchain.toml pins (rust_pinned).
 set -euo pipefail
+
+# rust_pinned: rustc is the release rust-toolchain.toml names. rustup installs a missing release
+# only by downloading it, which CI's network does not allow; a machine whose stable toolchain is
+# that release gets it registered under the pinned name, as a hard-linked copy (rustup offers no
+# command for that: `rustup toolchain link` refuses release names), which a later update of
+# stable leaves as it is. Anything else fails, naming the release.
+rust_pinned() {
+  local repo pinned sysroot host have
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  pinned=$(sed -n 's/^channel = "\(.*\)"$/\1/p' "$repo/rust-toolchain.toml")
+  if command -v rustup >/dev/null && ! rustup toolchain list | grep -q "^$pinned-" &&
+    [[ $(rustc +stable --version 2>/dev/null) == "rustc $pinned "* ]]; then
+    sysroot=$(rustc +stable --print sysroot)
+    host=$(rustc +stable -vV | sed -n 's/^host: //p')
+    echo "install-deps: the stable toolchain is Rust $pinned: registering it as $pinned-$host" >&2
+    cp -al "$(realpath "$sysroot")" "${sysroot%/*}/$pinned-$host"
+  fi
+  have=$(cd "$repo" && rustc --version 2>&1 | head -1) || true
+  [[ $have == "rustc $pinned "* ]] && return 0
+  echo "install-deps: this workspace is built with Rust $pinned (rust-toolchain.toml), but rustc says: $have" >&2
+  echo "install-deps: install it (rustup toolchain install $pinned --profile minimal -c clippy,rustfmt) or change rust-toolchain.toml" >&2
+  exit 1
+}
+rust_pinned
 
 need=()
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)

@@ -25,7 +25,6 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
 cache=${IPKEEP_K8S_CACHE:-/var/cache/ipkeep-k8s}
 k8s=${IPKEEP_K8S_VERSION:-v1.37.2}
 every=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kwok)
@@ -35,6 +34,8 @@ print_dir=0
 
 say() { echo "k8s-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
 versions() { # the releases with a wrapper module, oldest first
   local d
@@ -110,11 +111,7 @@ if [ "$without_node" = 1 ]; then
 fi
 wants() { [[ " ${wanted[*]} " == *" $1 "* ]]; }
 
-command -v go >/dev/null || die "Go is not installed (needed to build Kubernetes from its modules; https://go.dev/dl, >= 1.26)"
-gover=$(go env GOVERSION)
-version_of() { # module path, wrapper dir -> the version its go.mod requires
-  (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
-}
+go_require "Kubernetes from its modules"
 [ -f "$tools/k8s/$k8s/go.mod" ] ||
   die "no wrapper module for Kubernetes '$k8s' (supported: $(versions | paste -sd ' ')); add one with: $0 gen $k8s"
 pinned=$(version_of k8s.io/kubernetes "k8s/$k8s")
@@ -125,9 +122,6 @@ dir=$cache/$k8s-etcd$etcd-kwok$kwok-$gover
 mkdir -p "$dir" || die "cannot create the cache directory $dir (set IPKEEP_K8S_CACHE or --cache)"
 log=$dir/build.log
 started=$(date +%s)
-
-# shellcheck source=scripts/lib/go-build.sh
-. "$repo/scripts/lib/go-build.sh"
 
 # Version stamps as upstream's hack/lib/golang.sh sets them, so `kubectl version` and a Node's
 # kubeletVersion say the release rather than v0.0.0-master.
@@ -167,7 +161,4 @@ if wants kwok && [ ! -d "$dir/kwok-stages" ]; then
   chmod -R u+w "$dir/kwok-stages.tmp"
   mv "$dir/kwok-stages.tmp" "$dir/kwok-stages"
 fi
-say "ready in $(( $(date +%s) - started )) s: ${wanted[*]} in $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "${wanted[*]} in $dir (kubernetes $k8s, etcd $etcd, kwok $kwok, $gover)"

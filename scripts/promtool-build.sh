@@ -18,31 +18,15 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
-cache=${IPKEEP_PROMETHEUS_CACHE:-/var/cache/ipkeep-prometheus}
-print_dir=0
-
 say() { echo "promtool-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
-
-while [ $# -gt 0 ]; do
-  case $1 in
-    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
-  esac
-done
-
-command -v go >/dev/null || die "Go is not installed (needed to build promtool from its module; https://go.dev/dl, >= 1.26)"
-gover=$(go env GOVERSION)
-module=$(cd "$tools/promtool" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)
-dir=$cache/$module-$gover
-mkdir -p "$dir/bin" || die "cannot create the cache directory $dir (set IPKEEP_PROMETHEUS_CACHE or --cache)"
-log=$dir/build.log
-started=$(date +%s)
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
+
+cached_build_args IPKEEP_PROMETHEUS_CACHE /var/cache/ipkeep-prometheus "$@"
+go_require "promtool from its module"
+module=$(version_of github.com/prometheus/prometheus promtool)
+cached_build_dir "$cache/$module-$gover" bin
 
 if [ ! -x "$dir/bin/promtool" ]; then
   # v0.316.0 is Prometheus 3.16.0: stamped in as Prometheus's Makefile (promu) does.
@@ -53,7 +37,4 @@ if [ ! -x "$dir/bin/promtool" ]; then
     -o "$dir/bin/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool
   mv -f "$dir/bin/promtool.tmp" "$dir/bin/promtool"
 fi
-say "ready in $(( $(date +%s) - started )) s: $dir/bin/promtool ($("$dir/bin/promtool" --version 2>/dev/null | head -1 || echo "promtool $module"), $gover)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "$dir/bin/promtool ($("$dir/bin/promtool" --version 2>/dev/null | head -1 || echo "promtool $module"), $gover)"

@@ -16,38 +16,18 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-tools=$repo/tests/k8s/tools
-cache=${IPKEEP_RUNTIME_CACHE:-/var/cache/ipkeep-runtime}
-print_dir=0
-
 say() { echo "runtime-build: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+# shellcheck source=scripts/lib/go-build.sh
+. "$repo/scripts/lib/go-build.sh"
 
-while [ $# -gt 0 ]; do
-  case $1 in
-    --cache) cache=${2:?--cache needs a directory}; shift 2 ;;
-    --print-dir) print_dir=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
-  esac
-done
-
-command -v go >/dev/null || die "Go is not installed (needed to build the node runtime from its modules; https://go.dev/dl, >= 1.26)"
-gover=$(go env GOVERSION)
-version_of() { # module path, wrapper dir -> the version its go.mod requires
-  (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
-}
+cached_build_args IPKEEP_RUNTIME_CACHE /var/cache/ipkeep-runtime "$@"
+go_require "the node runtime from its modules"
 containerd=$(version_of github.com/containerd/containerd/v2 containerd)
 runc=$(version_of github.com/opencontainers/runc runc)
 plugins=$(version_of github.com/containernetworking/plugins cni-plugins)
 cni=$(version_of github.com/containernetworking/cni cni-plugins)
-dir=$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni-$gover
-mkdir -p "$dir/bin" "$dir/cni" || die "cannot create the cache directory $dir (set IPKEEP_RUNTIME_CACHE or --cache)"
-log=$dir/build.log
-started=$(date +%s)
-
-# shellcheck source=scripts/lib/go-build.sh
-. "$repo/scripts/lib/go-build.sh"
+cached_build_dir "$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni-$gover" bin cni
 
 # containerd as its Makefile builds it: the version stamps, no cgo (so no btrfs snapshotter,
 # which needs libbtrfs; the nodes use overlayfs), and neither devmapper nor zfs (unused). The
@@ -92,7 +72,4 @@ fi
 # so that a test running it meanwhile never sees half a binary.
 go_build "libcni-driver (libcni $cni)" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/.libcni-driver.$$" ./libcni-driver
 mv -f "$dir/bin/.libcni-driver.$$" "$dir/bin/libcni-driver"
-say "ready in $(( $(date +%s) - started )) s: $dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"
-if [ "$print_dir" = 1 ]; then
-  echo "$dir"
-fi
+cached_build_ready "$dir (containerd $containerd, runc $runc, CNI plugins $plugins, cnitool $cni, $gover)"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every check CI runs: the Helm chart and the deploy/ manifests rendered from it (offline,
 # scripts/validate-deploy.sh with the helm of scripts/helm-build.sh and the promtool of
-# scripts/promtool-build.sh), formatting,
-# clippy with warnings as errors, and all tests, including the network-namespace tests (which
+# scripts/promtool-build.sh), formatting, clippy with warnings as errors, the dependency graph's
+# licences, duplicate versions and sources (deny.toml, with the cargo-deny of
+# scripts/cargo-deny-build.sh), and all tests, including the network-namespace tests (which
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
@@ -54,6 +55,7 @@ IPKEEP_KUBECTL=$kubectl_bin IPKEEP_HELM=$helm_bin IPKEEP_PROMTOOL=$promtool_bin 
   scripts/validate-deploy.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+"$(scripts/cargo-deny-build.sh --print-dir | tail -1)/bin/cargo-deny" deny --locked check bans licenses sources
 cargo build --workspace --locked --bins
 if [ "$(id -u)" -eq 0 ]; then
   # The images the real nodes run are built from the release binaries and the static plugin.

@@ -1,5 +1,5 @@
-# The cluster's IP families for scripts/cluster.sh (sourced; uses its variables and helpers:
-# state, say, die, kubectl, underlay, node_ip, node_ns, node_dir).
+# The cluster's IP families for scripts/cluster.sh (sourced; uses nodes.sh's underlay, node_ip,
+# node_ns and node_dir).
 #
 # --ip-family ipv4 (the default): IPv4 pod and Service ranges only.
 # --ip-family dual: IPv4 first (kube-apiserver, kubelet and the nodes' underlay keep IPv4 as the
@@ -18,6 +18,9 @@
 # The ULA prefixes are fd00:10:244::/56 and fd00:10:96::/112 (pods, Services) and fd00:200::/64
 # (the underlay), chosen apart from fd00::/64, which some machines (this CI's) use for their own
 # network.
+# shellcheck source=scripts/lib/require.sh
+. "${BASH_SOURCE[0]%/*}/require.sh"
+require_vars state say die kubectl
 
 underlay_ip6=fd00:200::1
 

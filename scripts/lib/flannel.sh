@@ -1,6 +1,5 @@
-# flannel on the real nodes of scripts/cluster.sh (`up --network flannel`; sourced; uses its
-# variables and helpers: state, repo, say, die, start, alive, cert, kubeconfig, kubectl,
-# node_dir, start_in_node, wait_for).
+# flannel on the real nodes of scripts/cluster.sh (`up --network flannel`; sourced after
+# lib/controlplane.sh; uses nodes.sh's node_dir, node_exec and start_in_node).
 #
 # What kube-flannel's manifest does on a cluster, done by hand on each node:
 # - flanneld (scripts/flannel-build.sh) runs on every node in the node's namespaces and cgroup,
@@ -17,6 +16,9 @@
 #   configuration) and its agent installs the ipkeep plugin.
 # - flanneld's user gets the ClusterRole kube-flannel's manifest gives it.
 # Its state: DIR/flannel/{dir,net-conf.json,kubeconfig}.
+# shellcheck source=scripts/lib/require.sh
+. "${BASH_SOURCE[0]%/*}/require.sh"
+require_vars repo state say die alive wait_for cert kubeconfig kubectl
 
 flannel_conflist=$repo/deploy/cni/10-ipkeep-flannel.conflist
 

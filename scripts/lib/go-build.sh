@@ -1,7 +1,24 @@
-# `go build` (or `go test -c`) of a wrapper module under tests/k8s/tools, for the scripts that
-# build real components into a cache (k8s-build.sh, e2e-build.sh, runtime-build.sh,
-# flannel-build.sh; sourced). Uses their `say` and `die`, `tools` (tests/k8s/tools) and `log`
-# (the build log in the cache).
+# Building real components from their published Go modules into a cache outside the repository
+# (sourced by k8s-build.sh, helm-build.sh, promtool-build.sh, flannel-build.sh, runtime-build.sh
+# and e2e-build.sh): Go, the wrapper modules' versions and `go build` with progress; the options,
+# directory and last line such scripts share are lib/cached-build.sh's.
+# shellcheck source=scripts/lib/cached-build.sh
+. "${BASH_SOURCE[0]%/*}/cached-build.sh"
+require_vars repo say die
+
+tools=$repo/tests/k8s/tools
+
+# go_require WHAT: fails without Go; sets gover, the Go version each build directory is named by.
+# shellcheck disable=SC2034 # gover is the calling script's
+go_require() {
+  command -v go >/dev/null || die "Go is not installed (needed to build $1; https://go.dev/dl, >= 1.26)"
+  gover=$(go env GOVERSION)
+}
+
+# version_of MODULE WRAPPER: the version of MODULE that tests/k8s/tools/WRAPPER/go.mod requires.
+version_of() {
+  (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
+}
 
 # go_run NAME WRAPPER ENV GO-ARGS...: `go GO-ARGS...` in tests/k8s/tools/WRAPPER with ENV (a
 # list of VAR=value words), a line every 30 s saying how far it got (lines of `-v` output: the

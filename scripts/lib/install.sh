@@ -1,4 +1,5 @@
-# Installing ipkeep for scripts/cluster.sh (sourced; uses its variables and helpers).
+# Installing ipkeep for scripts/cluster.sh (sourced after lib/controlplane.sh; uses nodes.sh's
+# cni_version, dualstack.sh's cni_values_for_cluster and flannel.sh's flannel_enabled).
 #
 # - ipkeep_install: real nodes: as a user installs it (docs/install.md, "Install with Helm"):
 #   deploy/namespace.yaml, then `helm install` of charts/ipkeep (`--dry-run=server` first) with
@@ -9,6 +10,9 @@
 #   the Secret, as NOTES.txt tells the operator.
 # - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
 #   processes, each with its own ServiceAccount's token; the webhooks with a url on loopback.
+# shellcheck source=scripts/lib/require.sh
+. "${BASH_SOURCE[0]%/*}/require.sh"
+require_vars repo state say die start stop_one wait_for crd_established kubeconfig kubectl nodes extender admission client_auth image_tag ext_cluster_ip p_ext p_ext_probe p_ctl0 p_ctl1 scheduler_start
 
 # shellcheck source=scripts/lib/cargo-env.sh
 . "$repo/scripts/lib/cargo-env.sh"
@@ -103,7 +107,7 @@ ipkeep_install() {
     { tail -20 "$log" >&2; die "helm install --dry-run=server failed (log: $log)"; }
   helm_cmd "${install[@]}" >>"$log" 2>&1 ||
     { tail -20 "$log" >&2; die "helm install failed (log: $log)"; }
-  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  crd_established
   # The controller makes the CA and the serving certificate once its pods run; kube-scheduler
   # trusts that CA (NOTES.txt, step 1).
   wait_for "the webhook's CA (ipkeep-controller writes the Secret ipkeep-scheduler-ext-tls)" 240 "" webhook_ca_read
@@ -164,7 +168,7 @@ ipkeep_up() {
     scheduler-ext/rbac.yaml; do
     "${kubectl[@]}" apply -f "$repo/deploy/$f" >/dev/null
   done
-  wait_for "the PersistentPodState CRD" 60 "" "${kubectl[@]}" wait --for=condition=Established --timeout=1s crd/persistentpodstates.ipkeep.dev
+  crd_established
   admission_resolve
   ca=$(base64 -w0 <"$state/pki/ca.crt")
   "${kubectl[@]}" patch --local -f "$repo/deploy/scheduler-ext/webhook.yaml" --type=json -o yaml -p "[

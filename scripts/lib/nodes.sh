@@ -1,5 +1,6 @@
-# Real nodes for scripts/cluster.sh (sourced; uses its variables and helpers: state, bin, repo,
-# say, die, start, alive, wait_for, kubeconfig, kubectl, api_host, p_api, lease_seconds).
+# Real nodes for scripts/cluster.sh (sourced after lib/controlplane.sh; uses dualstack.sh's dual_*,
+# node_ips, host_local_ipam and pod_cidrs, and flannel.sh's flannel_enabled and
+# flannel_node_start).
 #
 # A node is what a machine would be, built from this machine's kernel, the node runtime and
 # Kubernetes' node components:
@@ -23,6 +24,9 @@
 #   1.1.0); `debian` is Debian's containerd 1.6, runc 1.1 and plugins 1.1 (cniVersion 1.0.0).
 # Only one cluster with real nodes can run on a machine (the bridge, the routes and the host's
 # kube-proxy rules are machine-wide).
+# shellcheck source=scripts/lib/require.sh
+. "${BASH_SOURCE[0]%/*}/require.sh"
+require_vars state bin say die start alive stop_one wait_for cert kubeconfig kubectl lease_seconds cni_data_size image_tag p_proxy_health p_proxy_metrics
 
 underlay=ipkeep-br0
 underlay_ip=10.200.0.1

@@ -10,7 +10,8 @@
 //! namespace controller, starts on the first [`ApiServer::start_gc`] (the tests that need
 //! owner-reference cascades call it).
 //!
-//! The processes run under a small shell that reads its stdin: when the test binary exits (or is
+//! The processes run under `tests/src/apiserver.sh` (scripts/lib/controlplane.sh, the control
+//! plane `scripts/cluster.sh` starts), which reads its stdin: when the test binary exits (or is
 //! killed), the pipe closes and the shell stops them and removes their directory.
 
 use std::io::{BufRead, BufReader, Write};
@@ -23,7 +24,6 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
-use rcgen::KeyPair;
 
 use crate::cluster::{k8s_version_wanted, repo_root, require_go};
 use crate::free_port;
@@ -40,7 +40,6 @@ const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "
 pub struct ApiServer {
     url: String,
     dir: PathBuf,
-    token: String,
     kubectl: Kubectl,
     /// The shell that owns the processes: commands in, answers out.
     shell: Mutex<(ChildStdin, BufReader<ChildStdout>)>,
@@ -59,72 +58,6 @@ pub fn shared(test: &str) -> Option<&'static ApiServer> {
     }
     SERVER.get_or_init(|| Some(ApiServer::start())).as_ref()
 }
-
-/// What the start script does. Arguments: the state directory, the directory of the binaries,
-/// the etcd client and peer ports, kube-apiserver's port, deploy/crd.yaml.
-const SCRIPT: &str = r#"
-set -u
-dir=$1 bin=$2 p_etcd=$3 p_peer=$4 p_api=$5 crd=$6
-pids=()
-# SIGKILL: throwaway servers. A SIGTERM'd kube-apiserver whose etcd is gone takes minutes to
-# shut down, and this shell (with every file descriptor the test binary's parent gave it) waited.
-stop() { kill -KILL "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
-trap stop EXIT
-fail() {
-  echo "apiserver: $1; last lines of $2:" >&2; tail -25 "$dir/$2.log" >&2
-  echo failed; exit 1
-}
-"$bin/etcd" --name=test --data-dir="$dir/etcd" \
-  --listen-client-urls="http://127.0.0.1:$p_etcd" --advertise-client-urls="http://127.0.0.1:$p_etcd" \
-  --listen-peer-urls="http://127.0.0.1:$p_peer" --initial-advertise-peer-urls="http://127.0.0.1:$p_peer" \
-  --initial-cluster="test=http://127.0.0.1:$p_peer" --unsafe-no-fsync=true \
-  --log-level=warn >"$dir/etcd.log" 2>&1 </dev/null &
-pids+=($!)
-"$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$p_etcd" \
-  --bind-address=127.0.0.1 --secure-port="$p_api" --endpoint-reconciler-type=none \
-  --tls-cert-file="$dir/apiserver.crt" --tls-private-key-file="$dir/apiserver.key" \
-  --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
-  --service-account-issuer=https://kubernetes.default.svc \
-  --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
-  --service-cluster-ip-range=10.96.0.0/16 --enable-priority-and-fairness=false \
-  --cert-dir="$dir/certs" >"$dir/kube-apiserver.log" 2>&1 </dev/null &
-pids+=($!)
-k=("$bin/kubectl" --kubeconfig="$dir/kubeconfig")
-for _ in $(seq 1200); do
-  "${k[@]}" get --raw /readyz >/dev/null 2>&1 && break
-  kill -0 "${pids[0]}" 2>/dev/null || fail "etcd exited" etcd
-  kill -0 "${pids[1]}" 2>/dev/null || fail "kube-apiserver exited" kube-apiserver
-  sleep 0.1
-done
-"${k[@]}" get --raw /readyz >/dev/null 2>&1 || fail "kube-apiserver not ready in 120 s" kube-apiserver
-"${k[@]}" apply -f "$crd" >"$dir/crd.log" 2>&1 || fail "kubectl apply of the CRD failed" crd
-"${k[@]}" wait --for=condition=Established --timeout=60s crd/persistentpodstates.ipkeep.dev \
-  >>"$dir/crd.log" 2>&1 || fail "the CRD is not Established" crd
-echo ready
-while read -r cmd; do
-  case $cmd in
-    gc)
-      "$bin/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
-        --controllers=garbagecollector,namespace --leader-elect=false --secure-port=0 \
-        --concurrent-gc-syncs=10 >"$dir/kube-controller-manager.log" 2>&1 </dev/null &
-      pids+=($!)
-      # Ready when it collects: a dependent ConfigMap goes with its owner.
-      "${k[@]}" -n default create configmap gc-owner >/dev/null
-      uid=$("${k[@]}" -n default get configmap gc-owner -o jsonpath='{.metadata.uid}')
-      printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: gc-dependent\n  namespace: default\n  ownerReferences: [{apiVersion: v1, kind: ConfigMap, name: gc-owner, uid: "%s"}]\n' "$uid" |
-        "${k[@]}" create -f - >/dev/null
-      "${k[@]}" -n default delete configmap gc-owner >/dev/null
-      ok=
-      for _ in $(seq 600); do
-        "${k[@]}" -n default get configmap gc-dependent >/dev/null 2>&1 || { ok=1; break; }
-        kill -0 "${pids[2]}" 2>/dev/null || fail "kube-controller-manager exited" kube-controller-manager
-        sleep 0.1
-      done
-      [ -n "$ok" ] || fail "kube-controller-manager collected nothing in 60 s" kube-controller-manager
-      echo gc-ready ;;
-  esac
-done
-"#;
 
 impl ApiServer {
     fn start() -> ApiServer {
@@ -155,7 +88,6 @@ impl ApiServer {
             .keep();
         let ports = [free_port(), free_port(), free_port()];
         let url = format!("https://127.0.0.1:{}", ports[2]);
-        let token = write_credentials(&dir, &url);
         // The shell lives as long as the test binary: it stops the servers and exits when the
         // binary's end of its stdin closes, so nothing waits for it here.
         #[expect(
@@ -163,13 +95,10 @@ impl ApiServer {
             reason = "the shell outlives every test, by design"
         )]
         let mut child = Command::new("bash")
-            .arg("-c")
-            .arg(SCRIPT)
-            .arg("apiserver")
+            .arg(repo.join("tests/src/apiserver.sh"))
             .arg(&dir)
             .arg(&bin)
             .args(ports.map(|p| p.to_string()))
-            .arg(repo.join("deploy/crd.yaml"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -187,10 +116,9 @@ impl ApiServer {
             t.elapsed().as_secs_f64()
         );
         ApiServer {
-            kubectl: Kubectl::new(&bin.join("kubectl"), &dir.join("kubeconfig")),
+            kubectl: Kubectl::new(&bin.join("kubectl"), &dir.join("admin.kubeconfig")),
             url,
             dir,
-            token,
             shell: Mutex::new((stdin, stdout)),
             gc: OnceLock::new(),
             serial: Arc::new(tokio::sync::Mutex::new(())),
@@ -215,7 +143,7 @@ impl ApiServer {
 
     /// An admin kubeconfig (YAML) whose namespace is `namespace`.
     pub fn kubeconfig(&self, namespace: &str) -> String {
-        kubeconfig_yaml(&self.dir, &self.url, &self.token, namespace)
+        kubeconfig_yaml(&self.dir, &self.url, namespace)
     }
 
     /// kube-controller-manager with the garbage collector and the namespace controller, once
@@ -255,43 +183,14 @@ fn read_line(from: &mut impl BufRead) -> String {
     line.trim().to_string()
 }
 
-/// The serving certificate, the admin's token, the service-account signing key and the admin
-/// kubeconfig, in `dir`; returns the token.
-fn write_credentials(dir: &Path, url: &str) -> String {
-    let token = token(dir);
-    let pki = crate::pki::serving(&["localhost"]);
-    let sa = KeyPair::generate().expect("key");
-    let files = [
-        ("ca.crt", pki.ca),
-        ("apiserver.crt", pki.cert),
-        ("apiserver.key", pki.key),
-        ("sa.key", sa.serialize_pem()),
-        ("sa.pub", sa.public_key_pem()),
-        (
-            "tokens.csv",
-            format!("{token},ipkeep-test-admin,admin,\"system:masters\"\n"),
-        ),
-        ("kubeconfig", kubeconfig_yaml(dir, url, &token, "default")),
-    ];
-    for (name, text) in files {
-        std::fs::write(dir.join(name), text).expect("write the credentials");
-    }
-    token
-}
-
-/// The admin's bearer token: random enough for a server on loopback that lives as long as a
-/// test binary.
-fn token(dir: &Path) -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write(dir.as_os_str().as_encoded_bytes());
-    format!("{:016x}{:08x}", h.finish(), std::process::id())
-}
-
-fn kubeconfig_yaml(dir: &Path, url: &str, token: &str, namespace: &str) -> String {
+/// An admin kubeconfig: the client certificate `tests/src/apiserver.sh` made (system:masters).
+fn kubeconfig_yaml(dir: &Path, url: &str, namespace: &str) -> String {
+    let pki = dir.join("pki");
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin, namespace: {namespace}}}\ncurrent-context: test\n",
-        ca = dir.join("ca.crt").display()
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin, namespace: {namespace}}}\ncurrent-context: test\n",
+        ca = pki.join("ca.crt").display(),
+        cert = pki.join("admin.crt").display(),
+        key = pki.join("admin.key").display(),
     )
 }
 
