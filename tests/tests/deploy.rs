@@ -18,6 +18,8 @@
 mod alerts;
 #[path = "deploy/certificates.rs"]
 mod certificates;
+#[path = "deploy/chart.rs"]
+mod chart;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]
