@@ -86,6 +86,9 @@ pub enum StartError {
     /// The CRD is not installed.
     #[error(transparent)]
     Preflight(#[from] ipkeep_daemon::preflight::PreflightError),
+    /// `IPKEEP_LISTEN` (renamed `IPKEEP_WEBHOOK_LISTEN`) does not parse.
+    #[error(transparent)]
+    Renamed(#[from] ipkeep_daemon::renamed::RenamedError),
     /// Request limits that cannot work together.
     #[error("{0}")]
     Limits(String),
@@ -97,7 +100,7 @@ pub enum StartError {
     Listen {
         /// The address.
         addr: SocketAddr,
-        /// Which flag gave it, when not --listen.
+        /// Which flag gave it, when not --webhook-listen.
         flag: &'static str,
         /// Why.
         source: std::io::Error,
@@ -155,7 +158,7 @@ pub async fn run(
             .await
             .map_err(|source| StartError::Listen {
                 addr: settings.listen,
-                flag: "",
+                flag: " (--webhook-listen)",
                 source,
             })?;
     tracing::info!(

@@ -70,7 +70,8 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ipkeep_scheduler_ext");
+        let mut root = Registry::default();
+        let registry = ipkeep_daemon::metrics::binary_registry(&mut root, "ipkeep_scheduler_ext");
         let m = Self {
             registry: Registry::default(),
             requests: Family::default(),
@@ -116,14 +117,17 @@ impl Default for Metrics {
             "When the serving certificate in use expires (notAfter), in seconds since the Unix epoch",
             m.cert_expiry.clone(),
         );
-        m.listeners.register(&mut registry);
+        m.listeners.register(registry);
         registry.register(
             "in_flight_bytes",
             "Request and response body bytes held now, out of --max-in-flight-bytes",
             m.in_flight.clone(),
         );
         m.create_series();
-        Self { registry, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 }
 

@@ -167,15 +167,43 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_served_at_startup() {
     }
 
     let mut served = BTreeSet::new();
-    for (binary, text) in [
-        ("ipkeep-controller", metrics(controller.listen).await),
-        ("ipkeep-scheduler-ext", ext.metrics().await),
-        ("ipkeep-agent", agent.metrics()),
+    let agent_text = agent.metrics();
+    for (binary, prefix, text) in [
+        (
+            "ipkeep-controller",
+            "ipkeep_controller",
+            metrics(controller.listen).await,
+        ),
+        (
+            "ipkeep-scheduler-ext",
+            "ipkeep_scheduler_ext",
+            ext.metrics().await,
+        ),
+        ("ipkeep-agent", "ipkeep_agent", agent_text.clone()),
     ] {
         let names = served_names(&text);
         assert!(!names.is_empty(), "{binary} serves no metric:\n{text}");
         served.extend(names);
+        // What every binary serves besides its own (issue 41: build_info, process metrics).
+        let version = env!("CARGO_PKG_VERSION");
+        for series in [
+            format!("{prefix}_build_info{{version=\"{version}\"}} 1"),
+            "process_cpu_seconds_total ".to_string(),
+            "process_resident_memory_bytes ".to_string(),
+            "process_start_time_seconds ".to_string(),
+            "process_open_fds ".to_string(),
+            "process_max_fds ".to_string(),
+        ] {
+            assert!(text.contains(&series), "{binary} does not serve {series:?}");
+        }
     }
+    // A count that only grows is a counter (issue 41): the plugin's fallbacks.
+    assert!(
+        agent_text.contains("# TYPE ipkeep_agent_plugin_fallback_commands counter")
+            && agent_text
+                .contains("ipkeep_agent_plugin_fallback_commands_total{network=\"monitoring\"} 0"),
+        "the agent's fallback count is not a counter:\n{agent_text}"
+    );
 
     let queries = queries();
     let unknown = unknown(&queries, &served);

@@ -33,10 +33,15 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     pub socket: PathBuf,
     /// Serve /healthz, /readyz and /metrics over plain HTTP on this address. Loopback by
-    /// default: with hostNetwork, any other address is reachable from every node; to let
-    /// Prometheus scrape, set the node's own IP (status.hostIP) and restrict it by policy.
+    /// default: with hostNetwork, any other address is reachable from every node.
     #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = DEFAULT_PROBE_LISTEN)]
     pub probe_listen: SocketAddr,
+    /// Also serve /metrics, and nothing else, over plain HTTP on this address, for Prometheus:
+    /// the node's own IP (status.hostIP) and a port of its own, or the --probe-listen port
+    /// (another address). With hostNetwork it is reachable from wherever the node's IP is;
+    /// restrict it with a host firewall (docs/install.md, "Network policy"). Off by default.
+    #[arg(long, env = "IPKEEP_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
     #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
@@ -118,6 +123,7 @@ impl Args {
             data_dir,
             socket,
             probe_listen,
+            metrics_listen,
             sweep_interval,
             release_grace,
             missed_del_grace,
@@ -144,6 +150,7 @@ impl Args {
             data_dir,
             socket,
             probe_listen: Some(probe_listen),
+            metrics_listen,
             sweep_interval,
             grace: Grace {
                 release: release_grace.as_secs(),

@@ -1,8 +1,11 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log, name themselves, reach the API server and stop the same way: [`LogArgs`],
-//! [`identity`], [`preflight`], [`shutdown_signal`] and [`run_until_stopped`].
+//! so they log, name themselves, reach the API server, stop and export their build and process
+//! the same way: [`LogArgs`], [`identity`], [`preflight`], [`shutdown_signal`],
+//! [`run_until_stopped`] and [`metrics`]; and the flags renamed in this release ([`renamed`]).
 
+pub mod metrics;
 pub mod preflight;
+pub mod renamed;
 
 use tracing_subscriber::EnvFilter;
 

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use ipkeep_api::k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use serde_json::Value;
 
 use super::manifests::repo_root;
@@ -98,17 +97,6 @@ impl Rendered {
     pub fn find(&self, kind: &str, name: &str) -> &Value {
         self.get(kind, name)
             .unwrap_or_else(|| panic!("no {kind}/{name} rendered"))
-    }
-
-    /// A Deployment, typed.
-    pub fn deployment(&self, name: &str) -> Deployment {
-        serde_json::from_value(self.find("Deployment", name).clone()).expect("a Deployment")
-    }
-
-    /// The agent's DaemonSet, typed.
-    pub fn agent(&self) -> DaemonSet {
-        serde_json::from_value(self.find("DaemonSet", "ipkeep-agent").clone())
-            .expect("a DaemonSet")
     }
 }
 

@@ -106,13 +106,8 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
         let binary = ipkeep_binary(c).expect("an ipkeep binary");
         let cli = Cli::of(binary);
         // The plain-HTTP server with /healthz and /readyz.
-        let health_flag = if binary == "ipkeep-controller" {
-            "--listen"
-        } else {
-            "--probe-listen"
-        };
-        let health = port_of(&flag_value(c, cli, health_flag).expect("a health address"));
-        for flag in ["--listen", "--probe-listen"] {
+        let health = port_of(&flag_value(c, cli, "--probe-listen").expect("a health address"));
+        for flag in ["--webhook-listen", "--probe-listen", "--metrics-listen"] {
             if let Some(address) = flag_value(c, cli, flag) {
                 let port = IntOrString::Int(port_of(&address));
                 assert!(
@@ -147,8 +142,10 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
 
     let ext = workload("ipkeep-scheduler-ext");
     let c = ext.main();
-    let listen =
-        port_of(&flag_value(c, Cli::of("ipkeep-scheduler-ext"), "--listen").expect("--listen"));
+    let listen = port_of(
+        &flag_value(c, Cli::of("ipkeep-scheduler-ext"), "--webhook-listen")
+            .expect("--webhook-listen"),
+    );
     let service: Service = find("Service", "ipkeep-scheduler-ext").typed();
     let spec = service.spec.expect("spec");
     let selector = LabelSelector {
@@ -164,7 +161,7 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
     assert_eq!(
         resolve_port(c, &target),
         Some(listen),
-        "the Service forwards to --listen"
+        "the Service forwards to --webhook-listen"
     );
 }
 
