@@ -40,7 +40,9 @@ pub struct Args {
     /// the node's own IP (status.hostIP) and a port of its own, or the --probe-listen port
     /// (another address). With hostNetwork it is reachable from wherever the node's IP is;
     /// restrict it with a host firewall (docs/install.md, "Network policy"). Off by default.
-    #[arg(long, env = "IPKEEP_METRICS_LISTEN")]
+    /// An IPv6 address may be written without brackets (`fd00::5:9464`), as `$(NODE_IP):9464`
+    /// gives it.
+    #[arg(long, env = "IPKEEP_METRICS_LISTEN", value_parser = parse_listen)]
     pub metrics_listen: Option<SocketAddr>,
     /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
     #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -77,6 +79,18 @@ pub struct Args {
     pub exit_on_stdin_close: bool,
     #[command(flatten)]
     pub logs: LogArgs,
+}
+
+/// `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address and its port without brackets (the port is
+/// what follows the last colon).
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let bad = || format!("{text:?} is not an address and port (IP:PORT)");
+    let (ip, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::new(ip, port.parse().map_err(|_| bad())?))
 }
 
 /// Where the probes listen unless told otherwise.
@@ -166,5 +180,25 @@ impl Args {
             run(client, settings, stop.requested())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_listen;
+
+    #[test]
+    fn a_listen_address_may_be_a_bare_ipv6_address_and_port() {
+        for (text, want) in [
+            ("10.0.0.5:9464", Some("10.0.0.5:9464")),
+            ("[fd00::5]:9464", Some("[fd00::5]:9464")),
+            ("fd00::5:9464", Some("[fd00::5]:9464")),
+            ("fd00::5", None),
+            ("node:9464", None),
+            ("10.0.0.5:99999", None),
+        ] {
+            let got = parse_listen(text).ok().map(|a| a.to_string());
+            assert_eq!(got.as_deref(), want, "{text}");
+        }
     }
 }
