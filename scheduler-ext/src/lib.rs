@@ -19,9 +19,9 @@
 //! Decisions read PersistentPodStates, nodes and pods with hooks from reflector caches
 //! ([`cache`]); a request never waits on the API server. What requests cost in memory is
 //! bounded ([`budget`], [`pod`], [`http`]), and what connections may hold, per client address
-//! and in all, by `ipkeep_listener`. `/healthz`, `/readyz` (caches synced) and `/metrics` are
-//! served on the same listener, and optionally on a plain-HTTP probe listener of its own,
-//! which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
+//! and in all, by `ipkeep_listener`. `/healthz` and `/readyz` (caches synced) are served on the
+//! same listener, and `/metrics` too unless a plain-HTTP probe listener of its own serves all
+//! three, which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
 //! only clients with a certificate from that CA ([`tls::client_ca`]).
 
 mod args;
@@ -168,7 +168,13 @@ pub async fn run(
         probe_listen = ?settings.probe_listen,
         "serving /mutate-pods, /validate-pods, /filter, /prioritize"
     );
-    webhook.serve(listener, http::router(state), shutdown).await;
+    // With a probe listener, /metrics is served there only.
+    let routes = if settings.probe_listen.is_some() {
+        http::webhook_router(state)
+    } else {
+        http::router(state)
+    };
+    webhook.serve(listener, routes, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -61,6 +61,7 @@ pub struct Metrics {
     duration: Family<EndpointLabel, Histogram>,
     pins_applied: Family<EndpointLabel, Counter>,
     pins_skipped: Family<SkipLabels, Counter>,
+    pins_missed_at_admission: Counter,
     cert_reloads: Family<ReloadLabel, Counter>,
     cert_expiry: Gauge,
     in_flight: Gauge,
@@ -82,6 +83,7 @@ impl Default for Metrics {
             }),
             pins_applied: Family::default(),
             pins_skipped: Family::default(),
+            pins_missed_at_admission: Counter::default(),
             cert_reloads: Family::default(),
             cert_expiry: Gauge::default(),
             in_flight: Gauge::default(),
@@ -101,6 +103,11 @@ impl Default for Metrics {
             "pins_applied",
             "Pods pinned to their record (webhook: affinity written; filter: nodes filtered)",
             m.pins_applied.clone(),
+        );
+        registry.register(
+            "pins_missed_at_admission",
+            "Pods the extender pinned that admission had not (no ipkeep.dev/pinned-by): neither the webhook nor the admission policy pinned them",
+            m.pins_missed_at_admission.clone(),
         );
         registry.register(
             "pins_skipped",
@@ -179,6 +186,11 @@ impl Metrics {
         self.pins_applied
             .get_or_create(&EndpointLabel { endpoint })
             .inc();
+    }
+
+    /// Counts a pod the extender pinned that admission had not.
+    pub fn pin_missed_at_admission(&self) {
+        self.pins_missed_at_admission.inc();
     }
 
     /// Counts a pin skipped.
