@@ -9,6 +9,8 @@
 #    with a message naming the key;
 #  - deploy/ is what scripts/render-deploy.sh renders from the chart now (else it fails naming
 #    each stale file; the fix is `scripts/render-deploy.sh`);
+#  - (with or without a helm) the values table in charts/ipkeep/README.md is what
+#    scripts/values_table.py generates (the fix: run it);
 #  - the chart rendered with the default values and with each charts/ipkeep/ci/*.yaml (into
 #    another namespace) passes every check below, as deploy/ does.
 # Without a helm these are skipped, saying so.
@@ -97,6 +99,9 @@ if [ -n "$promtool_bin" ] && [ ! -x "$promtool_bin" ]; then
   exit 2
 fi
 chart=charts/ipkeep
+# The chart README's values table is what scripts/values_table.py generates from values.yaml
+# and values.schema.json (it needs PyYAML, which the virtualenv has).
+"$venv/bin/python" scripts/values_table.py --check
 validate() { # the checks of one directory: scripts/validate_deploy.py
   K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" HELM="$helm_bin" CHART="$chart" \
     PROMTOOL="$promtool_bin" "$venv/bin/python" scripts/validate_deploy.py "$1"

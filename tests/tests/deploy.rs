@@ -24,6 +24,8 @@ mod chart;
 mod cli;
 #[path = "deploy/consistency.rs"]
 mod consistency;
+#[path = "deploy/links.rs"]
+mod links;
 #[path = "deploy/manifests.rs"]
 mod manifests;
 #[path = "deploy/security.rs"]

@@ -50,7 +50,7 @@ fn the_documented_alerts_include_the_attack_and_certificate_alerts() {
 }
 
 /// The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as `-`.
-fn anchor(heading: &str) -> String {
+pub fn anchor(heading: &str) -> String {
     heading
         .trim()
         .to_lowercase()
