@@ -1,0 +1,525 @@
+//! A real Prometheus sees the real-node cluster as shipped (issue 41): the server built from the
+//! Prometheus module (`scripts/promtool-build.sh --server`), running on the host, finds ipkeep's
+//! pods through the scrape job of docs/metrics.md (Kubernetes service discovery, with the
+//! cluster's kubeconfig since it runs outside) and evaluates the rules of
+//! deploy/monitoring/prometheus-rule.yaml. Then:
+//!
+//! - every target is up: both ipkeep-controller and ipkeep-scheduler-ext replicas on the pod
+//!   network, and each node's ipkeep-agent on the node's IP (`agent.metrics.nodeIP`);
+//! - on the healthy cluster no alert fires;
+//! - the agent of one node killed again and again (CrashLoopBackOff), while a pod starts
+//!   there: `IpkeepComponentDown`, then, with the agent back, `IpkeepPluginFallbacks`;
+//! - that node's ipkeep disk filled, and a pod deleted there (its DEL cannot commit):
+//!   `IpkeepStoreUnhealthy`;
+//! - every series the alerts and the dashboard name had data while it ran.
+//!
+//! The rules' `for:` are cut to 10 s here (the expressions are the shipped ones; waiting out
+//! 15 minutes would only test Prometheus's clock). Needs the node's ipkeep data on a file
+//! system of its own (`--cni-data-size`), as `network_ready` does.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ipkeep_tests::cluster::{repo_root, wait_until};
+use ipkeep_tests::promql::metric_names;
+use serde_json::{Value, json};
+
+use super::retention::{NS, Real, sleeper_pod};
+
+const NODE: &str = "node-1";
+/// How often Prometheus scrapes and evaluates here.
+const INTERVAL: &str = "5s";
+
+/// The Prometheus server of `scripts/promtool-build.sh --server` (built once, then cached).
+fn prometheus_binary() -> PathBuf {
+    let out = Command::new(repo_root().join("scripts/promtool-build.sh"))
+        .args(["--server", "--print-dir"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/promtool-build.sh");
+    assert!(
+        out.status.success(),
+        "scripts/promtool-build.sh --server failed"
+    );
+    let dir = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .expect("the cache directory")
+        .trim()
+        .to_string();
+    PathBuf::from(dir).join("bin/prometheus")
+}
+
+/// The scrape job of docs/metrics.md (the YAML block with `job_name: ipkeep`), pointed at this
+/// cluster from outside it: `kubeconfig_file` added to its service discovery.
+fn shipped_job(kubeconfig: &Path) -> Value {
+    let text = std::fs::read_to_string(repo_root().join("docs/metrics.md")).expect("metrics.md");
+    let block = text
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(yaml, _)| yaml))
+        .find(|yaml| yaml.contains("job_name: ipkeep"))
+        .expect("docs/metrics.md has the scrape job");
+    let jobs: Vec<Value> = serde_saphyr::from_str(block).expect("the scrape job is YAML");
+    let mut job = jobs.into_iter().next().expect("one job");
+    for sd in job["kubernetes_sd_configs"]
+        .as_array_mut()
+        .expect("kubernetes_sd_configs")
+    {
+        sd["kubeconfig_file"] = json!(kubeconfig);
+    }
+    job
+}
+
+/// The shipped rule groups, each rule's `for:` cut to 10 s.
+fn shipped_rules() -> Value {
+    let text = std::fs::read_to_string(repo_root().join("deploy/monitoring/prometheus-rule.yaml"))
+        .expect("the PrometheusRule");
+    let rule: Value = serde_saphyr::from_str(&text).expect("YAML");
+    let mut groups = rule["spec"]["groups"].clone();
+    for group in groups.as_array_mut().expect("groups") {
+        for r in group["rules"].as_array_mut().expect("rules") {
+            if r.get("for").is_some() {
+                r["for"] = json!("10s");
+            }
+        }
+    }
+    json!({ "groups": groups })
+}
+
+/// Every `ipkeep_…` metric the shipped alerts and the dashboard query.
+fn named_metrics() -> Vec<String> {
+    let mut exprs: Vec<String> = shipped_rules()["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r["expr"].as_str().map(String::from))
+        .collect();
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/ipkeep/dashboards/ipkeep.json"))
+            .expect("the dashboard"),
+    )
+    .expect("JSON");
+    let mut panels: Vec<&Value> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .collect();
+    while let Some(panel) = panels.pop() {
+        panels.extend(panel["panels"].as_array().into_iter().flatten());
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.extend(target["expr"].as_str().map(String::from));
+        }
+    }
+    let mut names: Vec<String> = exprs.iter().flat_map(|e| metric_names(e)).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Prometheus on the host, stopped when dropped.
+struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Prometheus {
+    fn start(kubeconfig: &Path) -> Prometheus {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = json!({
+            "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL,
+                       "scrape_timeout": "4s"},
+            "rule_files": ["rules.yaml"],
+            "scrape_configs": [shipped_job(kubeconfig)],
+        });
+        // JSON is YAML.
+        std::fs::write(dir.path().join("prometheus.yml"), config.to_string()).expect("write");
+        std::fs::write(dir.path().join("rules.yaml"), shipped_rules().to_string()).expect("write");
+        let addr: SocketAddr = format!("127.0.0.1:{}", ipkeep_tests::free_port())
+            .parse()
+            .expect("an address");
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+        let child = Command::new(prometheus_binary())
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start prometheus");
+        let p = Prometheus { child, addr, dir };
+        wait_until("Prometheus ready", Duration::from_secs(60), || {
+            p.try_get("/-/ready").filter(|b| b.contains("Ready"))
+        });
+        p
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// The body of GET `path`, if the answer is 200.
+    fn try_get(&self, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: prometheus\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        let (head, body) = answer.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200")
+            .then(|| body.to_string())
+            .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
+    }
+
+    fn api(&self, path: &str) -> Value {
+        let body = self
+            .try_get(path)
+            .unwrap_or_else(|| panic!("GET {path} failed; Prometheus' log:\n{}", self.log()));
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(v["status"], "success", "{path}: {v}");
+        v["data"].clone()
+    }
+
+    fn query(&self, promql: &str) -> Vec<Value> {
+        let data = self.api(&format!("/api/v1/query?query={}", encode(promql)));
+        data["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The active targets: (component label, instance, health).
+    fn targets(&self) -> Vec<(String, String, String)> {
+        let data = self.api("/api/v1/targets?state=active");
+        let label = |t: &Value, k: &str| t["labels"][k].as_str().unwrap_or_default().to_string();
+        (data["activeTargets"].as_array().into_iter().flatten())
+            .map(|t| {
+                (
+                    label(t, "component"),
+                    label(t, "instance"),
+                    t["health"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The alerts firing now, by name (with their labels).
+    fn firing(&self) -> Vec<(String, Value)> {
+        let data = self.api("/api/v1/alerts");
+        (data["alerts"].as_array().into_iter().flatten())
+            .filter(|a| a["state"] == "firing")
+            .map(|a| {
+                let name = a["labels"]["alertname"].as_str().unwrap_or_default();
+                (name.to_string(), a["labels"].clone())
+            })
+            .collect()
+    }
+
+    /// Waits until `alert` fires with `labels` among its labels; returns how long it took.
+    fn wait_firing(&self, alert: &str, labels: &[(&str, &str)], secs: u64) -> Duration {
+        let t0 = Instant::now();
+        wait_until(
+            &format!("alert {alert} {labels:?} firing"),
+            Duration::from_secs(secs),
+            || {
+                self.firing()
+                    .iter()
+                    .any(|(name, l)| name == alert && labels.iter().all(|(k, v)| l[*k] == *v))
+                    .then_some(())
+            },
+        );
+        t0.elapsed()
+    }
+}
+
+/// The pid of the ipkeep-agent whose `/metrics` listens on `ip` (its `--metrics-listen`), if it
+/// runs.
+fn agent_pid(ip: &str) -> Option<i32> {
+    let wanted = format!("--metrics-listen={ip}:");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_agent = args.first()?.ends_with(b"ipkeep-agent");
+        let here = args.iter().any(|a| a.starts_with(wanted.as_bytes()));
+        (is_agent && here).then_some(pid)
+    })
+}
+
+pub fn prometheus_sees_the_cluster(state: &Path) {
+    let real = Real::new(state);
+    let kubectl = &real.kubectl;
+    let t_step = Instant::now();
+    let prometheus = Prometheus::start(&state.join("admin.kubeconfig"));
+
+    kubectl.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS}}}\n"
+    ));
+
+    // Every component is a target, and up: 2 + 2 pods and an agent per node.
+    let nodes = kubectl
+        .get(&["nodes", "-l", "ipkeep.dev/test-node=real"])
+        .expect("nodes");
+    let node_ips: Vec<(String, String)> = (nodes["items"].as_array().into_iter().flatten())
+        .map(|n| {
+            let ip = (n["status"]["addresses"].as_array().into_iter().flatten())
+                .find(|a| a["type"] == "InternalIP")
+                .and_then(|a| a["address"].as_str())
+                .unwrap_or_default();
+            (
+                n["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                ip.to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("ipkeep-controller", 2),
+        ("ipkeep-scheduler-ext", 2),
+        ("ipkeep-agent", node_ips.len()),
+    ];
+    let targets = wait_until(
+        "every ipkeep target up in Prometheus",
+        Duration::from_secs(120),
+        || {
+            let t = prometheus.targets();
+            want.iter()
+                .all(|(c, n)| t.iter().filter(|(tc, _, h)| tc == c && h == "up").count() == *n)
+                .then_some(t)
+        },
+    );
+    for (name, ip) in &node_ips {
+        assert!(
+            targets
+                .iter()
+                .any(|(c, i, _)| c == "ipkeep-agent" && i.starts_with(ip.as_str())),
+            "the agent of {name} is not scraped on its node IP {ip}: {targets:?}"
+        );
+    }
+    eprintln!(
+        "prometheus: {} targets up through docs/metrics.md's scrape job: {targets:?}",
+        targets.len()
+    );
+
+    // Addresses held (the held-address series): a StatefulSet's pods gone while their
+    // PersistentPodState stays (the StatefulSet deleted with --cascade=orphan first).
+    kubectl.apply(&held_statefulset());
+    wait_until(
+        "both pods of held running",
+        Duration::from_secs(180),
+        || {
+            let pods = kubectl.get(&["pods", "-n", NS, "-l", "app=held"])?;
+            let running = (pods["items"].as_array().into_iter().flatten())
+                .filter(|p| p["status"]["phase"] == "Running")
+                .count();
+            (running == 2).then_some(())
+        },
+    );
+    kubectl.run(&[
+        "delete",
+        "statefulset",
+        "-n",
+        NS,
+        "held",
+        "--cascade=orphan",
+    ]);
+    kubectl.run(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "held-0",
+        "held-1",
+        "--grace-period=1",
+    ]);
+    wait_until(
+        "the held addresses in Prometheus",
+        Duration::from_secs(120),
+        || {
+            (!prometheus
+                .query(&format!(
+                    "ipkeep_agent_held_addresses{{namespace=\"{NS}\",statefulset=\"held\"}} > 0"
+                ))
+                .is_empty())
+            .then_some(())
+        },
+    );
+
+    // Healthy: several evaluations (and every cut `for:` over), no alert.
+    std::thread::sleep(Duration::from_secs(40));
+    let firing = prometheus.firing();
+    assert!(firing.is_empty(), "alerts on a healthy cluster: {firing:?}");
+
+    // The agent of NODE killed, again and again: its target goes down, and a pod started
+    // there meanwhile goes through the plugin alone.
+    let ip = node_ips
+        .iter()
+        .find(|(n, _)| n == NODE)
+        .map(|(_, ip)| ip.clone())
+        .expect("the node's IP");
+    kubectl.apply(&sleeper_pod("monitoring-fallback", NODE));
+    let killing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let killer = {
+        let killing = killing.clone();
+        let ip = ip.clone();
+        std::thread::spawn(move || {
+            let mut kills = 0;
+            while killing.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(pid) = agent_pid(&ip) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    kills += 1;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            kills
+        })
+    };
+    let down = prometheus.wait_firing(
+        "IpkeepComponentDown",
+        &[("component", "ipkeep-agent"), ("severity", "warning")],
+        120,
+    );
+    wait_until(
+        "the pod on the node without its agent running",
+        Duration::from_secs(120),
+        || {
+            let p = kubectl.get(&["pod", "-n", NS, "monitoring-fallback"])?;
+            (p["status"]["phase"] == "Running").then_some(())
+        },
+    );
+    killing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let kills = killer.join().expect("the killer");
+    let fallbacks =
+        prometheus.wait_firing("IpkeepPluginFallbacks", &[("severity", "warning")], 180);
+    eprintln!(
+        "prometheus: {NODE}'s agent killed {kills} times: IpkeepComponentDown after {:.0} s, IpkeepPluginFallbacks {:.0} s after it was let be",
+        down.as_secs_f64(),
+        fallbacks.as_secs_f64()
+    );
+    wait_until("the agent back up", Duration::from_secs(180), || {
+        let t = prometheus.targets();
+        t.iter()
+            .any(|(c, i, h)| c == "ipkeep-agent" && i.starts_with(ip.as_str()) && h == "up")
+            .then_some(())
+    });
+
+    // NODE's ipkeep disk full, and the pod there deleted: its DEL cannot commit.
+    let data = state
+        .join("nodes")
+        .join(NODE)
+        .join("root/var/lib/cni/ipkeep");
+    let filler = super::network_ready::fill(&data, 16 << 10);
+    kubectl.run(&[
+        "delete",
+        "pod",
+        "-n",
+        NS,
+        "monitoring-fallback",
+        "--wait=false",
+    ]);
+    let unhealthy = prometheus.wait_firing(
+        "IpkeepStoreUnhealthy",
+        &[("severity", "critical"), ("network", real.network)],
+        180,
+    );
+    eprintln!(
+        "prometheus: IpkeepStoreUnhealthy {:.0} s after {NODE}'s ipkeep disk filled",
+        unhealthy.as_secs_f64()
+    );
+    std::fs::remove_file(&filler).expect("remove the filler");
+    wait_until(
+        "the pod gone once the disk has room",
+        Duration::from_secs(180),
+        || {
+            kubectl
+                .get(&["pod", "-n", NS, "monitoring-fallback"])
+                .is_none()
+                .then_some(())
+        },
+    );
+
+    // Every series an alert or a panel names had data at some point of the run.
+    let lasted = (t_step.elapsed().as_secs() + 60).to_string();
+    let missing: Vec<String> = named_metrics()
+        .into_iter()
+        .filter(|name| {
+            prometheus
+                .query(&format!(
+                    "count(count_over_time({{__name__=\"{name}\"}}[{lasted}s]))"
+                ))
+                .is_empty()
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no data in Prometheus for {missing:?} (named by the alerts or the dashboard)"
+    );
+    // The held addresses go with their PersistentPodState.
+    kubectl.run(&["delete", "persistentpodstate", "-n", NS, "held"]);
+    eprintln!(
+        "prometheus: every series the alerts and the dashboard name had data; the step took {:.0} s",
+        t_step.elapsed().as_secs_f64()
+    );
+}
+
+/// A StatefulSet `held` of two sleepers in [`NS`], each pinned to its node, whose addresses are
+/// held for an hour when its pods go.
+fn held_statefulset() -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: held
+  namespace: {NS}
+  annotations:
+    ipkeep.dev/auto-generate-persistent-pod-state: "true"
+    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
+    ipkeep.dev/ip-retention: 1h
+spec:
+  replicas: 2
+  podManagementPolicy: Parallel
+  selector: {{matchLabels: {{app: held}}}}
+  serviceName: held
+  template:
+    metadata: {{labels: {{app: held}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: sleep
+          image: localhost/ipkeep/busybox:dev
+          imagePullPolicy: Never
+          command: ["sleep", "1000000"]
+"#
+    )
+}
