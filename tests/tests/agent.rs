@@ -231,7 +231,11 @@ fn sigterm_ends_the_agent_within_its_grace_whatever_its_requests_wait_for() {
 fn get(addr: std::net::SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n").expect("send");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
     let mut text = String::new();
     stream.read_to_string(&mut text).expect("read");
     text
@@ -241,9 +245,9 @@ fn get(addr: std::net::SocketAddr, path: &str) -> String {
 /// `/metrics` and nothing else; the probes stay on `--probe-listen` (loopback).
 #[test]
 fn the_metrics_listener_serves_metrics_only() {
-    let data = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().expect("tempdir");
     let port = ipkeep_tests::free_port();
-    let addr: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().expect("an address");
     let agent = Agent::start(
         data.path(),
         AgentOptions {
@@ -253,7 +257,10 @@ fn the_metrics_listener_serves_metrics_only() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(addr).is_err() {
-        assert!(std::time::Instant::now() < deadline, "nothing listens on {addr}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {addr}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let metrics = get(addr, "/metrics");
@@ -261,7 +268,13 @@ fn the_metrics_listener_serves_metrics_only() {
     assert!(metrics.contains("ipkeep_agent_build_info"), "{metrics}");
     for path in ["/healthz", "/readyz"] {
         let answer = get(addr, path);
-        assert!(answer.starts_with("HTTP/1.1 404"), "{path} on {addr}: {answer}");
-        assert!(agent.get(path).starts_with("HTTP/1.1 200"), "{path} on the probe port");
+        assert!(
+            answer.starts_with("HTTP/1.1 404"),
+            "{path} on {addr}: {answer}"
+        );
+        assert!(
+            agent.get(path).starts_with("HTTP/1.1 200"),
+            "{path} on the probe port"
+        );
     }
 }
