@@ -471,5 +471,6 @@ pub mod faults;
 pub mod kubectl;
 pub mod mountns;
 pub mod pki;
+pub mod prometheus;
 pub mod promql;
 pub mod store;
