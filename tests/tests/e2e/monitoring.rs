@@ -9,13 +9,12 @@
 //! - on the healthy cluster no alert fires;
 //! - the agent of one node killed again and again (CrashLoopBackOff), while a pod starts
 //!   there: `IpkeepComponentDown`, then, with the agent back, `IpkeepPluginFallbacks`;
-//! - that node's ipkeep disk filled, and a pod deleted there (its DEL cannot commit):
-//!   `IpkeepStoreUnhealthy`;
+//! - that node's store filled, the range with no address left (ADDs of pods nobody runs, until
+//!   one fails): `IpkeepRangeNearlyExhausted` and `IpkeepAddErrors`;
 //! - every series the alerts and the dashboard name had data while it ran.
 //!
 //! The rules' `for:` are cut to 10 s here (the expressions are the shipped ones; waiting out
-//! 15 minutes would only test Prometheus's clock). Needs the node's ipkeep data on a file
-//! system of its own (`--cni-data-size`), as `network_ready` does.
+//! 15 minutes would only test Prometheus's clock).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -120,8 +119,8 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
         targets.len()
     );
 
-    // Addresses held (the held-address series): a StatefulSet's pods gone while their
-    // PersistentPodState stays (the StatefulSet deleted with --cascade=orphan first).
+    // Addresses held (the held-address series): a pod scaled away whose PersistentPodState
+    // keeps its record (WhenDeleted).
     kubectl.apply(&held_statefulset());
     wait_until(
         "both pods of held running",
@@ -134,23 +133,7 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
             (running == 2).then_some(())
         },
     );
-    kubectl.run(&[
-        "delete",
-        "statefulset",
-        "-n",
-        NS,
-        "held",
-        "--cascade=orphan",
-    ]);
-    kubectl.run(&[
-        "delete",
-        "pod",
-        "-n",
-        NS,
-        "held-0",
-        "held-1",
-        "--grace-period=1",
-    ]);
+    kubectl.run(&["scale", "statefulset", "-n", NS, "held", "--replicas=1"]);
     wait_until(
         "the held addresses in Prometheus",
         Duration::from_secs(120),
@@ -225,40 +208,22 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
             .then_some(())
     });
 
-    // NODE's ipkeep disk full, and the pod there deleted: its DEL cannot commit.
-    let data = state
-        .join("nodes")
-        .join(NODE)
-        .join("root/var/lib/cni/ipkeep");
-    let filler = super::network_ready::fill(&data, 16 << 10);
-    kubectl.run(&[
-        "delete",
-        "pod",
-        "-n",
-        NS,
-        "monitoring-fallback",
-        "--wait=false",
-    ]);
-    let unhealthy = prometheus.wait_firing(
-        "IpkeepStoreUnhealthy",
-        &[("severity", "critical"), ("network", real.network)],
-        180,
+    // NODE's store filled: ADDs of pods nobody runs (in a sandbox's network namespace that
+    // exists, so no sweep takes them for missed DELs) until the range has no address left.
+    kubectl.run(&["delete", "pod", "-n", NS, "monitoring-fallback"]);
+    let failed_at = fill_the_range(&real, NODE);
+    let exhausted = prometheus.wait_firing(
+        "IpkeepRangeNearlyExhausted",
+        &[("severity", "warning"), ("network", real.network)],
+        120,
     );
+    let add_errors = prometheus.wait_firing("IpkeepAddErrors", &[("severity", "critical")], 120);
     eprintln!(
-        "prometheus: IpkeepStoreUnhealthy {:.0} s after {NODE}'s ipkeep disk filled",
-        unhealthy.as_secs_f64()
+        "prometheus: {NODE}'s range filled (ADD {failed_at} failed): IpkeepRangeNearlyExhausted after {:.0} s, IpkeepAddErrors after {:.0} s more",
+        exhausted.as_secs_f64(),
+        add_errors.as_secs_f64()
     );
-    std::fs::remove_file(&filler).expect("remove the filler");
-    wait_until(
-        "the pod gone once the disk has room",
-        Duration::from_secs(180),
-        || {
-            kubectl
-                .get(&["pod", "-n", NS, "monitoring-fallback"])
-                .is_none()
-                .then_some(())
-        },
-    );
+    empty_the_range(&real, NODE, failed_at);
 
     // Every series an alert or a panel names had data at some point of the run.
     let lasted = (t_step.elapsed().as_secs() + 60).to_string();
@@ -276,7 +241,8 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
         missing.is_empty(),
         "no data in Prometheus for {missing:?} (named by the alerts or the dashboard)"
     );
-    // The held addresses go with their PersistentPodState.
+    // The held address goes with its PersistentPodState.
+    kubectl.run(&["delete", "statefulset", "-n", NS, "held"]);
     kubectl.run(&["delete", "persistentpodstate", "-n", NS, "held"]);
     eprintln!(
         "prometheus: every series the alerts and the dashboard name had data; the step took {:.0} s",
@@ -284,19 +250,76 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
     );
 }
 
-/// A StatefulSet `held` of two sleepers in [`NS`], each pinned to its node, whose addresses are
-/// held for an hour when its pods go.
+/// The ADD (or DEL) of pod `fill-N` of the namespace `monitoring-fill`, N from 1 to `last`,
+/// on `node`, as a runtime calls the plugin, in the first sandbox network namespace there; the
+/// shell prints the N of the first ADD that fails.
+fn fill_script(command: &str, last: usize, netns: &str) -> String {
+    format!(
+        "i=0; while [ $i -lt {last} ]; do i=$((i+1)); \
+         CNI_COMMAND={command} CNI_CONTAINERID=monitoring-fill-$i CNI_NETNS={netns} \
+         CNI_IFNAME=eth0 CNI_PATH=/opt/cni/bin \
+         CNI_ARGS=\"K8S_POD_NAMESPACE=monitoring-fill;K8S_POD_NAME=fill-$i\" \
+         /opt/cni/bin/ipkeep </var/log/monitoring-fill.conf >/dev/null 2>&1 || {{ echo $i; exit 0; }}; \
+         done; echo none"
+    )
+}
+
+/// The node's network configuration as the bridge plugin hands it to ipkeep, written where the
+/// node reads it as /var/log/monitoring-fill.conf; and a sandbox's network namespace there.
+fn fill_setup(real: &Real, node: &str) -> String {
+    let root = real.state.join("nodes").join(node).join("root");
+    let list: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("etc/cni/net.d/10-ipkeep.conflist"))
+            .expect("the node's conflist"),
+    )
+    .expect("JSON");
+    let mut conf = list["plugins"][0].clone();
+    conf["name"] = list["name"].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    std::fs::write(root.join("var/log/monitoring-fill.conf"), conf.to_string())
+        .expect("write the configuration");
+    let netns = real.on_node(node, &["sh", "-c", "ls /var/run/netns | head -1"]);
+    let netns = netns.trim();
+    assert!(!netns.is_empty(), "no sandbox on {node}");
+    format!("/var/run/netns/{netns}")
+}
+
+/// Fills `node`'s range (see [`fill_script`]); the N of the ADD that failed.
+fn fill_the_range(real: &Real, node: &str) -> usize {
+    let netns = fill_setup(real, node);
+    let out = real.on_node(node, &["sh", "-c", &fill_script("ADD", 600, &netns)]);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("600 ADDs on {node} and none failed: {out}"))
+}
+
+/// DELs of what [`fill_the_range`] added.
+fn empty_the_range(real: &Real, node: &str, last: usize) {
+    let netns = fill_setup(real, node);
+    let out = real.on_node(node, &["sh", "-c", &fill_script("DEL", last, &netns)]);
+    assert_eq!(out.trim(), "none", "a DEL failed on {node}");
+}
+
+/// A StatefulSet `held` of two sleepers in [`NS`] and its PersistentPodState, which keeps the
+/// records of pods scaled away (`WhenDeleted`) and their addresses held for an hour.
 fn held_statefulset() -> String {
     format!(
-        r#"apiVersion: apps/v1
+        r#"apiVersion: ipkeep.dev/v1alpha1
+kind: PersistentPodState
+metadata:
+  name: held
+  namespace: {NS}
+spec:
+  targetRef: {{apiVersion: apps/v1, kind: StatefulSet, name: held}}
+  requiredPersistentTopology: {{nodeTopologyKeys: [kubernetes.io/hostname]}}
+  persistentPodStateRetentionPolicy: WhenDeleted
+  ipRetention: 1h
+---
+apiVersion: apps/v1
 kind: StatefulSet
 metadata:
   name: held
   namespace: {NS}
-  annotations:
-    ipkeep.dev/auto-generate-persistent-pod-state: "true"
-    ipkeep.dev/required-persistent-topology: kubernetes.io/hostname
-    ipkeep.dev/ip-retention: 1h
 spec:
   replicas: 2
   podManagementPolicy: Parallel

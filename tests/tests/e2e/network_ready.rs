@@ -35,7 +35,7 @@ fn ready_condition(kubectl: &Kubectl, node: &str) -> Option<(String, String)> {
 
 /// Fills the file system of `dir` with `dir/filler` until less than `leave` bytes are free
 /// (written, not sparse: a tmpfs counts only written pages).
-pub fn fill(dir: &Path, leave: u64) -> std::path::PathBuf {
+fn fill(dir: &Path, leave: u64) -> std::path::PathBuf {
     let st = nix::sys::statvfs::statvfs(dir).expect("statvfs");
     let free = st.blocks_available() * st.fragment_size();
     let path = dir.join("filler");
