@@ -21,7 +21,9 @@ BASE_SETS = [
     # deploy/ carries the Namespace object (Helm cannot create its release namespace), the
     # kube-scheduler file and the PrometheusRule (a kustomize component).
     "namespace.create=true",
+    f"namespace.name={NAMESPACE}",
     "monitoring.enabled=true",
+    "monitoring.podMonitors.enabled=true",
     "render.schedulerConfig=true",
     # The webhook, which works on every supported Kubernetes; the chart's default (auto) picks
     # by the cluster's API, which `helm template` does not see.
@@ -134,12 +136,12 @@ def cert_manager_component(helm, chart):
     for source, name in (("templates/scheduler-ext/webhook.yaml", "mutating-webhook"),
                          ("templates/scheduler-ext/lifecycle-webhook.yaml", "validating-webhook")):
         doc = by_source[source][0]
-        m = re.search(r"^(apiVersion: .*\nkind: .*\nmetadata:\n  name: .*\n  annotations:\n"
-                      r"(?:    .*\n)+)", doc, re.M)
+        m = re.search(r"^(apiVersion: .*\nkind: .*\nmetadata:\n  name: .*\n)(?:  labels:\n(?:    .*\n)+)?"
+                      r"(  annotations:\n(?:    .*\n)+)", doc, re.M)
         if not m:
             raise SystemExit(f"render-deploy: no annotations in the rendered {source}")
         files[f"cert-manager/{name}-annotations.yaml"] = patch_header(
-            source, "the CA injector's annotation") + m.group(1)
+            source, "the CA injector's annotation") + m.group(1) + m.group(2)
     return files
 
 

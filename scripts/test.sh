@@ -34,8 +34,10 @@ if command -v go >/dev/null; then
   kubectl_bin=$(scripts/k8s-build.sh "${node[@]}" --print-dir | tail -1)/kubectl
   # Helm 4 for the chart checks (lint, renderings, deploy/ not stale), built or cached.
   helm_bin=$(scripts/helm-build.sh --print-dir | tail -1)/bin/helm
-  # promtool (Prometheus) for the alerting rules (check rules, test rules), built or cached.
-  promtool_bin=$(scripts/promtool-build.sh --print-dir | tail -1)/bin/promtool
+  # promtool (Prometheus) for the alerting rules (check rules, test rules), built or cached;
+  # where real nodes run, the Prometheus server too (tests/tests/e2e/monitoring.rs).
+  server=(); [ "$(id -u)" -eq 0 ] && server=(--server)
+  promtool_bin=$(scripts/promtool-build.sh "${server[@]}" --print-dir | tail -1)/bin/promtool
   # The node runtime the real nodes run (containerd, runc, CNI plugins), built or cached.
   if [ "$(id -u)" -eq 0 ]; then
     runtime_dir=$(scripts/runtime-build.sh --print-dir | tail -1)

@@ -5,9 +5,12 @@
 # With a helm ($IPKEEP_HELM; scripts/test.sh passes the one scripts/helm-build.sh builds), first
 # the chart:
 #  - `helm lint --strict` with the default values and with charts/ipkeep/ci/*.yaml;
-#  - values.schema.json refuses a few bad values, each with a message naming the key;
+#  - values.schema.json (and the templates' cross-field checks) refuse a few bad values, each
+#    with a message naming the key;
 #  - deploy/ is what scripts/render-deploy.sh renders from the chart now (else it fails naming
 #    each stale file; the fix is `scripts/render-deploy.sh`);
+#  - (with or without a helm) the values table in charts/ipkeep/README.md is what
+#    scripts/values_table.py generates (the fix: run it);
 #  - the chart rendered with the default values and with each charts/ipkeep/ci/*.yaml (into
 #    another namespace) passes every check below, as deploy/ does.
 # Without a helm these are skipped, saying so.
@@ -55,10 +58,11 @@ cd "$(dirname "$0")/.."
 dir="${1:-deploy}"
 [ -d "$dir" ] || { echo "validate-deploy: $dir is not a directory" >&2; exit 2; }
 
-# kubernetes-validate bundles the Kubernetes OpenAPI schemas of 1.25 to 1.37. 1.25 is the oldest
-# release docs/install.md supports (a field added later fails there), 1.33 the API our code is
-# built against (k8s-openapi feature v1_33), 1.37 the newest bundled (a field removed since fails).
-K8S_VERSIONS="${K8S_VERSIONS:-1.25 1.33 1.37}"
+# kubernetes-validate bundles the Kubernetes OpenAPI schemas of 1.25 to 1.37. 1.35 is the oldest
+# release the chart (kubeVersion) and docs/install.md support (a field added later fails there),
+# 1.33 the API our code is built against (k8s-openapi feature v1_33), 1.37 the newest bundled (a
+# field removed since fails).
+K8S_VERSIONS="${K8S_VERSIONS:-1.33 1.35 1.37}"
 REQUIREMENTS="kubernetes-validate==1.37.0 jsonschema==4.26.0 referencing==0.37.0 PyYAML==6.0.3 promql-parser==0.11.0"
 
 venv="${IPKEEP_VALIDATE_VENV:-$PWD/target/validate-deploy-venv}"
@@ -95,6 +99,9 @@ if [ -n "$promtool_bin" ] && [ ! -x "$promtool_bin" ]; then
   exit 2
 fi
 chart=charts/ipkeep
+# The chart README's values table is what scripts/values_table.py generates from values.yaml
+# and values.schema.json (it needs PyYAML, which the virtualenv has).
+"$venv/bin/python" scripts/values_table.py --check
 validate() { # the checks of one directory: scripts/validate_deploy.py
   K8S_VERSIONS="$K8S_VERSIONS" KUBECTL="$kubectl_bin" HELM="$helm_bin" CHART="$chart" \
     PROMTOOL="$promtool_bin" "$venv/bin/python" scripts/validate_deploy.py "$1"
@@ -122,7 +129,10 @@ else
              "webhook.timeoutSeconds=31|/webhook/timeoutSeconds" \
              "networkPolicy.enabled=true|/networkPolicy/controlPlaneCIDRs" \
              "cni.ipam.retention=5 minutes|/cni/ipam/retention" \
-             "controler.replicas=2|additional properties 'controler'"; do
+             "controler.replicas=2|additional properties 'controler'" \
+             "cni.ranges[0][0].subnet=banana|/cni/ranges/0/0/subnet" \
+             "schedulerExt.service.clusterIP=999.1.1.1|/schedulerExt/service/clusterIP" \
+             "selfManagedCertificates.caValidity=1h|caValidity"; do
     if out=$("$helm_bin" template ipkeep "$chart" --set "${bad%%|*}" 2>&1 >/dev/null); then
       echo "validate-deploy: FAIL: the chart accepts --set ${bad%%|*}; values.schema.json must refuse it" >&2
       exit 1
@@ -131,7 +141,7 @@ else
       exit 1
     fi
   done
-  echo "validate-deploy: ok   $chart: helm lint --strict (default values, $ci_values ci values files), schema refuses 5 bad values"
+  echo "validate-deploy: ok   $chart: helm lint --strict (default values, $ci_values ci values files), schema and templates refuse 8 bad values"
   if [ "$dir" = deploy ]; then
     IPKEEP_HELM="$helm_bin" scripts/render-deploy.sh --check
   fi

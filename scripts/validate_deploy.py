@@ -3,7 +3,7 @@
 Run by scripts/validate-deploy.sh, which makes the virtualenv with the pinned tools and says
 what is checked; importable (the checks are functions, `main` runs them):
 
-    K8S_VERSIONS="1.25 1.33 1.37" KUBECTL=/path/to/kubectl HELM=/path/to/helm \
+    K8S_VERSIONS="1.33 1.35 1.37" KUBECTL=/path/to/kubectl HELM=/path/to/helm \
         CHART=charts/ipkeep PROMTOOL=/path/to/promtool python3 scripts/validate_deploy.py deploy
 """
 
@@ -307,6 +307,9 @@ def check_component(where, path, doc):
             continue
         if d["apiVersion"].startswith("cert-manager.io/"):
             continue  # checked as files (check_cert_manager)
+        if d["apiVersion"].startswith("monitoring.coreos.com/") and d["kind"] == "PodMonitor":
+            bad += not check_pod_monitor(name, d, quiet=True)
+            continue
         if d["apiVersion"].startswith("monitoring.coreos.com/"):
             bad += not check_prometheus_rule(name, d, quiet=True)
             continue
@@ -329,7 +332,7 @@ def same_objects_as_chart(where, rendered, sets):
     if not helm:
         return skip(f"{where} (same as the chart)", "no helm (IPKEEP_HELM)")
     cmd = [helm, "template", "ipkeep", chart, "--namespace", "ipkeep-system", "--skip-tests",
-           "--set", "namespace.create=true"]
+           "--set", "namespace.create=true", "--set", "namespace.name=ipkeep-system"]
     for s in sets:
         cmd += ["--set", s]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -375,7 +378,9 @@ def same_as_chart(where, rendered):
 
 
 # Kinds served only from a Kubernetes release on: checked in the versions from that one.
-SINCE = {("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): (1, 36),
+SINCE = {("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): (1, 30),
+         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (1, 30),
+         ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): (1, 36),
          ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): (1, 36)}
 
 
@@ -465,6 +470,35 @@ def check_prometheus_rule(where, doc, quiet=False):
     return not errors
 
 
+ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
+                 "metricRelabelings", "honorLabels"}
+
+
+def check_pod_monitor(where, doc, quiet=False):
+    """A PodMonitor: the fields of the Prometheus Operator's CRD the chart uses, nothing else
+    (its schema cannot be fetched offline)."""
+    errors = []
+    if doc["apiVersion"] != "monitoring.coreos.com/v1":
+        errors.append(f"only monitoring.coreos.com/v1 PodMonitor is known, not {doc['apiVersion']}")
+    spec = doc.get("spec") or {}
+    errors += [f"spec: unknown field {k}" for k in sorted(set(spec) - {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel"})]
+    if not (spec.get("selector") or {}).get("matchLabels"):
+        errors.append("spec.selector.matchLabels is required")
+    endpoints = spec.get("podMetricsEndpoints") or []
+    if not endpoints:
+        errors.append("spec.podMetricsEndpoints is empty")
+    for n, e in enumerate(endpoints):
+        errors += [f"spec.podMetricsEndpoints[{n}]: unknown field {k}" for k in sorted(set(e) - ENDPOINT_KEYS)]
+        if "interval" in e and not DURATION.match(str(e["interval"])):
+            errors.append(f"spec.podMetricsEndpoints[{n}].interval: {e['interval']!r} is not a duration")
+    for e in errors:
+        fail(where, e)
+    if not errors and not quiet:
+        skip(where, "the Prometheus Operator's CRD schemas cannot be fetched offline; checked "
+                    "its fields by hand")
+    return not errors
+
+
 def check_rules_with_promtool(where, groups):
     """Prometheus's own checks of the rule groups (`promtool check rules`: syntax, durations,
     templates, duplicates) and its unit tests of a few alerts (`promtool test rules`)."""
@@ -534,6 +568,9 @@ def check_documents():
             continue
         if gv.startswith("cert-manager.io/"):
             check_cert_manager(where, doc)
+            continue
+        if gv.startswith("monitoring.coreos.com/") and kind == "PodMonitor":
+            check_pod_monitor(where, doc)
             continue
         if gv.startswith("monitoring.coreos.com/"):
             check_prometheus_rule(where, doc)

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ipkeep_daemon::{LogArgs, LogError, STOP_GRACE, identity, run_until_stopped, shutdown_signal};
+use ipkeep_daemon::{
+    LogArgs, LogError, STOP_GRACE, identity, renamed, run_until_stopped, shutdown_signal,
+};
 use ipkeep_listener::{Limits, Server};
 
 use crate::certificates::{self, CertSettings};
@@ -27,9 +29,10 @@ use crate::run::{Settings, run};
 pub struct Args {
     /// Address of the /healthz, /readyz and /metrics endpoints (plain HTTP; at most 8
     /// connections per client address and 64 in all, so that no client starves the kubelet's
-    /// probes or the process's file descriptors).
-    #[arg(long, env = "IPKEEP_LISTEN", default_value = "0.0.0.0:8080")]
-    listen: SocketAddr,
+    /// probes or the process's file descriptors) [default: 0.0.0.0:8080]. Formerly --listen
+    /// (IPKEEP_LISTEN), still taken in this release.
+    #[arg(long, alias = "listen", env = "IPKEEP_PROBE_LISTEN")]
+    probe_listen: Option<SocketAddr>,
     /// Run without leader election (only safe with a single replica).
     #[arg(long, env = "IPKEEP_NO_LEADER_ELECTION")]
     no_leader_election: bool,
@@ -122,19 +125,28 @@ impl WebhookCertArgs {
     }
 }
 
+/// Where the probes listen unless told otherwise.
+const DEFAULT_PROBE_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    8080,
+));
+
 /// Why the controller could not start (`main` prints it with its causes).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// `--log` or `--log-format` cannot be used.
     #[error(transparent)]
     Logs(#[from] LogError),
+    /// `IPKEEP_LISTEN` (renamed `IPKEEP_PROBE_LISTEN`) does not parse.
+    #[error(transparent)]
+    Renamed(#[from] renamed::RenamedError),
     /// No kubeconfig and no service account.
     #[error("failed to find the cluster (set KUBECONFIG, or run in a pod with a service account)")]
     NoCluster(#[source] kube::Error),
     /// The health/metrics address cannot be bound.
-    #[error("failed to listen on {addr}")]
+    #[error("failed to listen on {addr} (--probe-listen)")]
     Listen {
-        /// `--listen`.
+        /// `--probe-listen`.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
@@ -147,7 +159,7 @@ impl Args {
     /// 1 after an error ([`run_until_stopped`]).
     pub async fn run(self) -> Result<(), StartError> {
         let Self {
-            listen,
+            probe_listen,
             no_leader_election,
             lease_namespace,
             lease_name,
@@ -159,6 +171,12 @@ impl Args {
             logs,
         } = self;
         logs.init()?;
+        renamed::warn_flags(std::env::args_os(), &[("--listen", "--probe-listen")]);
+        let listen = match probe_listen {
+            Some(addr) => addr,
+            None => renamed::env("IPKEEP_LISTEN", "IPKEEP_PROBE_LISTEN")?
+                .unwrap_or(DEFAULT_PROBE_LISTEN),
+        };
         let client = kube::Client::try_default()
             .await
             .map_err(StartError::NoCluster)?;

@@ -71,7 +71,8 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ipkeep_controller");
+        let mut root = Registry::default();
+        let registry = ipkeep_daemon::metrics::binary_registry(&mut root, "ipkeep_controller");
         let reconciles = Family::<LoopLabel, Counter>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
         let duration = Family::<LoopLabel, Histogram>::new_with_constructor(|| {
@@ -96,7 +97,7 @@ impl Default for Metrics {
             listeners: Default::default(),
         };
         m.undecodable
-            .register(&mut registry, &["PersistentPodState"]);
+            .register(registry, &["PersistentPodState"]);
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -158,7 +159,7 @@ impl Default for Metrics {
             "With --webhook-certificates: when the webhook's CA in use expires",
             m.webhook_ca_expiry.clone(),
         );
-        m.listeners.register(&mut registry);
+        m.listeners.register(registry);
         // prometheus-client writes a family only once it has a series, and alerts and
         // dashboards must find every family from the start: every loop's series at zero.
         for controller in LOOPS {
@@ -168,7 +169,10 @@ impl Default for Metrics {
                 drop(m.errors.get_or_create(&ErrorLabels { controller, error }));
             }
         }
-        Self { registry, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 }
 

@@ -210,3 +210,289 @@ async fn two_replicas_keep_one_secret_and_the_ca_bundles_through_renewals() {
         r.abort();
     }
 }
+
+/// ipkeep-controller's service account in deploy/.
+const CONTROLLER: &str = "system:serviceaccount:ipkeep-system:ipkeep-controller";
+/// The webhook server's Secret and the webhook configurations' name in deploy/.
+const DEPLOY_SECRET: &str = "ipkeep-scheduler-ext-tls";
+const DEPLOY_CONFIGURATIONS: &str = "ipkeep-scheduler-ext";
+
+fn deploy_file(path: &str) -> String {
+    let path = ipkeep_tests::cluster::repo_root().join("deploy").join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The documents of the multi-document `yaml` whose `metadata.name` starts with `prefix`.
+fn named(yaml: &str, prefix: &str) -> String {
+    let needle = format!("\n  name: {prefix}");
+    yaml.split("\n---\n")
+        .filter(|doc| doc.contains(&needle))
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// A client as ipkeep-controller's service account of deploy/, with only its own rights (no
+/// `system:masters`).
+async fn as_controller(c: &Cluster) -> kube::Client {
+    let mut config = c.server.config("ipkeep-system").await;
+    config.auth_info.impersonate = Some(CONTROLLER.into());
+    config.auth_info.impersonate_groups = Some(
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:ipkeep-system",
+            "system:authenticated",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    kube::Client::try_from(config).unwrap()
+}
+
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("{what}: not refused: {other:?}"),
+    }
+}
+
+/// Security review L-3: with the rights deploy/ gives it (controller/rbac.yaml and the admission
+/// policies ipkeep-controller-secrets and ipkeep-controller-ca-bundles), ipkeep-controller
+/// creates, fills and refills the webhook server's Secret when it is missing or emptied, and
+/// sets the webhook configurations' caBundle; its token creates no other Secret and changes
+/// nothing else of the webhook configurations.
+#[tokio::test]
+async fn with_the_shipped_rights_the_controller_writes_its_secret_and_the_ca_bundles_only() {
+    let Some(c) = cluster().await else { return };
+    let kubectl = c.server.kubectl();
+    if kubectl
+        .try_run(&["get", "namespace", "ipkeep-system"], None)
+        .status
+        .success()
+    {
+        kubectl.run(&["delete", "secret", "-n", "ipkeep-system", "--all"]);
+    } else {
+        kubectl.run(&["create", "namespace", "ipkeep-system"]);
+    }
+    kubectl.apply(&deploy_file("controller/rbac.yaml"));
+    let policies = named(
+        &deploy_file("controller/admission-policies.yaml"),
+        "ipkeep-controller-",
+    );
+    if !policies.is_empty() {
+        kubectl.apply(&policies);
+    }
+    kubectl.apply(&deploy_file("scheduler-ext/webhook.yaml"));
+    kubectl.apply(&deploy_file("scheduler-ext/lifecycle-webhook.yaml"));
+    let controller = as_controller(&c).await;
+    let secrets = Api::<Secret>::namespaced(controller.clone(), "ipkeep-system");
+    let secret = |name: &str, type_: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "type": type_,
+            "data": {"tls.crt": "", "tls.key": ""}}))
+        .unwrap()
+    };
+
+    // Any other Secret is refused, once the policies are active (their informers start
+    // asynchronously).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let message = loop {
+        match secrets
+            .create(
+                &PostParams::default(),
+                &secret("not-mine", "kubernetes.io/tls"),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 => break s.message,
+            Ok(_) => {
+                Api::<Secret>::namespaced(c.client.clone(), "ipkeep-system")
+                    .delete("not-mine", &Default::default())
+                    .await
+                    .unwrap();
+            }
+            Err(e) => panic!("create not-mine: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "60 s after deploy/'s policies were applied, ipkeep-controller's token still creates any Secret in ipkeep-system"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        message.contains("ipkeep-controller writes no Secret but"),
+        "{message}"
+    );
+    let token = json!({"metadata": {"name": DEPLOY_SECRET, "annotations":
+        {"kubernetes.io/service-account.name": "ipkeep-scheduler-ext"}},
+        "type": "kubernetes.io/service-account-token"});
+    refused(
+        secrets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(token).unwrap(),
+            )
+            .await,
+        "a service-account token Secret under the certificate Secret's name",
+    );
+    refused(
+        Api::<Secret>::namespaced(controller.clone(), &c.ns)
+            .create(
+                &PostParams::default(),
+                &secret(DEPLOY_SECRET, "kubernetes.io/tls"),
+            )
+            .await,
+        "the certificate Secret in another namespace",
+    );
+
+    // Missing: created; its CA in both configurations.
+    let settings = CertSettings {
+        namespace: "ipkeep-system".into(),
+        secret: DEPLOY_SECRET.into(),
+        configurations: vec![DEPLOY_CONFIGURATIONS.into()],
+        certs: ipkeep_certs::Settings {
+            dns_names: vec!["ipkeep-scheduler-ext.ipkeep-system.svc".into()],
+            // Short, so that the keeper looks every few seconds.
+            ca_validity: Duration::from_secs(15),
+            cert_validity: Duration::from_secs(6),
+        },
+    };
+    let keeper = tokio::spawn(keep(
+        controller.clone(),
+        settings,
+        Arc::new(Health::default()),
+    ));
+    let admin_secrets = Api::<Secret>::namespaced(c.client.clone(), "ipkeep-system");
+    let filled = async |what: &str, not: Option<&[u8]>| -> Vec<u8> {
+        eventually(20, what, async || {
+            let s = admin_secrets.get_opt(DEPLOY_SECRET).await.unwrap()?;
+            let ca = s.data?.get("ca.crt")?.0.clone();
+            let fresh = !ca.is_empty() && not != Some(&ca[..]);
+            (fresh && bundles(&c.client, DEPLOY_CONFIGURATIONS).await == vec![Some(ca.clone()); 4])
+                .then_some(ca)
+        })
+        .await
+    };
+    let first = filled(
+        "the missing Secret created and both configurations' caBundle set",
+        None,
+    )
+    .await;
+
+    // Emptied (as re-applying an empty Secret would): filled again, with a new CA.
+    let mut emptied = admin_secrets.get(DEPLOY_SECRET).await.unwrap();
+    emptied.data = secret(DEPLOY_SECRET, "kubernetes.io/tls").data;
+    admin_secrets
+        .replace(DEPLOY_SECRET, &PostParams::default(), &emptied)
+        .await
+        .unwrap();
+    let second = filled("the emptied Secret filled again", Some(&first)).await;
+
+    // Deleted: created again.
+    admin_secrets
+        .delete(DEPLOY_SECRET, &Default::default())
+        .await
+        .unwrap();
+    filled("the deleted Secret created again", Some(&second)).await;
+
+    // The webhook configurations: nothing but caBundle.
+    let mutating = Api::<MutatingWebhookConfiguration>::all(controller.clone());
+    let validating = Api::<ValidatingWebhookConfiguration>::all(controller.clone());
+    let strategic = |hook: &str, change: serde_json::Value| {
+        let mut w = json!({"name": hook});
+        if let (Some(w), Some(change)) = (w.as_object_mut(), change.as_object()) {
+            w.extend(change.clone());
+        }
+        json!({"webhooks": [w]})
+    };
+    let elsewhere = json!({"clientConfig": {"service": {"namespace": "attacker", "name": "steal", "path": "/all"}}});
+    for (what, result) in [
+        (
+            "the pinning webhook's Service",
+            mutating
+                .patch(
+                    DEPLOY_CONFIGURATIONS,
+                    &PatchParams::default(),
+                    &Patch::Strategic(strategic("pin.ipkeep.dev", elsewhere.clone())),
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the lifecycle webhook's rules",
+            validating
+                .patch(
+                    DEPLOY_CONFIGURATIONS,
+                    &PatchParams::default(),
+                    &Patch::Strategic(strategic(
+                        "evict.lifecycle.ipkeep.dev",
+                        json!({"rules": [{"operations": ["*"], "apiGroups": ["*"],
+                            "apiVersions": ["*"], "resources": ["*/*"]}]}),
+                    )),
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the lifecycle configuration's labels",
+            validating
+                .patch(
+                    DEPLOY_CONFIGURATIONS,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the pinning webhook's failurePolicy",
+            mutating
+                .patch(
+                    DEPLOY_CONFIGURATIONS,
+                    &PatchParams::default(),
+                    &Patch::Strategic(strategic(
+                        "pin.ipkeep.dev",
+                        json!({"failurePolicy": "Fail"}),
+                    )),
+                )
+                .await
+                .map(|_| ()),
+        ),
+    ] {
+        let message = refused(result, what);
+        assert!(
+            message.contains("nothing of a webhook configuration but its webhooks' caBundle"),
+            "{what}: {message}"
+        );
+    }
+    // Its own job still goes through: a reset caBundle is put back.
+    let reset = strategic(
+        "pin.ipkeep.dev",
+        json!({"clientConfig": {"caBundle": null}}),
+    );
+    Api::<MutatingWebhookConfiguration>::all(c.client.clone())
+        .patch(
+            DEPLOY_CONFIGURATIONS,
+            &PatchParams::default(),
+            &Patch::Strategic(&reset),
+        )
+        .await
+        .unwrap();
+    eventually(
+        20,
+        "the reset caBundle put back by the controller",
+        async || {
+            let s = admin_secrets.get_opt(DEPLOY_SECRET).await.unwrap()?;
+            let ca = s.data?.get("ca.crt")?.0.clone();
+            (bundles(&c.client, DEPLOY_CONFIGURATIONS).await == vec![Some(ca); 4]).then_some(())
+        },
+    )
+    .await;
+    keeper.abort();
+    if !policies.is_empty() {
+        kubectl.run(&[
+            "delete",
+            "validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "ipkeep-controller-secrets",
+            "ipkeep-controller-ca-bundles",
+        ]);
+    }
+}

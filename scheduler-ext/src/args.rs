@@ -5,12 +5,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser};
-use ipkeep_daemon::{LogArgs, STOP_GRACE, run_until_stopped, shutdown_signal};
+use ipkeep_daemon::{LogArgs, STOP_GRACE, renamed, run_until_stopped, shutdown_signal};
 use ipkeep_listener::{Limits as ListenerLimits, Shares};
 
 use crate::http::Limits;
 use crate::tls::CertFiles;
 use crate::{Settings, StartError, run};
+
+/// Where the webhooks and the extender listen unless told otherwise.
+const DEFAULT_WEBHOOK_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    8443,
+));
 
 /// The webhook listener's default bounds.
 const WEBHOOK: ListenerLimits = ListenerLimits::webhook();
@@ -32,9 +38,10 @@ const WEBHOOK: ListenerLimits = ListenerLimits::webhook();
 #[command(name = "ipkeep-scheduler-ext", version)]
 #[command(group(ArgGroup::new("transport").required(true).args(["tls_cert", "insecure_http"])))]
 pub struct Args {
-    /// Address of the webhook and extender listener.
-    #[arg(long, env = "IPKEEP_LISTEN", default_value = "0.0.0.0:8443")]
-    pub listen: SocketAddr,
+    /// Address of the webhook and extender listener [default: 0.0.0.0:8443]. Formerly --listen
+    /// (IPKEEP_LISTEN), still taken in this release.
+    #[arg(long, alias = "listen", env = "IPKEEP_WEBHOOK_LISTEN")]
+    pub webhook_listen: Option<SocketAddr>,
     /// PEM certificate chain for HTTPS (reloaded when the file changes).
     #[arg(long, env = "IPKEEP_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -110,7 +117,7 @@ impl Args {
     /// stopped ([`run_until_stopped`]). Returns only if it cannot start.
     pub async fn run(self) -> Result<(), StartError> {
         let Self {
-            listen,
+            webhook_listen,
             tls_cert,
             tls_key,
             client_ca,
@@ -128,6 +135,12 @@ impl Args {
             logs,
         } = self;
         logs.init()?;
+        renamed::warn_flags(std::env::args_os(), &[("--listen", "--webhook-listen")]);
+        let listen = match webhook_listen {
+            Some(addr) => addr,
+            None => renamed::env("IPKEEP_LISTEN", "IPKEEP_WEBHOOK_LISTEN")?
+                .unwrap_or(DEFAULT_WEBHOOK_LISTEN),
+        };
         let client = ipkeep_daemon::preflight::client().await?;
         let tls = match (tls_cert, tls_key) {
             (Some(cert), Some(key)) => Some(CertFiles { cert, key }),

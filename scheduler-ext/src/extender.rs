@@ -215,6 +215,9 @@ pub struct Served {
     pub outcome: Outcome,
     /// The skip reason label, when a recorded pin was not applied.
     pub skipped: Option<&'static str>,
+    /// The pod carries `ipkeep.dev/pinned-by`: admission (the webhook or the admission policy)
+    /// pinned it already. A pod the extender pins without it was not seen at admission.
+    pub pinned_at_admission: bool,
 }
 
 fn malformed(reason: impl fmt::Display) -> RequestError {
@@ -230,10 +233,13 @@ fn parse(body: &[u8]) -> Result<(ExtenderArgs<'_>, Pod), RequestError> {
 
 /// The node pin for `pod`, with the outcome label: `None` when the pod is not pinned.
 fn pin_for(pod: &Pod, caches: &Caches) -> Result<(Option<Pinned>, Served), RequestError> {
+    let pinned_at_admission = (pod.metadata.annotations.as_ref())
+        .is_some_and(|a| a.contains_key(ipkeep_values::keys::PINNED_BY));
     let mut served = Served {
         body: Vec::new(),
         outcome: Outcome::Passed,
         skipped: None,
+        pinned_at_admission,
     };
     let Some(statefulset) = pin::statefulset_name(pod) else {
         return Ok((None, served));

@@ -152,6 +152,20 @@ const BLOCKING_ABOVE: usize = 1 << 20;
 /// All routes: `/mutate-pods`, `/validate-pods`, `/filter`, `/prioritize`, and
 /// [`health_routes`].
 pub fn router(state: AppState) -> Router {
+    decision_routes().merge(health_routes()).with_state(state)
+}
+
+/// The webhook port's routes when a probe listener serves `/metrics`: [`router`] without it,
+/// so that the port the Service exposes to the whole cluster does not show the metrics
+/// (which the probe port serves to whom the NetworkPolicy admits).
+pub fn webhook_router(state: AppState) -> Router {
+    decision_routes()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+fn decision_routes() -> Router<AppState> {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
         .route(
@@ -161,8 +175,6 @@ pub fn router(state: AppState) -> Router {
         .route("/validate-pods", post(validate_pods))
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
-        .merge(health_routes())
-        .with_state(state)
 }
 
 /// `/healthz`, `/readyz` and `/metrics` only (for a separate plain-HTTP probe port).
@@ -450,6 +462,9 @@ async fn extend(
     let served = run(&state, bytes, work).await.inspect_err(refused)?;
     if served.outcome == Outcome::Pinned && endpoint == "filter" {
         state.metrics.pin_applied(endpoint);
+        if !served.pinned_at_admission {
+            state.metrics.pin_missed_at_admission();
+        }
     }
     if let Some(reason) = served.skipped {
         state.metrics.pin_skipped(endpoint, reason);

@@ -19,9 +19,9 @@
 //! Decisions read PersistentPodStates, nodes and pods with hooks from reflector caches
 //! ([`cache`]); a request never waits on the API server. What requests cost in memory is
 //! bounded ([`budget`], [`pod`], [`http`]), and what connections may hold, per client address
-//! and in all, by `ipkeep_listener`. `/healthz`, `/readyz` (caches synced) and `/metrics` are
-//! served on the same listener, and optionally on a plain-HTTP probe listener of its own,
-//! which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
+//! and in all, by `ipkeep_listener`. `/healthz` and `/readyz` (caches synced) are served on the
+//! same listener, and `/metrics` too unless a plain-HTTP probe listener of its own serves all
+//! three, which nothing on the webhook port can starve. With `--client-ca`, the webhook port serves
 //! only clients with a certificate from that CA ([`tls::client_ca`]).
 
 mod args;
@@ -87,6 +87,9 @@ pub enum StartError {
     /// The CRD is not installed.
     #[error(transparent)]
     Preflight(#[from] ipkeep_daemon::preflight::PreflightError),
+    /// `IPKEEP_LISTEN` (renamed `IPKEEP_WEBHOOK_LISTEN`) does not parse.
+    #[error(transparent)]
+    Renamed(#[from] ipkeep_daemon::renamed::RenamedError),
     /// Request limits that cannot work together.
     #[error("{0}")]
     Limits(String),
@@ -98,7 +101,7 @@ pub enum StartError {
     Listen {
         /// The address.
         addr: SocketAddr,
-        /// Which flag gave it, when not --listen.
+        /// Which flag gave it, when not --webhook-listen.
         flag: &'static str,
         /// Why.
         source: std::io::Error,
@@ -156,7 +159,7 @@ pub async fn run(
             .await
             .map_err(|source| StartError::Listen {
                 addr: settings.listen,
-                flag: "",
+                flag: " (--webhook-listen)",
                 source,
             })?;
     tracing::info!(
@@ -166,7 +169,13 @@ pub async fn run(
         probe_listen = ?settings.probe_listen,
         "serving /mutate-pods, /validate-pods, /filter, /prioritize"
     );
-    webhook.serve(listener, http::router(state), shutdown).await;
+    // With a probe listener, /metrics is served there only.
+    let routes = if settings.probe_listen.is_some() {
+        http::webhook_router(state)
+    } else {
+        http::router(state)
+    };
+    webhook.serve(listener, routes, shutdown).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -61,6 +61,7 @@ pub struct Metrics {
     duration: Family<EndpointLabel, Histogram>,
     pins_applied: Family<EndpointLabel, Counter>,
     pins_skipped: Family<SkipLabels, Counter>,
+    pins_missed_at_admission: Counter,
     cert_reloads: Family<ReloadLabel, Counter>,
     cert_expiry: Gauge,
     in_flight: Gauge,
@@ -72,7 +73,8 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ipkeep_scheduler_ext");
+        let mut root = Registry::default();
+        let registry = ipkeep_daemon::metrics::binary_registry(&mut root, "ipkeep_scheduler_ext");
         let m = Self {
             registry: Registry::default(),
             requests: Family::default(),
@@ -83,6 +85,7 @@ impl Default for Metrics {
             }),
             pins_applied: Family::default(),
             pins_skipped: Family::default(),
+            pins_missed_at_admission: Counter::default(),
             cert_reloads: Family::default(),
             cert_expiry: Gauge::default(),
             in_flight: Gauge::default(),
@@ -105,6 +108,11 @@ impl Default for Metrics {
             m.pins_applied.clone(),
         );
         registry.register(
+            "pins_missed_at_admission",
+            "Pods the extender pinned that admission had not (no ipkeep.dev/pinned-by): neither the webhook nor the admission policy pinned them",
+            m.pins_missed_at_admission.clone(),
+        );
+        registry.register(
             "pins_skipped",
             "Recorded pins not applied, by reason",
             m.pins_skipped.clone(),
@@ -119,16 +127,18 @@ impl Default for Metrics {
             "When the serving certificate in use expires (notAfter), in seconds since the Unix epoch",
             m.cert_expiry.clone(),
         );
-        m.listeners.register(&mut registry);
-        m.undecodable
-            .register(&mut registry, &["PersistentPodState"]);
+        m.listeners.register(registry);
+        m.undecodable.register(registry, &["PersistentPodState"]);
         registry.register(
             "in_flight_bytes",
             "Request and response body bytes held now, out of --max-in-flight-bytes",
             m.in_flight.clone(),
         );
         m.create_series();
-        Self { registry, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 }
 
@@ -180,6 +190,11 @@ impl Metrics {
         self.pins_applied
             .get_or_create(&EndpointLabel { endpoint })
             .inc();
+    }
+
+    /// Counts a pod the extender pinned that admission had not.
+    pub fn pin_missed_at_admission(&self) {
+        self.pins_missed_at_admission.inc();
     }
 
     /// Counts a pin skipped.

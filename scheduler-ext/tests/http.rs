@@ -13,7 +13,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use http_body_util::BodyExt;
 use ipkeep_scheduler_ext::cache::Caches;
-use ipkeep_scheduler_ext::http::{AppState, Limits, router};
+use ipkeep_scheduler_ext::http::{AppState, Limits, router, webhook_router};
 use ipkeep_scheduler_ext::metrics::Metrics;
 use serde_json::{Value, json};
 use support::{HOST, ZONE, caches, node_json, pps_json};
@@ -668,4 +668,76 @@ async fn extender_takes_at_most_max_nodes() {
     assert_eq!(status, StatusCode::OK);
     let error = result["Error"].as_str().unwrap();
     assert!(error.contains("more than 10000 nodes"), "{error}");
+}
+
+/// Issue 41: `IpkeepWebhookNotCalled` fired on the admission-policy path, where no webhook is
+/// called by design: it compared the extender's pins with the webhook's calls. The extender now
+/// counts the pins admission missed, pods without `ipkeep.dev/pinned-by` (which the webhook and
+/// the policy both set); a pod pinned at admission, by either, is not counted.
+#[tokio::test]
+async fn filter_counts_only_the_pins_admission_missed() {
+    let app = app(&[pps_json()]).await;
+    let missed = |metrics: &str, n: u32| {
+        metrics.contains(&format!(
+            "ipkeep_scheduler_ext_pins_missed_at_admission_total {n}"
+        ))
+    };
+    let (_, metrics) = app.get("/metrics").await;
+    assert!(missed(&metrics, 0), "at zero from the start: {metrics}");
+    let mut admitted: Value = serde_json::from_str(FILTER).unwrap();
+    admitted["Pod"]["metadata"]["annotations"] = json!({"ipkeep.dev/pinned-by": "db"});
+    let (status, result) = app.post("/filter", admitted.to_string()).await;
+    assert_eq!(
+        (status, &result["NodeNames"]),
+        (StatusCode::OK, &json!(["n1"]))
+    );
+    let (_, metrics) = app.get("/metrics").await;
+    assert!(missed(&metrics, 0), "pinned at admission: {metrics}");
+    let mut unseen: Value = serde_json::from_str(FILTER).unwrap();
+    unseen["Pod"]["metadata"]["annotations"] = Value::Null;
+    let (_, result) = app.post("/filter", unseen.to_string()).await;
+    assert_eq!(result["NodeNames"], json!(["n1"]));
+    let (_, metrics) = app.get("/metrics").await;
+    assert!(missed(&metrics, 1), "not pinned at admission: {metrics}");
+    assert!(
+        metrics.contains(r#"ipkeep_scheduler_ext_pins_applied_total{endpoint="filter"} 2"#),
+        "{metrics}"
+    );
+}
+
+/// Security review L-4: `/metrics` is served on the probe listener, which the NetworkPolicy
+/// opens to the monitoring namespace only; the webhook port, which the Service exposes to the
+/// cluster, then answers the webhooks, the extender and the probes, not `/metrics`.
+#[tokio::test]
+async fn the_webhook_port_serves_no_metrics_beside_a_probe_listener() {
+    let app = app(&[pps_json()]).await;
+    let get = |path: &'static str| {
+        let state = app.state.clone();
+        async move {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            webhook_router(state)
+                .oneshot(request)
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(get("/metrics").await, StatusCode::NOT_FOUND);
+    assert_eq!(get("/healthz").await, StatusCode::OK);
+    assert_eq!(get("/readyz").await, StatusCode::OK);
+    let (status, _) = app.get("/metrics").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "without a probe listener it serves them"
+    );
+    let request = Request::post("/filter")
+        .header("content-type", "application/json")
+        .body(Body::from(FILTER))
+        .unwrap();
+    let response = webhook_router(app.state.clone())
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
 }

@@ -290,7 +290,7 @@ async fn concurrent_maximum_size_requests_stay_well_under_the_container_limit() 
     let ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([
             "--insecure-http",
-            "--listen",
+            "--webhook-listen",
             &listen.to_string(),
             "--log",
             "warn",

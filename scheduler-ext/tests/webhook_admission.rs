@@ -184,7 +184,7 @@ async fn api_server_calls_the_webhook_over_https_on_pod_create() {
     std::fs::write(&kubeconfig, ns.server.kubeconfig("default")).unwrap();
     let _ext = Ext(Command::new(env!("CARGO_BIN_EXE_ipkeep-scheduler-ext"))
         .args([
-            "--listen",
+            "--webhook-listen",
             &listen.to_string(),
             "--probe-listen",
             &probe.to_string(),

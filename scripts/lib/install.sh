@@ -195,9 +195,9 @@ ipkeep_up() {
     "$ib/ipkeep-scheduler-ext" --listen="127.0.0.1:$p_ext" --probe-listen="127.0.0.1:$p_ext_probe" \
     --tls-cert="$state/pki/scheduler-ext.crt" --tls-key="$state/pki/scheduler-ext.key" "${client_ca[@]}"
   start controller-0 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-0 \
-    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl0" --lease-duration=6s
+    "$ib/ipkeep-controller" --probe-listen="127.0.0.1:$p_ctl0" --lease-duration=6s
   start controller-1 env KUBECONFIG="$state/ipkeep-controller.kubeconfig" POD_NAME=controller-1 \
-    "$ib/ipkeep-controller" --listen="127.0.0.1:$p_ctl1" --lease-duration=6s
+    "$ib/ipkeep-controller" --probe-listen="127.0.0.1:$p_ctl1" --lease-duration=6s
   wait_for ipkeep-scheduler-ext 60 scheduler-ext curl -fsS "http://127.0.0.1:$p_ext_probe/readyz"
   wait_for "ipkeep-controller replica 0" 60 controller-0 curl -fsS "http://127.0.0.1:$p_ctl0/readyz"
   wait_for "ipkeep-controller replica 1" 60 controller-1 curl -fsS "http://127.0.0.1:$p_ctl1/readyz"

@@ -218,6 +218,11 @@ impl Agent {
             .collect()
     }
 
+    /// The address of its probe port (`/healthz`, `/readyz`, `/metrics`), once it serves.
+    pub fn probe_address(&self) -> Option<std::net::SocketAddr> {
+        self.probe
+    }
+
     /// `/metrics`, as text.
     pub fn metrics(&self) -> String {
         self.get("/metrics")

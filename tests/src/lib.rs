@@ -472,5 +472,6 @@ pub mod kubectl;
 pub mod loose_crd;
 pub mod mountns;
 pub mod pki;
+pub mod prometheus;
 pub mod promql;
 pub mod store;

@@ -1,7 +1,8 @@
 //! The plugin through a live `ipkeep-agent` that is SIGKILLed again and again while plugin
 //! processes keep arriving: every request still succeeds (through the fallback while the agent
 //! is down), every acknowledged ADD is recorded, no address ever has two owners, and the
-//! fallbacks are counted. Also: graceful shutdown finishes and releases the store.
+//! fallbacks are counted. Also: graceful shutdown finishes and releases the store, and the
+//! metrics listener serves nothing but `/metrics`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -224,4 +225,56 @@ fn sigterm_ends_the_agent_within_its_grace_whatever_its_requests_wait_for() {
     drop(held);
     let _ = waiting.kill();
     let _ = waiting.wait();
+}
+
+/// One plain-HTTP GET of `path` at `addr`: the whole answer.
+fn get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read");
+    text
+}
+
+/// Issue 41 and security review L-4: `--metrics-listen` (the node's IP, for Prometheus) serves
+/// `/metrics` and nothing else; the probes stay on `--probe-listen` (loopback).
+#[test]
+fn the_metrics_listener_serves_metrics_only() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = ipkeep_tests::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().expect("an address");
+    let agent = Agent::start(
+        data.path(),
+        AgentOptions {
+            args: vec!["--metrics-listen".into(), addr.to_string()],
+            ..AgentOptions::default()
+        },
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = get(addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(metrics.contains("ipkeep_agent_build_info"), "{metrics}");
+    for path in ["/healthz", "/readyz"] {
+        let answer = get(addr, path);
+        assert!(
+            answer.starts_with("HTTP/1.1 404"),
+            "{path} on {addr}: {answer}"
+        );
+        assert!(
+            agent.get(path).starts_with("HTTP/1.1 200"),
+            "{path} on the probe port"
+        );
+    }
 }

@@ -18,10 +18,14 @@
 mod alerts;
 #[path = "deploy/certificates.rs"]
 mod certificates;
+#[path = "deploy/chart.rs"]
+mod chart;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]
 mod consistency;
+#[path = "deploy/links.rs"]
+mod links;
 #[path = "deploy/manifests.rs"]
 mod manifests;
 #[path = "deploy/security.rs"]

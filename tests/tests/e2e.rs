@@ -8,7 +8,9 @@
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
 //!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), pods created and pinned
 //!   with every ipkeep Deployment stopped (`e2e/admission.rs`, the admission policy), and the
-//!   webhook's certificates renewing themselves under load (`e2e/certificates.rs`).
+//!   webhook's certificates renewing themselves under load (`e2e/certificates.rs`); before the
+//!   full disk, a real Prometheus scraping the cluster through the shipped service discovery
+//!   and firing the documented alerts on faults (`e2e/monitoring.rs`).
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Command, Output, Stdio};
@@ -26,6 +28,8 @@ mod admission;
 mod certificates;
 #[path = "e2e/lifecycle.rs"]
 mod lifecycle;
+#[path = "e2e/monitoring.rs"]
+mod monitoring;
 #[path = "e2e/network_ready.rs"]
 mod network_ready;
 #[path = "e2e/retention.rs"]
@@ -202,6 +206,7 @@ fn story_on_real_nodes() {
     a_static_pod_keeps_its_address(&state);
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
+    monitoring::prometheus_sees_the_cluster(&state);
     network_ready::follows_the_store(&state);
     admission::pods_need_no_ipkeep_deployment(&state);
     certificates::renew_on_real_nodes(&state);
@@ -256,7 +261,8 @@ fn story_with_the_webhook_on_the_oldest_release() {
 /// last retention step alone, `network-ready` the full-disk step (which needs a cluster brought
 /// up with `--cni-data-size`), `dual-stack` the dual-stack one (on a cluster up with
 /// `--ip-family dual`), `certificates` the certificates' renewal, `admission` the pods created
-/// with ipkeep's Deployments stopped.
+/// with ipkeep's Deployments stopped, `monitoring` a real Prometheus scraping the cluster (which
+/// needs `--cni-data-size` too).
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -283,6 +289,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "admission" {
         admission::pods_need_no_ipkeep_deployment(state);
+    }
+    if steps == "monitoring" {
+        monitoring::prometheus_sees_the_cluster(state);
     }
 }
 

@@ -6,6 +6,10 @@
 //! `ipkeep-agent`. A misspelt metric, or one a binary serves only after some event, makes an
 //! alert that never fires and a panel that stays empty; here it fails.
 //!
+//! A real Prometheus (built from its module by `scripts/promtool-build.sh --server`) scrapes the
+//! three and evaluates the shipped rules: on binaries just started nothing fires that the setup
+//! does not explain, and every series an alert or a panel names has data.
+//!
 //! prometheus-client writes a labelled family only once it has a series, so each binary creates
 //! its known series at zero when it starts; the agent's per-network ones come with a network
 //! (one pod's ADD and DEL here, then a sweep).
@@ -22,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipkeep_tests::agent::{Agent, AgentOptions};
 use ipkeep_tests::cluster::repo_root;
+use ipkeep_tests::prometheus::{Prometheus, named_metrics};
 use ipkeep_tests::promql::{metric_names, served_names};
 use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
 use serde_json::Value;
@@ -95,7 +100,12 @@ fn the_queries_are_found() {
         std::fs::read_to_string(repo_root().join("docs/metrics.md")).expect("docs/metrics.md");
     for (at, expr) in &queries {
         let names = metric_names(expr);
-        assert!(!names.is_empty(), "{at} names no ipkeep metric: {expr}");
+        // IpkeepComponentDown reads Prometheus's own `up` of ipkeep's targets.
+        let scrape_health = expr.starts_with("up{component=");
+        assert!(
+            !names.is_empty() || scrape_health,
+            "{at} names no ipkeep metric: {expr}"
+        );
         for name in names {
             assert!(
                 described(&metrics_md, &name),
@@ -167,15 +177,84 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_served_at_startup() {
     }
 
     let mut served = BTreeSet::new();
-    for (binary, text) in [
-        ("ipkeep-controller", metrics(controller.listen).await),
-        ("ipkeep-scheduler-ext", ext.metrics().await),
-        ("ipkeep-agent", agent.metrics()),
+    let agent_text = agent.metrics();
+    for (binary, prefix, text) in [
+        (
+            "ipkeep-controller",
+            "ipkeep_controller",
+            metrics(controller.listen).await,
+        ),
+        (
+            "ipkeep-scheduler-ext",
+            "ipkeep_scheduler_ext",
+            ext.metrics().await,
+        ),
+        ("ipkeep-agent", "ipkeep_agent", agent_text.clone()),
     ] {
         let names = served_names(&text);
         assert!(!names.is_empty(), "{binary} serves no metric:\n{text}");
         served.extend(names);
+        // What every binary serves besides its own (issue 41: build_info, process metrics).
+        let version = env!("CARGO_PKG_VERSION");
+        for series in [
+            format!("{prefix}_build_info{{version=\"{version}\"}} 1"),
+            "process_cpu_seconds_total ".to_string(),
+            "process_resident_memory_bytes ".to_string(),
+            "process_start_time_seconds ".to_string(),
+            "process_open_fds ".to_string(),
+            "process_max_fds ".to_string(),
+        ] {
+            assert!(text.contains(&series), "{binary} does not serve {series:?}");
+        }
     }
+    // A count that only grows is a counter (issue 41): the plugin's fallbacks.
+    assert!(
+        agent_text.contains("# TYPE ipkeep_agent_plugin_fallback_commands counter")
+            && agent_text
+                .contains("ipkeep_agent_plugin_fallback_commands_total{network=\"monitoring\"} 0"),
+        "the agent's fallback count is not a counter:\n{agent_text}"
+    );
+
+    // A real Prometheus scrapes the three and evaluates the shipped rules: nothing fires that
+    // this setup does not explain, and every series the rules and the dashboard name has data.
+    let target = |component: &str, addr: std::net::SocketAddr| serde_json::json!({"targets": [addr.to_string()], "labels": {"component": component}});
+    let prometheus = Prometheus::start(serde_json::json!([{
+        "job_name": "ipkeep",
+        "static_configs": [
+            target("ipkeep-controller", controller.listen),
+            target("ipkeep-scheduler-ext", ext.probes),
+            target("ipkeep-agent", agent.probe_address().expect("the agent's probe port")),
+        ],
+    }]));
+    ipkeep_tests::cluster::wait_until(
+        "the three targets up in Prometheus",
+        std::time::Duration::from_secs(60),
+        || {
+            let t = prometheus.targets();
+            (t.len() == 3 && t.iter().all(|(_, _, h)| h == "up")).then_some(())
+        },
+    );
+    // Every cut `for:` (10 s) over, twice.
+    tokio::time::sleep(std::time::Duration::from_secs(25)).await;
+    let firing: Vec<String> = prometheus.firing().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        firing.iter().all(|n| n == "IpkeepAgentNotSynced"),
+        "alerts fire on the binaries just started (IpkeepAgentNotSynced alone is expected: this \
+         agent runs without Kubernetes): {firing:?}"
+    );
+    let lasted = "10m";
+    let missing: Vec<String> = named_metrics()
+        .into_iter()
+        .filter(|name| {
+            prometheus
+                .query(&format!(
+                    "count(count_over_time({{__name__=\"{name}\"}}[{lasted}]))"
+                ))
+                .is_empty()
+        })
+        .collect();
+    assert!(missing.is_empty(), "no data in Prometheus for {missing:?}");
+    drop(prometheus);
 
     let queries = queries();
     let unknown = unknown(&queries, &served);

@@ -9,7 +9,7 @@
 
 {{/* The scheduler-ext Service's DNS name, which the certificate and the extender name. */}}
 {{- define "ipkeep.schedulerExtHost" -}}
-ipkeep-scheduler-ext.{{ .Release.Namespace }}.svc
+ipkeep-scheduler-ext.{{ include "ipkeep.namespace" . }}.svc
 {{- end -}}
 
 {{/* The webhooks' namespaceSelector: never the release namespace, the excluded ones, or a
@@ -19,7 +19,7 @@ namespaceSelector:
   matchExpressions:
     - key: kubernetes.io/metadata.name
       operator: NotIn
-      values: {{ concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq | toJson }}
+      values: {{ concat .Values.webhook.excludedNamespaces (list (include "ipkeep.namespace" .)) | uniq | toJson }}
     - key: ipkeep.dev/webhook
       operator: NotIn
       values: ["disabled"]
@@ -49,7 +49,7 @@ true
 {{- define "ipkeep.webhookAnnotations" -}}
 {{- if .Values.certManager.enabled }}
   annotations:
-    cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/ipkeep-scheduler-ext
+    cert-manager.io/inject-ca-from: {{ include "ipkeep.namespace" . }}/ipkeep-scheduler-ext
 {{- end }}
 {{- end -}}
 
@@ -57,7 +57,7 @@ true
 {{- define "ipkeep.webhookClientConfig" -}}
 clientConfig:
   service:
-    namespace: {{ .root.Release.Namespace }}
+    namespace: {{ (include "ipkeep.namespace" .root) }}
     name: ipkeep-scheduler-ext
     path: {{ .path }}
     port: 443
@@ -121,4 +121,56 @@ by hand rather than with toPrettyJson, to keep the keys in the order people read
     { "type": "portmap", "capabilities": { "portMappings": true } }
   ]
 }
+{{- end -}}
+
+{{/* The labels of every object (dict: root, and name and component where the object has
+them): the standard app.kubernetes.io labels, helm.sh/chart, and commonLabels (which cannot
+replace a standard one). Helm adds app.kubernetes.io/managed-by itself. Selectors use
+app.kubernetes.io/name alone, so that changing any of these never breaks an upgrade. */}}
+{{- define "ipkeep.labels" -}}
+{{- $root := .root -}}
+{{- $labels := dict "app.kubernetes.io/part-of" "ipkeep" "app.kubernetes.io/instance" $root.Release.Name "app.kubernetes.io/version" ($root.Chart.AppVersion | toString) "helm.sh/chart" (printf "%s-%s" $root.Chart.Name ($root.Chart.Version | replace "+" "_")) -}}
+{{- with .name }}{{ $_ := set $labels "app.kubernetes.io/name" . }}{{ end -}}
+{{- with .component }}{{ $_ := set $labels "app.kubernetes.io/component" . }}{{ end -}}
+{{- toYaml (merge $labels ($root.Values.commonLabels | default dict)) -}}
+{{- end -}}
+
+{{/* The metadata of a component's pods (dict: root, name, component, values: the component's
+values): its labels with podLabels (which cannot replace them), and podAnnotations. */}}
+{{- define "ipkeep.podMetadata" -}}
+{{- $labels := include "ipkeep.labels" . | fromYaml -}}
+labels:
+  {{- toYaml (merge $labels (.values.podLabels | default dict)) | nindent 2 }}
+{{- with .values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The namespace every component runs in: namespace.name, else the release namespace. */}}
+{{- define "ipkeep.namespace" -}}
+{{- .Values.namespace.name | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* A duration of the schema's form (1h30m, 365d) in seconds; below a second counts as 0. */}}
+{{- define "ipkeep.seconds" -}}
+{{- $total := 0 -}}
+{{- $units := dict "s" 1 "m" 60 "h" 3600 "d" 86400 -}}
+{{- range regexFindAll "[0-9]+(ns|us|ms|s|m|h|d)" . -1 -}}
+{{- $n := regexFind "^[0-9]+" . -}}
+{{- $unit := trimPrefix $n . -}}
+{{- $total = add $total (mul (atoi $n) (get $units $unit | default 0)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* The rules between values that the schema cannot state; each fails the render, naming the
+values. Included (it renders nothing) by controller/deployment.yaml. */}}
+{{- define "ipkeep.checks" -}}
+{{- $certs := .Values.selfManagedCertificates -}}
+{{- if include "ipkeep.selfManagedCertificates" . -}}
+{{- if le (atoi (include "ipkeep.seconds" $certs.caValidity)) (atoi (include "ipkeep.seconds" $certs.certificateValidity)) -}}
+{{- fail (printf "selfManagedCertificates.caValidity (%s) must be longer than selfManagedCertificates.certificateValidity (%s): the CA signs the serving certificate, which cannot outlive it" $certs.caValidity $certs.certificateValidity) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

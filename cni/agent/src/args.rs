@@ -33,10 +33,17 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     pub socket: PathBuf,
     /// Serve /healthz, /readyz and /metrics over plain HTTP on this address. Loopback by
-    /// default: with hostNetwork, any other address is reachable from every node; to let
-    /// Prometheus scrape, set the node's own IP (status.hostIP) and restrict it by policy.
+    /// default: with hostNetwork, any other address is reachable from every node.
     #[arg(long, env = "IPKEEP_PROBE_LISTEN", default_value = DEFAULT_PROBE_LISTEN)]
     pub probe_listen: SocketAddr,
+    /// Also serve /metrics, and nothing else, over plain HTTP on this address, for Prometheus:
+    /// the node's own IP (status.hostIP) and a port of its own, or the --probe-listen port
+    /// (another address). With hostNetwork it is reachable from wherever the node's IP is;
+    /// restrict it with a host firewall (docs/install.md, "Network policy"). Off by default.
+    /// An IPv6 address may be written without brackets (`fd00::5:9464`), as `$(NODE_IP):9464`
+    /// gives it.
+    #[arg(long, env = "IPKEEP_METRICS_LISTEN", value_parser = parse_listen)]
+    pub metrics_listen: Option<SocketAddr>,
     /// How often every store is swept (expired holdings, Kubernetes-aware release, gauges).
     #[arg(long, env = "IPKEEP_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
@@ -72,6 +79,18 @@ pub struct Args {
     pub exit_on_stdin_close: bool,
     #[command(flatten)]
     pub logs: LogArgs,
+}
+
+/// `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address and its port without brackets (the port is
+/// what follows the last colon).
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let bad = || format!("{text:?} is not an address and port (IP:PORT)");
+    let (ip, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::new(ip, port.parse().map_err(|_| bad())?))
 }
 
 /// Where the probes listen unless told otherwise.
@@ -118,6 +137,7 @@ impl Args {
             data_dir,
             socket,
             probe_listen,
+            metrics_listen,
             sweep_interval,
             release_grace,
             missed_del_grace,
@@ -144,6 +164,7 @@ impl Args {
             data_dir,
             socket,
             probe_listen: Some(probe_listen),
+            metrics_listen,
             sweep_interval,
             grace: Grace {
                 release: release_grace.as_secs(),
@@ -159,5 +180,25 @@ impl Args {
             run(client, settings, stop.requested())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_listen;
+
+    #[test]
+    fn a_listen_address_may_be_a_bare_ipv6_address_and_port() {
+        for (text, want) in [
+            ("10.0.0.5:9464", Some("10.0.0.5:9464")),
+            ("[fd00::5]:9464", Some("[fd00::5]:9464")),
+            ("fd00::5:9464", Some("[fd00::5]:9464")),
+            ("fd00::5", None),
+            ("node:9464", None),
+            ("10.0.0.5:99999", None),
+        ] {
+            let got = parse_listen(text).ok().map(|a| a.to_string());
+            assert_eq!(got.as_deref(), want, "{text}");
+        }
     }
 }

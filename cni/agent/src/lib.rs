@@ -47,6 +47,8 @@ pub struct Settings {
     pub socket: PathBuf,
     /// `/healthz`, `/readyz` and `/metrics`.
     pub probe_listen: Option<SocketAddr>,
+    /// `/metrics` only, for Prometheus (the node's IP).
+    pub metrics_listen: Option<SocketAddr>,
     /// How often every store is swept.
     pub sweep_interval: Duration,
     /// Grace periods before Kubernetes-aware decisions.
@@ -82,6 +84,14 @@ pub enum Error {
     #[error("failed to listen on {addr} (--probe-listen)")]
     Probes {
         /// `--probe-listen`.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `--metrics-listen` cannot be listened on.
+    #[error("failed to listen on {addr} (--metrics-listen)")]
+    Metrics {
+        /// `--metrics-listen`.
         addr: SocketAddr,
         /// Why.
         source: std::io::Error,
@@ -180,6 +190,25 @@ pub async fn run(
         let probes = ipkeep_listener::Server::new("probes", limits, metrics.listeners.clone());
         tokio::spawn(probes.serve(listener, app, shutdown.clone()));
     }
+    if let Some(addr) = settings.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Metrics { addr, source })?;
+        let state = ProbeState {
+            metrics: metrics.clone(),
+            cluster: cluster.clone(),
+            stores: stores.clone(),
+        };
+        // Only /metrics: this address is reachable from the network (the node's IP), and the
+        // probes have their own listener on loopback.
+        let app = axum::Router::new()
+            .route("/metrics", get(metrics_text))
+            .with_state(state);
+        tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+        let limits = ipkeep_listener::Limits::probes();
+        let server = ipkeep_listener::Server::new("metrics", limits, metrics.listeners.clone());
+        tokio::spawn(server.serve(listener, app, shutdown.clone()));
+    }
     let sweeper = Sweeper {
         stores: stores.clone(),
         metrics: metrics.clone(),
@@ -195,6 +224,7 @@ pub async fn run(
         node = %settings.node_name,
         socket = %settings.socket.display(),
         probe_listen = ?settings.probe_listen,
+        metrics_listen = ?settings.metrics_listen,
         kubernetes = cluster.is_some(),
         "serving the ipkeep plugin"
     );

@@ -82,6 +82,7 @@ pub struct Metrics {
     active: Family<NetworkLabel, Gauge>,
     free: Family<RangeLabels, Gauge>,
     fallbacks: Family<NetworkLabel, Gauge>,
+    fallback_commands: Family<NetworkLabel, Counter>,
     store_healthy: Family<NetworkLabel, Gauge>,
     wall_clock_doubted: Family<NetworkLabel, Gauge>,
     kubernetes_synced: Gauge,
@@ -104,7 +105,8 @@ const COMMANDS: [&str; 8] = [
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ipkeep_agent");
+        let mut root = Registry::default();
+        let registry = ipkeep_daemon::metrics::binary_registry(&mut root, "ipkeep_agent");
         let m = Self {
             registry: Registry::default(),
             requests: Family::default(),
@@ -116,6 +118,7 @@ impl Default for Metrics {
             active: Family::default(),
             free: Family::default(),
             fallbacks: Family::default(),
+            fallback_commands: Family::default(),
             store_healthy: Family::default(),
             wall_clock_doubted: Family::default(),
             kubernetes_synced: Gauge::default(),
@@ -163,8 +166,15 @@ impl Default for Metrics {
             m.free.clone(),
         );
         registry.register(
+            "plugin_fallback_commands",
+            "Commands the plugin ran itself because the agent did not answer, by network (read from the network directory; it only grows)",
+            m.fallback_commands.clone(),
+        );
+        // The same count under its name of 0.2.0, as a gauge, for the dashboards and alerts
+        // of that release; removed in the next.
+        registry.register(
             "plugin_fallbacks",
-            "Commands the plugin ran itself because the agent did not answer, by network (read from the network directory)",
+            "Deprecated, removed in the next release: ipkeep_agent_plugin_fallback_commands_total, the same count as a counter",
             m.fallbacks.clone(),
         );
         registry.register(
@@ -182,9 +192,8 @@ impl Default for Metrics {
             "1 when the pod and PersistentPodState caches are synced, so Kubernetes-aware release runs",
             m.kubernetes_synced.clone(),
         );
-        m.undecodable
-            .register(&mut registry, &["PersistentPodState"]);
-        m.listeners.register(&mut registry);
+        m.undecodable.register(registry, &["PersistentPodState"]);
+        m.listeners.register(registry);
         // prometheus-client writes a family only once it has a series, and alerts and
         // dashboards must find every family from the start: the series every agent has, at
         // zero (the per-network ones appear with the first sweep that sees a network).
@@ -205,7 +214,10 @@ impl Default for Metrics {
                 reason: reason.as_str(),
             }));
         }
-        Self { registry, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 }
 
@@ -288,6 +300,7 @@ impl Metrics {
         self.active.clear();
         self.free.clear();
         self.fallbacks.clear();
+        self.fallback_commands.clear();
         self.store_healthy.clear();
         self.wall_clock_doubted.clear();
         for n in networks {
@@ -296,6 +309,11 @@ impl Metrics {
             };
             self.active.get_or_create(&network).set(n.active);
             self.fallbacks.get_or_create(&network).set(n.fallbacks);
+            // The count lives in the network's directory (the plugin writes it); the counter
+            // takes its value rather than adding to it.
+            let count = u64::try_from(n.fallbacks).unwrap_or_default();
+            (self.fallback_commands.get_or_create(&network).inner())
+                .store(count, std::sync::atomic::Ordering::Relaxed);
             self.store_healthy
                 .get_or_create(&network)
                 .set(i64::from(n.healthy));

@@ -1,11 +1,14 @@
 //! What every long-running ipkeep binary (controller, scheduler extension, node agent) shares,
-//! so they log, name themselves, reach the API server, cache objects and stop the same way:
-//! [`LogArgs`], [`identity`], [`preflight`], [`lenient`], [`shutdown_signal`] and
-//! [`run_until_stopped`].
+//! so they log, name themselves, reach the API server, cache objects, stop and export their
+//! build and process the same way: [`LogArgs`], [`identity`], [`preflight`], [`lenient`],
+//! [`shutdown_signal`], [`run_until_stopped`] and [`metrics`]; and the flags renamed in this
+//! release ([`renamed`]).
 
 pub mod bodies;
 pub mod lenient;
+pub mod metrics;
 pub mod preflight;
+pub mod renamed;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;

@@ -437,6 +437,45 @@ mod tests {
         assert!(ReloadingCert::load(files).is_err());
     }
 
+    /// A Secret volume mounted with `items` (the chart mounts tls.crt and tls.key only): the
+    /// kubelet writes each version into a directory of its own, points `..data` at it, and the
+    /// files are symlinks through `..data`; an update swaps `..data` in one rename. The reload
+    /// reads the files through the links, so it sees the new pair, and nothing else of the
+    /// Secret is there.
+    #[test]
+    fn reloads_through_the_kubelets_atomic_swap_of_a_secret_volume() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let version = |n: u32, cert: &str, key: &str| {
+            let v = dir.path().join(format!("..2026_11_29_0{n}"));
+            std::fs::create_dir(&v).unwrap();
+            std::fs::write(v.join("tls.crt"), cert).unwrap();
+            std::fs::write(v.join("tls.key"), key).unwrap();
+            let tmp = dir.path().join("..data_tmp");
+            symlink(v.file_name().unwrap(), &tmp).unwrap();
+            std::fs::rename(&tmp, dir.path().join("..data")).unwrap();
+        };
+        let (c1, k1, t1) = pair("one.example", 2040);
+        version(1, &c1, &k1);
+        for f in ["tls.crt", "tls.key"] {
+            symlink(format!("..data/{f}"), dir.path().join(f)).unwrap();
+        }
+        let files = CertFiles {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+        };
+        let cert = ReloadingCert::load(files).unwrap();
+        assert_eq!(cert.not_after(), t1);
+        let (c2, k2, t2) = pair("two.example", 2041);
+        version(2, &c2, &k2);
+        assert!(
+            cert.reload_if_changed().unwrap(),
+            "the swapped pair is read"
+        );
+        assert_eq!(cert.not_after(), t2);
+        assert!(!dir.path().join("ca.key").exists());
+    }
+
     #[test]
     fn warns_within_the_warning_period_only() {
         let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);

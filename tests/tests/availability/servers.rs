@@ -115,7 +115,7 @@ impl SchedulerExt {
         });
         let mut command = Command::new(bin);
         command
-            .arg(format!("--listen={https}"))
+            .arg(format!("--webhook-listen={https}"))
             .arg(format!("--probe-listen={probes}"))
             .arg(format!("--tls-cert={}", cert.display()))
             .arg(format!("--tls-key={}", key.display()))
@@ -166,7 +166,7 @@ impl Controller {
         command
             .arg("-c")
             .arg(format!(
-                "ulimit -Sn {open_files} && exec \"$0\" --no-leader-election --listen={listen} --log=warn"
+                "ulimit -Sn {open_files} && exec \"$0\" --no-leader-election --probe-listen={listen} --log=warn"
             ))
             .arg(bin)
             .env("KUBECONFIG", &server.kubeconfig);

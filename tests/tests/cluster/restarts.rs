@@ -228,7 +228,7 @@ pub fn a_restarted_controller_picks_up_what_exists(cluster: &Cluster) {
                 cluster.state().join("ipkeep-controller.kubeconfig"),
             )
             .env("POD_NAME", format!("restart-{start}"))
-            .args(["--no-leader-election", "--listen", &probe]);
+            .args(["--no-leader-election", "--probe-listen", &probe]);
         let mut controller = Process::start(command, log, &probe);
         let registered = &names[start % names.len()];
         cluster.run(&[
@@ -321,7 +321,7 @@ fn start_scheduler_extension(cluster: &Cluster) -> (Process, String) {
             "KUBECONFIG",
             cluster.state().join("ipkeep-scheduler-ext.kubeconfig"),
         )
-        .arg(format!("--listen={listen}"))
+        .arg(format!("--webhook-listen={listen}"))
         .arg(format!("--probe-listen={probe}"))
         .arg(format!(
             "--tls-cert={}",

@@ -48,3 +48,53 @@ fn the_documented_alerts_include_the_attack_and_certificate_alerts() {
         );
     }
 }
+
+/// The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as `-`.
+pub fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Issue 41 (gap 9): Alertmanager can route every alert (`severity`) and say what it is and what
+/// to do (`summary`, `description`, `runbook_url` into a section of docs/troubleshooting.md that
+/// exists).
+#[test]
+fn every_alert_can_be_routed_and_points_to_its_runbook() {
+    let troubleshooting = std::fs::read_to_string(repo_root().join("docs/troubleshooting.md"))
+        .expect("docs/troubleshooting.md");
+    let anchors: Vec<String> = troubleshooting
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### ")))
+        .map(anchor)
+        .collect();
+    let base = "https://github.com/ipkeep/ipkeep/blob/main/docs/troubleshooting.md#";
+    let rule = find("PrometheusRule", "ipkeep");
+    let rules = rule.value["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules");
+    for r in rules {
+        let alert = r["alert"].as_str().expect("an alert");
+        let severity = r["labels"]["severity"].as_str().unwrap_or_default();
+        assert!(
+            ["critical", "warning", "info"].contains(&severity),
+            "{alert}: severity {severity:?}"
+        );
+        for key in ["summary", "description"] {
+            let text = r["annotations"][key].as_str().unwrap_or_default();
+            assert!(text.len() >= 20, "{alert}: {key} {text:?}");
+        }
+        let url = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        let section = url
+            .strip_prefix(base)
+            .unwrap_or_else(|| panic!("{alert}: runbook_url {url:?} is not a section of {base}"));
+        assert!(
+            anchors.iter().any(|a| a == section),
+            "{alert}: docs/troubleshooting.md has no section #{section}"
+        );
+    }
+}

@@ -173,3 +173,52 @@ pub fn resolve_port(c: &Container, port: &IntOrString) -> Option<i32> {
             .next(),
     }
 }
+
+/// Issue 41: one name per job. Every long-running binary serves its probes and metrics on
+/// `--probe-listen`; scheduler-ext's webhooks are `--webhook-listen`, the agent's extra metrics
+/// listener `--metrics-listen`; `--listen`, which named the probe port of the controller and
+/// the webhook port of scheduler-ext, is gone from `--help` and still taken, hidden, for one
+/// release (a bad value is refused under the new name, so the alias reaches it).
+#[test]
+fn one_flag_name_per_job_with_the_old_names_kept_hidden() {
+    for binary in ["ipkeep-controller", "ipkeep-scheduler-ext", "ipkeep-agent"] {
+        let cli = Cli::of(binary);
+        assert!(
+            cli.options.contains_key("--probe-listen"),
+            "{binary}: no --probe-listen"
+        );
+        assert!(
+            !cli.options.contains_key("--listen"),
+            "{binary} --help still shows --listen"
+        );
+    }
+    assert!(
+        Cli::of("ipkeep-scheduler-ext")
+            .options
+            .contains_key("--webhook-listen")
+    );
+    assert!(
+        Cli::of("ipkeep-agent")
+            .options
+            .contains_key("--metrics-listen")
+    );
+    for (binary, new) in [
+        ("ipkeep-controller", "--probe-listen"),
+        ("ipkeep-scheduler-ext", "--webhook-listen"),
+    ] {
+        let out = Command::new(self::binary(binary))
+            .arg("--listen=not-an-address")
+            .args(
+                ["--insecure-http"]
+                    .iter()
+                    .filter(|_| binary == "ipkeep-scheduler-ext"),
+            )
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(&format!("'{new} <")),
+            "{binary} --listen=not-an-address: {err}"
+        );
+    }
+}

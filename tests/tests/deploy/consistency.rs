@@ -59,9 +59,20 @@ fn workloads_run_the_one_image_with_flags_and_variables_their_binary_has() {
                     "{at}: write {flag}=VALUE"
                 );
                 given.insert(flag);
-                argv.push(arg.clone());
+                // The kubelet substitutes $(NAME) from the container's variables: a node's
+                // address here (the agent's $(NODE_IP)).
+                let mut arg = arg.clone();
+                for env in c.env.iter().flatten() {
+                    arg = arg.replace(&format!("$({})", env.name), "192.0.2.10");
+                }
+                argv.push(arg);
             }
             for env in c.env.iter().flatten() {
+                // A variable the arguments use ($(NODE_IP)), which the kubelet substitutes.
+                let substituted = format!("$({})", env.name);
+                if c.args.iter().flatten().any(|a| a.contains(&substituted)) {
+                    continue;
+                }
                 let Some(flag) = cli.flag_for_env(&env.name) else {
                     assert!(
                         cli.help.contains(&format!("${}", env.name)),
@@ -106,13 +117,8 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
         let binary = ipkeep_binary(c).expect("an ipkeep binary");
         let cli = Cli::of(binary);
         // The plain-HTTP server with /healthz and /readyz.
-        let health_flag = if binary == "ipkeep-controller" {
-            "--listen"
-        } else {
-            "--probe-listen"
-        };
-        let health = port_of(&flag_value(c, cli, health_flag).expect("a health address"));
-        for flag in ["--listen", "--probe-listen"] {
+        let health = port_of(&flag_value(c, cli, "--probe-listen").expect("a health address"));
+        for flag in ["--webhook-listen", "--probe-listen", "--metrics-listen"] {
             if let Some(address) = flag_value(c, cli, flag) {
                 let port = IntOrString::Int(port_of(&address));
                 assert!(
@@ -147,8 +153,10 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
 
     let ext = workload("ipkeep-scheduler-ext");
     let c = ext.main();
-    let listen =
-        port_of(&flag_value(c, Cli::of("ipkeep-scheduler-ext"), "--listen").expect("--listen"));
+    let listen = port_of(
+        &flag_value(c, Cli::of("ipkeep-scheduler-ext"), "--webhook-listen")
+            .expect("--webhook-listen"),
+    );
     let service: Service = find("Service", "ipkeep-scheduler-ext").typed();
     let spec = service.spec.expect("spec");
     let selector = LabelSelector {
@@ -164,7 +172,7 @@ fn probes_and_the_service_reach_the_ports_the_binaries_listen_on() {
     assert_eq!(
         resolve_port(c, &target),
         Some(listen),
-        "the Service forwards to --listen"
+        "the Service forwards to --webhook-listen"
     );
 }
 
@@ -563,14 +571,15 @@ fn selectors_budgets_and_spreading_match_their_own_pods() {
             .filter(|w| selects(&selector, &w.labels()))
             .collect();
         assert_eq!(targets.len(), 1, "{d}: selects exactly one workload");
-        let IntOrString::Int(min) = spec.min_available.expect("minAvailable") else {
-            panic!("{d}: a count")
-        };
-        let replicas = targets[0].replicas.expect("a Deployment");
-        assert!(
-            replicas > min,
-            "{d}: minAvailable {min} with {replicas} replicas blocks every drain"
+        // Issue 41: a budget never blocks a drain, whatever the replicas.
+        assert_eq!(spec.min_available, None, "{d}: minAvailable");
+        assert_eq!(
+            spec.max_unavailable,
+            Some(IntOrString::Int(1)),
+            "{d}: maxUnavailable"
         );
+        let replicas = targets[0].replicas.expect("a Deployment");
+        assert!(replicas > 1, "{d}: a budget for one replica");
     }
 }
 
@@ -582,7 +591,7 @@ fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
     // Why each is left out is said in kustomization.yaml: the scheduler configuration is a
     // file for kube-scheduler, examples are the user's, the admission-policy, cert-manager,
     // cni, monitoring and network-policy components are opt-in (`components:`).
-    const LEFT_OUT: [&str; 15] = [
+    const LEFT_OUT: [&str; 16] = [
         "kustomization.yaml",
         "admission-policy/kustomization.yaml",
         "admission-policy/pin-policy.yaml",
@@ -594,6 +603,7 @@ fn kustomization_lists_every_manifest_but_the_documented_exceptions() {
         "cni/kustomization.yaml",
         "monitoring/grafana-dashboard.yaml",
         "monitoring/kustomization.yaml",
+        "monitoring/pod-monitors.yaml",
         "monitoring/prometheus-rule.yaml",
         "network-policy/kustomization.yaml",
         "network-policy/network-policy.yaml",

@@ -284,7 +284,7 @@ pub fn check_typed(api_version: &str, kind: &str, value: &Value) -> Result<(), S
         | ("kustomize.config.k8s.io/v1beta1", "Kustomization")
         | ("kustomize.config.k8s.io/v1alpha1", "Component")
         | ("cert-manager.io/v1", "Issuer" | "Certificate")
-        | ("monitoring.coreos.com/v1", "PrometheusRule") => Ok(()),
+        | ("monitoring.coreos.com/v1", "PrometheusRule" | "PodMonitor") => Ok(()),
         // Not in the k8s-openapi API version the workspace builds against (1.33): checked by
         // scripts/validate-deploy.sh (kubernetes-validate, 1.37) and by a real kube-apiserver
         // (tests/tests/admission_policy.rs).

@@ -145,3 +145,39 @@ fn network_policies_admit_each_port_only_what_must_reach_it() {
         "docs/install.md shows how to set the control plane's addresses"
     );
 }
+
+/// Security review L-3: scheduler-ext mounted the whole Secret ipkeep-controller keeps, the CA's
+/// private key (`ca.key`) with it, into the pod that takes requests from the network. Every
+/// Secret volume of every workload names the keys it mounts, and scheduler-ext's certificate
+/// volume mounts the serving certificate and its key, nothing else.
+#[test]
+fn secrets_are_mounted_by_key_and_never_the_ca_key() {
+    let mut secret_volumes = 0;
+    for w in workloads() {
+        let spec = w.template.spec.as_ref().expect("pod spec");
+        for v in spec.volumes.iter().flatten() {
+            let Some(secret) = &v.secret else { continue };
+            secret_volumes += 1;
+            let keys: Vec<&str> = (secret.items.iter().flatten())
+                .map(|i| i.key.as_str())
+                .collect();
+            assert!(
+                !keys.is_empty(),
+                "{}: volume {} mounts every key of Secret {:?}",
+                w.doc,
+                v.name,
+                secret.secret_name
+            );
+            assert!(
+                !keys.contains(&"ca.key"),
+                "{}: volume {} mounts ca.key",
+                w.doc,
+                v.name
+            );
+            if secret.secret_name.as_deref() == Some("ipkeep-scheduler-ext-tls") {
+                assert_eq!(keys, ["tls.crt", "tls.key"], "{}", w.doc);
+            }
+        }
+    }
+    assert!(secret_volumes > 0, "scheduler-ext mounts its certificate");
+}
