@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use ipkeep_cni::logs::hint;
 use ipkeep_cni::stores::{NotServed, Stores, free_space_status};
 use ipkeep_cni::timings::Timings;
 use ipkeep_ipam::disk::{DiskSnapshot, StoreOptions};
@@ -113,7 +114,8 @@ impl Slot {
             (Some(ahead), false) => tracing::warn!(
                 network = %self.network,
                 ahead = %ipkeep_values::time::duration(ahead),
-                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+                hint = hint::DOUBTED_WALL,
+                "after a reboot the wall clock is far past this store's last time, and not synchronised"
             ),
             (None, true) => tracing::info!(
                 network = %self.network,
@@ -127,7 +129,8 @@ impl Slot {
             tracing::warn!(
                 network = %self.network,
                 ahead = %ipkeep_values::time::duration(ahead),
-                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+                hint = hint::WALL_AHEAD,
+                "the wall clock is ahead of the store's clock (it jumped forward)"
             );
         }
     }

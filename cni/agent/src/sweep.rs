@@ -168,7 +168,8 @@ impl Sweeper {
             warn!(
                 deferred = report.deferred,
                 max = self.max_releases,
-                "more addresses to release than one pass may free (--max-releases-per-pass); the rest follow in later passes"
+                hint = "the rest follow in later passes",
+                "more addresses to release than one pass may free (--max-releases-per-pass)"
             );
         }
         self.metrics.networks(&gauges);
@@ -356,7 +357,7 @@ impl Sweeper {
                 allocator::del(store, owner, departure, reading)
             })?;
             for lease in outcome.held.iter().chain(&outcome.released) {
-                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the sandbox is gone (its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped) but its DEL never came; applied DEL");
+                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), hint = "its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped", "the sandbox is gone but its DEL never came: applied DEL");
             }
             report.count(
                 Reason::MissedDel,

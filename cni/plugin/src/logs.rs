@@ -8,6 +8,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::netconf::Settings;
 
+/// The `hint` field of lines the plugin and the node agent both log: what the short message
+/// means for the operator, kept out of the message so that it stays a stable phrase.
+pub mod hint {
+    /// The wall clock is far past the store's after a reboot, and not synchronised.
+    pub const DOUBTED_WALL: &str = "until the kernel says the clock is synchronised (NTP), or the node has been up an hour, holdings end only by the time the store can prove";
+    /// The wall clock jumped forward.
+    pub const WALL_AHEAD: &str =
+        "holdings end by the time elapsed on this boot, not by the wall clock";
+}
+
 /// The level: `IPKEEP_LOG` from the plugin's environment, else `ipam.logLevel`, else info with
 /// a log file and warn without.
 pub fn level(settings: &Settings, ipkeep_log: Option<&str>) -> tracing::Level {

@@ -339,12 +339,14 @@ fn allocate<S: Stores>(
         if let Some(ahead) = clock::doubted_wall(mark.as_ref(), reading) {
             warn!(
                 ahead = %ipkeep_values::time::duration(ahead),
-                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+                hint = logs::hint::DOUBTED_WALL,
+                "after a reboot the wall clock is far past this store's last time, and not synchronised"
             );
         } else if let Some(ahead) = clock::wall_ahead(now, reading) {
             warn!(
                 ahead = %ipkeep_values::time::duration(ahead),
-                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+                hint = logs::hint::WALL_AHEAD,
+                "the wall clock is ahead of the store's clock (it jumped forward)"
             );
         }
         loop {
@@ -400,7 +402,8 @@ fn report_add(
             warn!(
                 ip = %lease.ip,
                 ranges = %ranges,
-                "the address kept for this pod is outside the network's current ranges (the node's pod CIDR or the CNI configuration changed): released, and the pod gets a new address"
+                hint = "the node's pod CIDR or the CNI configuration changed; the pod gets a new address",
+                "the address kept for this pod is outside the network's current ranges: released"
             );
             if let Some(pod) = pod {
                 notices.push(Notice::OutsideRanges {
@@ -425,7 +428,8 @@ fn report_add(
             ip = %lease.ip,
             confirmed = lease.pod.as_ref().is_some_and(|p| p.confirmed),
             this_pod_managed_by = this_pod,
-            "{} is kept under this pod's name for the pod of PersistentPodState {state}, which does not manage this pod: it stays kept for that pod, and this pod gets another address",
+            hint = "it stays kept for that state's pod, and this pod gets another address",
+            "{} is kept under this pod's name for the pod of PersistentPodState {state}, which does not manage this pod",
             lease.ip
         );
     }
@@ -446,7 +450,8 @@ fn report_add(
                     ip = %a.ip,
                     freed_at = %ipkeep_values::time::rfc3339(*freed_at),
                     cooldown = %ipkeep_values::time::duration(plan.reuse_cooldown),
-                    "no address of the range is free but ones freed less than ipam.reuseCooldown ago: the one freed longest ago goes to this pod before its cooldown ended"
+                    hint = "every other address was freed less than ipam.reuseCooldown ago: the one freed longest ago goes to this pod",
+                    "no address of the range is free: one still in its reuse cooldown goes to this pod"
                 );
             }
             Source::Reclaimed { from } => {
@@ -456,7 +461,8 @@ fn report_add(
                     ip = %a.ip,
                     held_for = %from.pod.as_ref().map(ToString::to_string).unwrap_or_default(),
                     held_until = %until_text(from.state),
-                    "the range is full: the address held for a deleted pod goes to this pod instead; that pod gets a new address when it comes back"
+                    hint = "that pod gets a new address when it comes back",
+                    "the range is full: the address held for a deleted pod goes to this pod instead"
                 );
             }
             other => {

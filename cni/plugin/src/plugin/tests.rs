@@ -182,7 +182,7 @@ fn a_reboot_with_the_clock_ahead_frees_no_holding() {
         "every holding is still there"
     );
     assert!(
-        warned.contains("does not say it is synchronised"),
+        warned.contains("not synchronised") && warned.contains("hint="),
         "{warned}"
     );
     let (_, again) = invoke_with(
