@@ -192,7 +192,7 @@ pub enum Refusal {
     NotInTime,
     /// The request could not be read.
     #[error("reading the request: {0}")]
-    Read(#[source] std::io::Error),
+    Read(std::io::Error),
     /// The request is larger than any plugin sends.
     #[error("request larger than {MAX_REQUEST_BYTES} bytes")]
     TooLarge,
@@ -201,7 +201,7 @@ pub enum Refusal {
     Version(u64),
     /// The request does not decode.
     #[error("malformed request: {0}")]
-    Malformed(#[source] serde_json::Error),
+    Malformed(serde_json::Error),
     /// Not this agent's data directory.
     #[error(transparent)]
     Stores(#[from] StoresError),

@@ -57,6 +57,9 @@ struct Logger {
     level: tracing::Level,
     dispatch: tracing::Dispatch,
     lines: Lines,
+    /// The thread it last served: a subscriber keeps span storage per thread it has served,
+    /// so a thread is given the same logger again when it is idle.
+    thread: std::thread::ThreadId,
 }
 
 /// A logger's buffer.
@@ -97,11 +100,20 @@ impl Capture {
         (result, lines)
     }
 
-    /// An idle logger at `level`, or a new one when all are busy.
+    /// An idle logger at `level` (the one this thread had last, if idle), or a new one when
+    /// all are busy.
     fn take(&self, level: tracing::Level) -> Logger {
+        let thread = std::thread::current().id();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(i) = idle.iter().position(|l| l.level == level) {
-            return idle.swap_remove(i);
+        let same = |l: &Logger| l.level == level && l.thread == thread;
+        if let Some(i) = idle
+            .iter()
+            .position(same)
+            .or_else(|| idle.iter().position(|l| l.level == level))
+        {
+            let mut logger = idle.swap_remove(i);
+            logger.thread = thread;
+            return logger;
         }
         drop(idle);
         let settings = Settings {
@@ -117,6 +129,7 @@ impl Capture {
             level,
             dispatch: tracing::Dispatch::new(subscriber),
             lines,
+            thread,
         }
     }
 }

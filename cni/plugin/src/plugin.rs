@@ -349,6 +349,7 @@ fn allocate<S: Stores>(
                 "the wall clock is ahead of the store's clock (it jumped forward)"
             );
         }
+        // The namespaces the allocation asks about, judged by the stores, and again.
         loop {
             let paths = match allocator::add(store, req, reading) {
                 Err(AllocError::NeedsNetns(paths)) => paths,
