@@ -119,7 +119,7 @@ impl Cluster {
             if known {
                 tracing::info!(node = %self.node, "found this node's Node object; Kubernetes-aware release is on");
             } else {
-                tracing::error!(node = %self.node, "no Node named by --node-name exists; Kubernetes-aware release is off until it does (every pod would look gone)");
+                tracing::error!(node = %self.node, hint = "every pod would look gone", "no Node named by --node-name exists; Kubernetes-aware release is off until it does");
             }
         }
         if known {

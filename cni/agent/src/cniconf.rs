@@ -230,7 +230,7 @@ pub async fn keep_written(
                 said.clear();
             }
             Ok(Some(Wrote::Removed)) => {
-                tracing::warn!(path = %conf.out.display(), "this node's Node object was deleted: removed the CNI configuration, so no pod starts with its old pod CIDR (which may now be another node's); it is written again when the Node registers with its pod CIDR");
+                tracing::warn!(path = %conf.out.display(), hint = "so no pod starts with its old pod CIDR (which may now be another node's); it is written again when the Node registers with its pod CIDR", "this node's Node object was deleted: removed the CNI configuration");
                 said.clear();
             }
             Ok(None) => said.clear(),

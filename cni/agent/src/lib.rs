@@ -234,6 +234,7 @@ pub async fn run(
         notices,
         netns,
         cluster,
+        logs: Default::default(),
     });
     server::serve(listener, served, shutdown).await;
     let _ = sweeping.await;

@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_cni::management::{ApiView, Management, SandboxPod, Unavailable};
-use ipkeep_ipam::{Confirmed, Departure, Retention, RetentionPolicy, StateRef};
+use ipkeep_ipam::StateRef;
 use ipkeep_placement::affinity::stamp_retention;
 use ipkeep_placement::pin::{self, Decision};
 use ipkeep_values::keys::{POD_INDEX_LABEL, RETENTION_ANNOTATIONS};
@@ -209,30 +209,6 @@ fn of_pod_gone(asked: &SandboxPod<'_>, states: &[&PersistentPodState]) -> Manage
         persistent_pod_state: state,
         annotations: stamped,
         judged_by_name: recorded.is_none_or(|r| Some(r) != asked.uid),
-    }
-}
-
-/// What the agent's own DEL of a sandbox whose DEL never came records. For a pod a
-/// PersistentPodState manages now: that state's word, and the retention its stamped annotations
-/// say (one they do not say stays as ADD resolved it: the network's configuration is not at
-/// hand here). For any other pod: what ADD recorded.
-pub fn missed_del(management: &Management, recorded: Retention) -> Departure {
-    let Management::Managed {
-        persistent_pod_state,
-        annotations,
-        judged_by_name,
-    } = management
-    else {
-        return Departure::default();
-    };
-    let by_state = RetentionPolicy {
-        default: recorded,
-        max_unmanaged: Retention::Off,
-    };
-    Departure {
-        retention: Some(by_state.resolve(Some(annotations)).retention),
-        confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
-        judged_by_name: *judged_by_name,
     }
 }
 

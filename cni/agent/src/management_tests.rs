@@ -496,30 +496,3 @@ fn who_manages_a_pod_at_its_add_or_del() {
         }
     }
 }
-
-#[test]
-fn a_missed_del_holds_by_the_state_that_manages_the_pod_now() {
-    let recorded = Retention::Off;
-    let departure = missed_del(&managed("db", "2h"), recorded);
-    assert_eq!(departure.retention, Some(Retention::Seconds(7_200)));
-    let db = StateRef {
-        name: "db".into(),
-        uid: Some("uid-db".into()),
-    };
-    assert_eq!(departure.confirmed, Some(Confirmed::By(db)));
-    assert!(!departure.judged_by_name);
-    assert!(missed_del(&by_name("db", "2h"), recorded).judged_by_name);
-    for other in [
-        Management::Unmanaged,
-        Management::Unknown(Unavailable {
-            why: "x".into(),
-            expected: true,
-        }),
-    ] {
-        assert_eq!(
-            missed_del(&other, recorded),
-            Departure::default(),
-            "{other:?}"
-        );
-    }
-}

@@ -113,7 +113,7 @@ impl NetnsView {
                     .unwrap_or_else(PoisonError::into_inner)
                     .insert(dir.to_path_buf());
                 if first {
-                    tracing::warn!(netns = %path.display(), dir = %dir.display(), "the agent cannot see the network namespace the container runtime just created: mount that directory from the host into the agent at the same path, with mountPropagation HostToContainer (docs/agent.md); until then, an ADD that would move an older sandbox's address asks the plugin (which runs on the host) whether that sandbox is gone, and the sweep applies no missed DEL there");
+                    tracing::warn!(netns = %path.display(), dir = %dir.display(), hint = "mount that directory from the host into the agent at the same path, with mountPropagation HostToContainer (docs/agent.md); until then, an ADD that would move an older sandbox's address asks the plugin (which runs on the host) whether that sandbox is gone, and the sweep applies no missed DEL there", "the agent cannot see the network namespace the container runtime just created");
                 }
             }
             None => {}
@@ -174,17 +174,18 @@ pub fn survey<S: StoreRead>(
         if names_a_process(dir) {
             tracing::info!(
                 recorded = s.recorded,
-                "sandboxes recorded under /proc (the runtime's PID namespace, not the agent's): an ADD that would move their addresses asks the plugin, which runs on the host, and the sweep applies no missed DEL to them"
+                hint = "an ADD that would move their addresses asks the plugin, which runs on the host, and the sweep applies no missed DEL to them",
+                "sandboxes recorded under /proc: the runtime's PID namespace, not the agent's"
             );
         } else if s.visible == 0 {
-            tracing::warn!(dir = %dir.display(), recorded = s.recorded, "none of the network namespaces recorded in this directory is visible to the agent: if those sandboxes are alive, the directory is not mounted from the host (mount it at the same path with mountPropagation HostToContainer, docs/agent.md); until the agent sees one, an ADD that would move their addresses asks the plugin, which runs on the host, and the sweep applies no missed DEL there");
+            tracing::warn!(dir = %dir.display(), recorded = s.recorded, hint = "if those sandboxes are alive, the directory is not mounted from the host (mount it at the same path with mountPropagation HostToContainer, docs/agent.md); until the agent sees one, an ADD that would move their addresses asks the plugin, which runs on the host, and the sweep applies no missed DEL there", "none of the network namespaces recorded in this directory is visible to the agent");
         } else {
             tracing::info!(dir = %dir.display(), recorded = s.recorded, visible = s.visible, "network namespaces recorded in this directory are visible to the agent");
         }
     }
     let usual = Path::new("/var/run/netns");
     if identity(usual).is_none() {
-        tracing::warn!(dir = %usual.display(), "the runtime's usual network namespace directory is not there in the agent's container: mount it from the host (the DaemonSet does, docs/agent.md); without it every sandbox there is unknown to the agent, which asks the plugin on the host instead");
+        tracing::warn!(dir = %usual.display(), hint = "mount it from the host (the DaemonSet does, docs/agent.md); without it every sandbox there is unknown to the agent, which asks the plugin on the host instead", "the runtime's usual network namespace directory is not there in the agent's container");
     }
     dirs
 }

@@ -17,7 +17,8 @@
 //! The pod is compared by the UID the runtime passed at ADD, which for a static pod is its
 //! mirror Pod's `kubernetes.io/config.mirror` annotation, not the mirror Pod's own UID (the
 //! cluster view carries that). An address whose sandbox's network namespace still exists is
-//! never treated so: its sandbox is still being torn down, and still uses it.
+//! never treated so: its sandbox is still being torn down, and still uses it. The DEL applied
+//! is decided like any DEL, by who manages the pod now ([`missed_del`]).
 //!
 //! Every decision waits for a grace period after the lease's last change, so a cache that is a
 //! moment behind the API server cannot release what was just recorded.
@@ -27,7 +28,11 @@ use std::fmt;
 
 use std::path::Path;
 
-use ipkeep_ipam::{Attachment, Lease, LeaseState, StoreError, StoreRead};
+use ipkeep_cni::management::{ApiView, Management, SandboxPod};
+use ipkeep_ipam::{
+    Attachment, Confirmed, Departure, Lease, LeaseState, Retention, RetentionPolicy, StoreError,
+    StoreRead,
+};
 use ipkeep_values::ordinal;
 
 /// The slice of the cluster the decisions read.
@@ -126,8 +131,48 @@ pub struct Grace {
 pub struct Plan {
     /// Holdings to free, each with its reason.
     pub release: Vec<(Lease, Reason)>,
-    /// Attachments whose DEL never came.
-    pub missed_del: Vec<Attachment>,
+    /// Attachments whose DEL never came, with the DEL to apply.
+    pub missed_del: Vec<MissedDel>,
+}
+
+/// A DEL that never came, as the agent applies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissedDel {
+    /// The sandbox's attachment.
+    pub owner: Attachment,
+    /// What the DEL records ([`missed_del`]).
+    pub departure: Departure,
+}
+
+impl Plan {
+    /// Whether the DEL of `owner` is planned already.
+    fn has_missed_del(&self, owner: &Attachment) -> bool {
+        self.missed_del.iter().any(|m| m.owner == *owner)
+    }
+}
+
+/// What the agent's own DEL of a sandbox whose DEL never came records. For a pod a
+/// PersistentPodState manages now: that state's word, and the retention its stamped annotations
+/// say (one they do not say stays as ADD resolved it: the network's configuration is not at
+/// hand here). For any other pod: what ADD recorded.
+pub fn missed_del(management: &Management, recorded: Retention) -> Departure {
+    let Management::Managed {
+        persistent_pod_state,
+        annotations,
+        judged_by_name,
+    } = management
+    else {
+        return Departure::default();
+    };
+    let by_state = RetentionPolicy {
+        default: recorded,
+        max_unmanaged: Retention::Off,
+    };
+    Departure {
+        retention: Some(by_state.resolve(Some(annotations)).retention),
+        confirmed: Some(Confirmed::By(persistent_pod_state.clone())),
+        judged_by_name: *judged_by_name,
+    }
 }
 
 impl Plan {
@@ -209,6 +254,8 @@ pub const RECHECK_SANDBOX_SECS: u64 = 30;
 /// Plans one pass, lease by lease (a store streams through in constant memory).
 pub struct Planner<'v> {
     view: &'v ClusterView,
+    /// Who manages a pod now, for the DELs that never came.
+    api: &'v dyn ApiView,
     now: u64,
     grace: Grace,
     netns_exists: &'v dyn Fn(&str) -> bool,
@@ -234,16 +281,18 @@ impl fmt::Debug for Planner<'_> {
 }
 
 impl<'v> Planner<'v> {
-    /// A planner at `now` (the store's clock); `netns_exists` tells whether a sandbox's
-    /// network namespace still exists.
+    /// A planner at `now` (the store's clock); `api` says who manages a pod now, and
+    /// `netns_exists` whether a sandbox's network namespace still exists.
     pub fn new(
         view: &'v ClusterView,
+        api: &'v dyn ApiView,
         now: u64,
         grace: Grace,
         netns_exists: &'v dyn Fn(&str) -> bool,
     ) -> Self {
         Planner {
             view,
+            api,
             now,
             grace,
             netns_exists,
@@ -255,6 +304,32 @@ impl<'v> Planner<'v> {
 
     fn due_at(&mut self, at: u64) {
         self.due = Some(self.due.map_or(at, |d| d.min(at)));
+    }
+
+    /// Plans the DEL of the sandbox that has `lease`, decided by who manages its pod now, once
+    /// per sandbox.
+    fn plan_del(&mut self, lease: &Lease) {
+        if self.plan.has_missed_del(&lease.owner) {
+            return;
+        }
+        let departure = lease
+            .pod
+            .as_ref()
+            .map(|pod| {
+                let said = self.api.management(&SandboxPod {
+                    namespace: &pod.namespace,
+                    name: &pod.name,
+                    uid: pod.uid.as_deref(),
+                    adding: false,
+                    annotations: None,
+                });
+                missed_del(&said, lease.retention)
+            })
+            .unwrap_or_default();
+        self.plan.missed_del.push(MissedDel {
+            owner: lease.owner.clone(),
+            departure,
+        });
     }
 
     /// Considers one lease.
@@ -276,8 +351,8 @@ impl<'v> Planner<'v> {
                 } else if lease.netns.as_deref().is_some_and(self.netns_exists) {
                     // Its sandbox is still being torn down: look again in a while.
                     self.due_at(self.now.saturating_add(RECHECK_SANDBOX_SECS));
-                } else if !self.plan.missed_del.contains(&lease.owner) {
-                    self.plan.missed_del.push(lease.owner.clone());
+                } else {
+                    self.plan_del(lease);
                 }
             }
             LeaseState::Active => {
@@ -313,17 +388,23 @@ impl<'v> Planner<'v> {
             let superseded = store.leases_of_identity(&id)?.iter().any(|other| {
                 other.is_active() && other.owner != lease.owner && other.since >= lease.since
             });
-            if superseded && !self.plan.missed_del.contains(&lease.owner) {
-                self.plan.missed_del.push(lease.owner.clone());
+            if superseded {
+                self.plan_del(&lease);
             }
         }
         Ok((self.plan, self.due))
     }
 }
 
-/// Plans one pass over `leases` (no network namespace exists).
-pub fn plan(leases: &[Lease], view: &ClusterView, now: u64, grace: Grace) -> Plan {
-    let mut planner = Planner::new(view, now, grace, &|_| false);
+/// Plans one pass over `leases` (no network namespace exists; `api` says who manages a pod).
+pub fn plan(
+    leases: &[Lease],
+    view: &ClusterView,
+    api: &dyn ApiView,
+    now: u64,
+    grace: Grace,
+) -> Plan {
+    let mut planner = Planner::new(view, api, now, grace, &|_| false);
     for lease in leases {
         planner.consider(lease);
     }
@@ -355,7 +436,18 @@ pub fn workload(lease: &Lease, view: &ClusterView) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use ipkeep_ipam::{PodRef, Retention};
+    use ipkeep_cni::management::{NoApiView, Unavailable};
+    use ipkeep_ipam::{PodRef, StateRef};
+
+    /// No view of the API server: a missed DEL keeps what ADD recorded.
+    fn no_api() -> NoApiView {
+        NoApiView::new("no API server in this test", false)
+    }
+
+    /// The owners of the planned missed DELs.
+    fn owners(plan: &Plan) -> Vec<Attachment> {
+        plan.missed_del.iter().map(|m| m.owner.clone()).collect()
+    }
 
     const NOW: u64 = 10_000;
     const GRACE: Grace = Grace {
@@ -408,7 +500,7 @@ mod tests {
     }
 
     fn verdicts(leases: &[Lease], v: &ClusterView) -> Vec<(String, Option<&'static str>)> {
-        let p = plan(leases, v, NOW, GRACE);
+        let p = plan(leases, v, &no_api(), NOW, GRACE);
         leases
             .iter()
             .map(|l| {
@@ -418,7 +510,7 @@ mod tests {
                     .iter()
                     .find(|(x, _)| x.ip == l.ip)
                     .map(|(_, r)| r.as_str())
-                    .or_else(|| p.missed_del.contains(&l.owner).then_some("missed-del"));
+                    .or_else(|| p.has_missed_del(&l.owner).then_some("missed-del"));
                 (name, r)
             })
             .collect()
@@ -527,15 +619,16 @@ mod tests {
         let mut old = lease(1, "kv-0", Some("kv"), false, 0);
         old.netns = Some("/run/netns/cni-1".into());
         let alive = |n: &str| n == "/run/netns/cni-1";
-        let mut planner = Planner::new(&v, NOW, GRACE, &alive);
+        let api = no_api();
+        let mut planner = Planner::new(&v, &api, NOW, GRACE, &alive);
         planner.consider(&old);
         assert!(
             planner.plan.missed_del.is_empty(),
             "its sandbox is still being torn down"
         );
-        let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
+        let mut planner = Planner::new(&v, &api, NOW, GRACE, &|_| false);
         planner.consider(&old);
-        assert_eq!(planner.plan.missed_del, vec![old.owner.clone()]);
+        assert_eq!(owners(&planner.plan), vec![old.owner.clone()]);
     }
 
     /// After a reboot wiped the runtime's state the kubelet builds a new sandbox for a pod
@@ -582,11 +675,12 @@ mod tests {
         let visible = |n: &str| n == "/run/netns" || n == "/run/netns/cni-new";
         let run =
             |store: &dyn StoreRead, leases: &[&Lease], now: u64, probe: &dyn Fn(&str) -> bool| {
-                let mut planner = Planner::new(&v, now, GRACE, probe);
+                let api = no_api();
+                let mut planner = Planner::new(&v, &api, now, GRACE, probe);
                 for l in leases {
                     planner.consider(l);
                 }
-                planner.finish(store).unwrap().0.missed_del
+                owners(&planner.finish(store).unwrap().0)
             };
         assert_eq!(
             run(&with_new, &[&old, &new], NOW, &visible),
@@ -625,7 +719,8 @@ mod tests {
         let fresh = lease(2, "kv-9", Some("kv"), true, NOW - 2); // pruned, 2 s into its 5 s grace
         let gone = lease(3, "kv-8", Some("kv"), false, NOW - 60); // missed DEL in 60 s
         let kept = lease(1, "kv-0", Some("kv"), true, 0); // recorded here: never due
-        let mut planner = Planner::new(&v, NOW, GRACE, &|_| false);
+        let api = no_api();
+        let mut planner = Planner::new(&v, &api, NOW, GRACE, &|_| false);
         planner.consider(&kept);
         assert_eq!(planner.due, None);
         planner.consider(&gone);
@@ -653,7 +748,7 @@ mod tests {
         let leases: Vec<Lease> = (1..=5)
             .map(|i| lease(i, &format!("kv-{i}"), Some("kv"), i > 2, 0))
             .collect();
-        let mut plan = plan(&leases, &v, NOW, GRACE);
+        let mut plan = plan(&leases, &v, &no_api(), NOW, GRACE);
         assert_eq!((plan.release.len(), plan.missed_del.len()), (3, 2));
         let mut budget = 4;
         assert_eq!(plan.limit(&mut budget), 1);
@@ -668,7 +763,89 @@ mod tests {
     }
 
     fn plan_of(leases: &[Lease], v: &ClusterView) -> Plan {
-        plan(leases, v, NOW, GRACE)
+        plan(leases, v, &no_api(), NOW, GRACE)
+    }
+
+    /// Says the same of every pod.
+    #[derive(Debug)]
+    struct Says(Management);
+
+    impl ApiView for Says {
+        fn management(&self, _: &SandboxPod<'_>) -> Management {
+            self.0.clone()
+        }
+    }
+
+    fn managed_by_db(judged_by_name: bool) -> Management {
+        Management::Managed {
+            persistent_pod_state: StateRef {
+                name: "db".into(),
+                uid: Some("uid-db".into()),
+            },
+            annotations: [
+                ("ipkeep.dev/persistent-pod-state", "db"),
+                ("ipkeep.dev/ip-retention", "2h"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+            judged_by_name,
+        }
+    }
+
+    #[test]
+    fn a_missed_del_holds_by_the_state_that_manages_the_pod_now() {
+        let recorded = Retention::Off;
+        let departure = missed_del(&managed_by_db(false), recorded);
+        assert_eq!(departure.retention, Some(Retention::Seconds(7_200)));
+        let db = StateRef {
+            name: "db".into(),
+            uid: Some("uid-db".into()),
+        };
+        assert_eq!(departure.confirmed, Some(Confirmed::By(db)));
+        assert!(!departure.judged_by_name);
+        assert!(missed_del(&managed_by_db(true), recorded).judged_by_name);
+        for other in [
+            Management::Unmanaged,
+            Management::Unknown(Unavailable {
+                why: "x".into(),
+                expected: true,
+            }),
+        ] {
+            assert_eq!(
+                missed_del(&other, recorded),
+                Departure::default(),
+                "{other:?}"
+            );
+        }
+    }
+
+    /// The plan carries the DEL each vanished sandbox gets, decided by who manages its pod at
+    /// planning time: the sweeper only applies it.
+    #[test]
+    fn a_planned_missed_del_says_what_it_records() {
+        let mut v = view(&[]);
+        v.pods.clear();
+        let gone = lease(1, "kv-1", Some("kv"), false, 0);
+        let managed = plan(
+            std::slice::from_ref(&gone),
+            &v,
+            &Says(managed_by_db(false)),
+            NOW,
+            GRACE,
+        );
+        assert_eq!(
+            managed.missed_del,
+            vec![MissedDel {
+                owner: gone.owner.clone(),
+                departure: missed_del(&managed_by_db(false), gone.retention),
+            }]
+        );
+        assert_eq!(
+            managed.missed_del[0].departure.retention,
+            Some(Retention::Seconds(7_200))
+        );
+        let alone = plan(std::slice::from_ref(&gone), &v, &no_api(), NOW, GRACE);
+        assert_eq!(alone.missed_del[0].departure, Departure::default());
     }
 
     #[test]

@@ -7,13 +7,15 @@ use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ipkeep_cni::admin::{self, AdminError};
+use ipkeep_cni::logs::Capture;
 use ipkeep_cni::netconf::{self, DEFAULT_LOCK_TIMEOUT};
 use ipkeep_cni::plugin::{self, Call};
 use ipkeep_cni::proto::{Envelope, FrameWriter, MAX_REQUEST_BYTES, Request, VERSION, tag};
-use ipkeep_cni::{admin, logs};
+use ipkeep_cni::stores::NotServed;
 use ipkeep_ipam::disk::system_reading;
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -25,61 +27,7 @@ use crate::management::ClusterApi;
 use crate::metrics::Metrics;
 use crate::netns::NetnsView;
 use crate::release::Reason;
-use crate::stores::AgentStores;
-
-thread_local! {
-    /// The log lines of the command running on this thread.
-    static CAPTURED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Writes into [`CAPTURED`]: one command runs on a blocking thread at a time, so the lines it
-/// logs are exactly those written on its thread while it runs.
-#[derive(Debug, Clone, Copy, Default)]
-struct ThreadLog;
-
-impl Write for ThreadLog {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        CAPTURED.with(|c| c.borrow_mut().extend_from_slice(buf));
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The subscriber that formats a command's lines as the plugin would at `level`: one per level
-/// for the agent's whole life (a new subscriber per request would make tracing recompute every
-/// call site's interest each time, and race with other requests while it does).
-fn command_logger(level: tracing::Level) -> tracing::Dispatch {
-    static LOGGERS: OnceLock<Vec<(tracing::Level, tracing::Dispatch)>> = OnceLock::new();
-    let loggers = LOGGERS.get_or_init(|| {
-        [
-            tracing::Level::ERROR,
-            tracing::Level::WARN,
-            tracing::Level::INFO,
-            tracing::Level::DEBUG,
-            tracing::Level::TRACE,
-        ]
-        .into_iter()
-        .map(|level| {
-            let settings = netconf::Settings {
-                log_level: Some(level),
-                ..netconf::Settings::default()
-            };
-            let subscriber = logs::builder(&settings, None)
-                .with_writer(|| ThreadLog)
-                .finish();
-            (level, tracing::Dispatch::new(subscriber))
-        })
-        .collect()
-    });
-    loggers
-        .iter()
-        .find(|(l, _)| *l == level)
-        .map(|(_, d)| d.clone())
-        .unwrap_or_else(|| loggers[1].1.clone())
-}
+use crate::stores::{AgentStores, StoresError};
 
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -102,6 +50,8 @@ pub struct Served {
     /// What the API server says, for ADD and DEL to decide who manages a pod (`None` without
     /// Kubernetes).
     pub cluster: Option<Cluster>,
+    /// Formats each command's log lines as the plugin would, to send them back to it.
+    pub logs: Capture,
 }
 
 /// Binds the socket: creates its directory (0755), replaces a stale socket file (a previous
@@ -190,6 +140,7 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
             }
             Answer::Refused(reason) => {
                 debug!(%reason, "refused a request");
+                let reason = reason.to_string();
                 ipkeep_cni::proto::write_frame(&mut out, tag::REFUSED, reason.as_bytes())
             }
             Answer::AskNetns(netns) => {
@@ -207,16 +158,14 @@ async fn handle(mut stream: UnixStream, served: Arc<Served>) {
     }
 }
 
-async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
+async fn read_request(stream: &mut UnixStream) -> Result<Request, Refusal> {
     // A request is a CNI configuration and a few variables: one read, usually.
     let mut body = Vec::with_capacity(16 * 1024);
     let mut limited = (&mut *stream).take(MAX_REQUEST_BYTES as u64 + 1);
     match tokio::time::timeout(READ_TIMEOUT, limited.read_to_end(&mut body)).await {
-        Err(_) => return Err("request not received in time".into()),
-        Ok(Err(e)) => return Err(format!("reading the request: {e}")),
-        Ok(Ok(_)) if body.len() > MAX_REQUEST_BYTES => {
-            return Err(format!("request larger than {MAX_REQUEST_BYTES} bytes"));
-        }
+        Err(_) => return Err(Refusal::NotInTime),
+        Ok(Err(e)) => return Err(Refusal::Read(e)),
+        Ok(Ok(_)) if body.len() > MAX_REQUEST_BYTES => return Err(Refusal::TooLarge),
         Ok(Ok(_)) => {}
     }
     let envelope: Envelope = serde_json::from_slice(&body).map_err(|e| {
@@ -225,49 +174,52 @@ async fn read_request(stream: &mut UnixStream) -> Result<Request, String> {
             .ok()
             .and_then(|v| v.get("version")?.as_u64());
         match version {
-            Some(v) if v != u64::from(VERSION) => {
-                format!("protocol version {v} not supported; this agent speaks {VERSION}")
-            }
-            _ => format!("malformed request: {e}"),
+            Some(v) if v != u64::from(VERSION) => Refusal::Version(v),
+            _ => Refusal::Malformed(e),
         }
     })?;
     if envelope.version != VERSION {
-        return Err(format!(
-            "protocol version {} not supported; this agent speaks {VERSION}",
-            envelope.version
-        ));
+        return Err(Refusal::Version(envelope.version.into()));
     }
     Ok(envelope.request)
 }
 
+/// Why the agent did not run a request: the plugin runs it itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The request did not arrive within [`READ_TIMEOUT`].
+    #[error("request not received in time")]
+    NotInTime,
+    /// The request could not be read.
+    #[error("reading the request: {0}")]
+    Read(std::io::Error),
+    /// The request is larger than any plugin sends.
+    #[error("request larger than {MAX_REQUEST_BYTES} bytes")]
+    TooLarge,
+    /// The plugin speaks another protocol version.
+    #[error("protocol version {0} not supported; this agent speaks {VERSION}")]
+    Version(u64),
+    /// The request does not decode.
+    #[error("malformed request: {0}")]
+    Malformed(serde_json::Error),
+    /// Not this agent's data directory.
+    #[error(transparent)]
+    Stores(#[from] StoresError),
+    /// The command's stores would not lend the network's store.
+    #[error(transparent)]
+    NotServed(#[from] NotServed),
+}
+
 /// How a request ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Answer {
     /// Run; the exit code the plugin process would have had.
     Exit(i32),
     /// Not run: the client must run it itself.
-    Refused(String),
+    Refused(Refusal),
     /// Nothing committed: the command needs to know whether these network namespaces exist,
     /// which the agent cannot see; the client, on the host, says and asks again.
     AskNetns(Vec<String>),
-}
-
-/// Counts bytes written through it.
-struct Counting<W> {
-    inner: W,
-    written: usize,
-}
-
-impl<W: Write> Write for Counting<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.written += n;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// Runs one request against the open stores, writing its stdout and stderr frames to `out`;
@@ -299,25 +251,20 @@ pub fn execute(
         Request::Admin(mut command) => {
             let target = command.target_mut();
             if let Err(why) = served.stores.owns(&target.data_dir) {
-                return (Answer::Refused(why), "admin");
+                return (Answer::Refused(why.into()), "admin");
             }
             target.data_dir = served.stores.data_dir().to_path_buf();
             let stores = served.stores.for_request(received + ADMIN_BUDGET);
-            let mut stdout = Counting {
-                inner: FrameWriter {
-                    out: BufWriter::with_capacity(64 * 1024, &mut *out),
-                    tag: tag::STDOUT,
-                },
-                written: 0,
+            let mut stdout = FrameWriter {
+                out: BufWriter::with_capacity(64 * 1024, &mut *out),
+                tag: tag::STDOUT,
             };
             let result = admin::run(&stores, command, &mut stdout, &system_reading());
             let flushed = stdout.flush();
-            let written = stdout.written;
             drop(stdout);
-            if let (Some(why), 0) = (stores.unavailable(), written) {
-                return (Answer::Refused(why), "admin");
-            }
             let code = match result.and_then(|n| flushed.map(|()| n).map_err(Into::into)) {
+                // Refused before anything was written.
+                Err(AdminError::NotServed(why)) => return (Answer::Refused(why.into()), "admin"),
                 Ok(released) => {
                     served.metrics.released(Reason::Admin, released);
                     0
@@ -354,16 +301,10 @@ fn run_cni(served: &Served, request: CniCall<'_>, out: &mut dyn Write) -> (Answe
         // Only the agent's own stores, by their canonical path (a plugin may name the data
         // directory through a symlink).
         if let Err(why) = served.stores.owns(&d.settings.data_dir) {
-            return (Answer::Refused(why), "invalid");
+            return (Answer::Refused(why.into()), "invalid");
         }
         d.settings.data_dir = served.stores.data_dir().to_path_buf();
     }
-    let settings = decoded
-        .as_ref()
-        .map_or_else(|_| netconf::Settings::default(), |d| d.settings.clone());
-    // The command logs exactly as the plugin process would (its level, its format); the lines
-    // go back to the plugin, which writes them to its ipam.logFile or stderr.
-    let logger = command_logger(logs::level(&settings, None));
     if vars.get("CNI_COMMAND").map(String::as_str) == Some("ADD")
         && let Some(netns) = vars.get("CNI_NETNS")
     {
@@ -373,31 +314,29 @@ fn run_cni(served: &Served, request: CniCall<'_>, out: &mut dyn Write) -> (Answe
         .stores
         .for_request(deadline)
         .seeing(&served.netns, netns_seen);
+    // The command logs exactly as the plugin process would (its level, its format); the lines
+    // go back to the plugin, which writes them to its ipam.logFile or stderr.
     let call = Call {
         reading: system_reading(),
         deadline: Some(deadline),
         api: &ClusterApi(served.cluster.as_ref()),
+        capture_log: Some(&served.logs),
     };
-    let mut stdout = Vec::new();
-    CAPTURED.with(|c| c.borrow_mut().clear());
-    let done = tracing::dispatcher::with_default(&logger, || {
-        plugin::run(&stores, &vars, &decoded, &mut stdout, &call)
-    });
-    let stderr = CAPTURED.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let done = plugin::run(&stores, &vars, &decoded, &call);
     let command = done.command.map_or("invalid", |c| c.as_str());
-    if let Some(why) = stores.unavailable() {
+    if let Some(why) = done.refused {
         warn!(command, %why, "refused: the plugin serves this itself");
-        return (Answer::Refused(why), command);
+        return (Answer::Refused(why.into()), command);
     }
-    let mut asked = stores.asked();
-    if !asked.is_empty() {
+    if !done.needs_netns.is_empty() {
         // The rest, if any, in the next round.
+        let mut asked = done.needs_netns;
         asked.truncate(ipkeep_cni::proto::MAX_NETNS_ASKED);
         debug!(command, netns = ?asked, "cannot see these sandboxes' network namespaces; asking the plugin, which runs on the host");
         return (Answer::AskNetns(asked), command);
     }
     if done.exit_code != 0 {
-        warn!(command, log = %String::from_utf8_lossy(&stderr).trim_end(), "plugin command failed");
+        warn!(command, log = %String::from_utf8_lossy(&done.log).trim_end(), "plugin command failed");
     }
     let released_by = match done.command {
         Some(ipkeep_cni::env::Command::Gc) => Reason::Gc,
@@ -409,8 +348,8 @@ fn run_cni(served: &Served, request: CniCall<'_>, out: &mut dyn Write) -> (Answe
             notices.send(notice);
         }
     }
-    let written = ipkeep_cni::proto::write_frame(out, tag::STDOUT, &stdout)
-        .and_then(|()| ipkeep_cni::proto::write_frame(out, tag::STDERR, &stderr));
+    let written = ipkeep_cni::proto::write_frame(out, tag::STDOUT, &done.stdout)
+        .and_then(|()| ipkeep_cni::proto::write_frame(out, tag::STDERR, &done.log));
     if let Err(e) = written {
         debug!(error = %e, "client went away before the answer");
     }
@@ -434,6 +373,7 @@ mod tests {
             notices: None,
             netns: Arc::default(),
             cluster: None,
+            logs: Capture::default(),
         }
     }
 
@@ -479,7 +419,10 @@ mod tests {
         let long_ago = Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
         let mut out = Vec::new();
         let (answer, command) = execute(&served, add(Some(1_000), tmp.path()), long_ago, &mut out);
-        assert_eq!((answer, command), (Answer::Exit(1), "ADD"));
+        assert!(
+            matches!((&answer, command), (Answer::Exit(1), "ADD")),
+            "{answer:?}"
+        );
         let error: serde_json::Value = serde_json::from_str(&stdout_of(&out)).unwrap();
         assert_eq!(error["code"], 11, "{error}");
         let dir = NetworkDir::new(tmp.path(), "net").unwrap();
@@ -503,7 +446,65 @@ mod tests {
             Instant::now(),
             &mut out,
         );
-        assert_eq!(answer, Answer::Exit(0), "{}", stdout_of(&out));
+        assert!(matches!(answer, Answer::Exit(0)), "{}", stdout_of(&out));
+    }
+
+    /// A rebuilt pod whose older sandbox still has its address, in a network namespace the agent
+    /// cannot see (`/proc/<pid>/…` is the runtime's PID namespace): the agent asks the plugin,
+    /// commits nothing meanwhile, and decides by the plugin's answer.
+    #[test]
+    fn a_namespace_the_agent_cannot_see_is_asked_about() {
+        let tmp = tempfile::tempdir().unwrap();
+        let served = served(tmp.path());
+        let old_netns = "/proc/999999999/ns/net";
+        let pod_add = |cid: &str, netns: &str, seen: &[(&str, bool)]| {
+            let Request::Cni {
+                mut env, config, ..
+            } = add(Some(5_000), tmp.path())
+            else {
+                unreachable!()
+            };
+            env.insert("CNI_CONTAINERID".into(), cid.into());
+            env.insert("CNI_NETNS".into(), netns.into());
+            env.insert(
+                "CNI_ARGS".into(),
+                "K8S_POD_NAMESPACE=db;K8S_POD_NAME=kv-0".into(),
+            );
+            let config = config.replace(
+                r#""ipam""#,
+                r#""runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ipkeep.dev/ip-retention":"1h","ipkeep.dev/persistent-pod-state":"kv"}},"ipam""#,
+            );
+            let request = Request::Cni {
+                env,
+                config,
+                budget_ms: Some(5_000),
+                netns_seen: seen.iter().map(|(p, e)| (p.to_string(), *e)).collect(),
+            };
+            let mut out = Vec::new();
+            let (answer, _) = execute(&served, request, Instant::now(), &mut out);
+            (answer, stdout_of(&out))
+        };
+        let (answer, first) = pod_add("old", old_netns, &[]);
+        assert!(matches!(answer, Answer::Exit(0)), "{first}");
+        let (answer, out) = pod_add("new", "/run/netns/new", &[]);
+        assert!(
+            matches!(&answer, Answer::AskNetns(asked) if asked == &[old_netns]),
+            "{answer:?}"
+        );
+        assert!(out.is_empty(), "no answer but the question: {out}");
+        let (answer, out) = pod_add("new", "/run/netns/new", &[(old_netns, true)]);
+        assert!(matches!(answer, Answer::Exit(1)), "{answer:?}");
+        assert!(out.contains("still configured"), "{out}");
+        let (answer, out) = pod_add("new", "/run/netns/new", &[(old_netns, false)]);
+        assert!(matches!(answer, Answer::Exit(0)), "{out}");
+        let ip = |result: &str| {
+            serde_json::from_str::<serde_json::Value>(result).unwrap()["ips"][0]["address"].clone()
+        };
+        assert_eq!(
+            ip(&out),
+            ip(&first),
+            "the address moved once the old sandbox was gone"
+        );
     }
 
     #[test]
@@ -516,6 +517,16 @@ mod tests {
                        "lockTimeout": {"secs": 1, "nanos": 0}}, "json": true}}}))
         .unwrap();
         let (answer, _) = execute(&served, list, Instant::now(), &mut Vec::new());
-        assert!(matches!(answer, Answer::Refused(why) if why.contains("--data-dir")));
+        assert!(
+            matches!(
+                &answer,
+                Answer::Refused(Refusal::Stores(StoresError::NotOurDataDir { .. }))
+            ),
+            "{answer:?}"
+        );
+        let Answer::Refused(why) = answer else {
+            return;
+        };
+        assert!(why.to_string().contains("--data-dir"), "{why}");
     }
 }

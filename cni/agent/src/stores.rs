@@ -9,13 +9,13 @@
 //! the agent cannot reopen it. Until a later commit succeeds, the network is unhealthy
 //! (`/readyz`, `ipkeep_agent_store_healthy`, CNI STATUS).
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ipkeep_cni::stores::{Stores, free_space_status};
+use ipkeep_cni::logs::hint;
+use ipkeep_cni::stores::{NotServed, Stores, free_space_status};
 use ipkeep_cni::timings::Timings;
 use ipkeep_ipam::disk::{DiskSnapshot, StoreOptions};
 use ipkeep_ipam::{DiskStore, NetworkDir, StoreError, StoreRead, validate_network_name};
@@ -25,6 +25,36 @@ use crate::netns::{NetnsView, Sighting};
 
 /// The agent's page cache per store: enough for the hot part of a 60,000-lease store.
 const CACHE_BYTES: usize = 8 << 20;
+
+/// Why the agent does not serve a request's store, or a store cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoresError {
+    /// The plugin's configuration names another data directory than the agent's: the plugin
+    /// serves it itself.
+    #[error("ipam.dataDir {} is not this agent's --data-dir {}", .given.display(), .ours.display())]
+    NotOurDataDir {
+        /// As the plugin named it.
+        given: PathBuf,
+        /// The agent's, canonical.
+        ours: PathBuf,
+    },
+    /// A path that is no network directory right under the data directory.
+    #[error("{} is not a network directory under {}", .path.display(), .data_dir.display())]
+    NotANetworkDir {
+        /// The path.
+        path: PathBuf,
+        /// The agent's data directory.
+        data_dir: PathBuf,
+    },
+    /// The network's store could not be opened, or its last commit failed.
+    #[error("network {network}: {why}")]
+    Unhealthy {
+        /// The network.
+        network: String,
+        /// What failed.
+        why: String,
+    },
+}
 
 /// One network's store.
 #[derive(Debug)]
@@ -54,10 +84,13 @@ impl Slot {
     }
 
     /// `Err` with the reason while the store cannot be opened or cannot commit.
-    pub fn health(&self) -> Result<(), String> {
+    pub fn health(&self) -> Result<(), StoresError> {
         match &*self.failure.lock().unwrap_or_else(PoisonError::into_inner) {
             None => Ok(()),
-            Some(why) => Err(format!("network {}: {why}", self.network)),
+            Some(why) => Err(StoresError::Unhealthy {
+                network: self.network.clone(),
+                why: why.clone(),
+            }),
         }
     }
 
@@ -81,7 +114,8 @@ impl Slot {
             (Some(ahead), false) => tracing::warn!(
                 network = %self.network,
                 ahead = %ipkeep_values::time::duration(ahead),
-                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+                hint = hint::DOUBTED_WALL,
+                "after a reboot the wall clock is far past this store's last time, and not synchronised"
             ),
             (None, true) => tracing::info!(
                 network = %self.network,
@@ -95,7 +129,8 @@ impl Slot {
             tracing::warn!(
                 network = %self.network,
                 ahead = %ipkeep_values::time::duration(ahead),
-                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+                hint = hint::WALL_AHEAD,
+                "the wall clock is ahead of the store's clock (it jumped forward)"
             );
         }
     }
@@ -226,22 +261,21 @@ impl AgentStores {
     }
 
     /// Whether `dir` (as a plugin names it) is this agent's data directory; `Err` says why not.
-    pub fn owns(&self, dir: &Path) -> Result<(), String> {
+    pub fn owns(&self, dir: &Path) -> Result<(), StoresError> {
         if dir == self.given || dir == self.data_dir {
             return Ok(());
         }
         match dir.canonicalize() {
             Ok(canonical) if canonical == self.data_dir => Ok(()),
-            _ => Err(format!(
-                "ipam.dataDir {} is not this agent's --data-dir {}",
-                dir.display(),
-                self.data_dir.display()
-            )),
+            _ => Err(StoresError::NotOurDataDir {
+                given: dir.to_path_buf(),
+                ours: self.data_dir.clone(),
+            }),
         }
     }
 
     /// The slot of `dir`, which must be a network directory under the data directory.
-    pub fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, String> {
+    pub fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, StoresError> {
         let network = dir
             .path()
             .file_name()
@@ -253,11 +287,10 @@ impl AgentStores {
             .map(Path::to_path_buf)
             .unwrap_or_default();
         if parent != self.data_dir || validate_network_name(&network).is_err() {
-            return Err(format!(
-                "{} is not a network directory under {}",
-                dir.path().display(),
-                self.data_dir.display()
-            ));
+            return Err(StoresError::NotANetworkDir {
+                path: dir.path().to_path_buf(),
+                data_dir: self.data_dir.clone(),
+            });
         }
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(slots
@@ -323,7 +356,7 @@ impl AgentStores {
         let failures: Vec<String> = self
             .slots()
             .iter()
-            .filter_map(|s| s.health().err())
+            .filter_map(|s| s.health().err().map(|e| e.to_string()))
             .collect();
         if failures.is_empty() {
             Ok(())
@@ -344,38 +377,28 @@ impl AgentStores {
         RequestStores {
             stores: self,
             deadline,
-            unavailable: RefCell::default(),
             netns: None,
             host_view: BTreeMap::new(),
-            asked: RefCell::default(),
         }
     }
 }
 
 /// The agent's stores for one request. A network directory outside the agent's data directory
-/// is noted, so the request is refused and the plugin serves itself. A store that fails to open
+/// is not served ([`Stores::serves`]), so the plugin serves itself. A store that fails to open
 /// is an answer like any other (a plugin opening it itself would not check its pages, so it
 /// must not be sent to).
 #[derive(Debug)]
 pub struct RequestStores<'a> {
     stores: &'a AgentStores,
     deadline: Instant,
-    unavailable: RefCell<Option<String>>,
     /// How the request's command judges older sandboxes' namespaces (`None`: as the plugin
     /// process would, for commands that never ask).
     netns: Option<&'a NetnsView>,
     /// What the plugin said it sees on the host of namespaces the agent asked about.
     host_view: BTreeMap<String, bool>,
-    /// Namespaces the agent cannot see and the plugin has not answered for yet.
-    asked: RefCell<Vec<String>>,
 }
 
 impl<'a> RequestStores<'a> {
-    /// Why a store could not be had, if that happened.
-    pub fn unavailable(&self) -> Option<String> {
-        self.unavailable.borrow().clone()
-    }
-
     /// The same, judging older sandboxes' network namespaces through `view`, and, where it
     /// cannot tell, by what the plugin said it sees on the host (`host_view`).
     pub fn seeing(self, view: &'a NetnsView, host_view: BTreeMap<String, bool>) -> Self {
@@ -386,20 +409,11 @@ impl<'a> RequestStores<'a> {
         }
     }
 
-    /// Network namespaces the command needed to judge but the agent cannot see, and the plugin
-    /// has not said anything about: the command must be asked again with the plugin's view.
-    pub fn asked(&self) -> Vec<String> {
-        self.asked.borrow().clone()
-    }
-
     fn slot(&self, dir: &NetworkDir) -> Result<Arc<Slot>, StoreError> {
-        self.stores.slot(dir).map_err(|why| {
-            self.unavailable.replace(Some(why.clone()));
-            StoreError::Io {
-                action: "serve",
-                path: dir.path().display().to_string(),
-                source: std::io::Error::other(why),
-            }
+        self.stores.slot(dir).map_err(|why| StoreError::Io {
+            action: "serve",
+            path: dir.path().display().to_string(),
+            source: std::io::Error::other(why),
         })
     }
 }
@@ -434,30 +448,26 @@ impl Stores for RequestStores<'_> {
 
     fn status(&self, dir: &NetworkDir) -> Result<(), String> {
         if let Ok(slot) = self.stores.slot(dir) {
-            slot.health()?;
+            slot.health().map_err(|e| e.to_string())?;
         }
         free_space_status(dir)
     }
 
-    fn netns_exists(&self, path: &str) -> bool {
+    fn serves(&self, dir: &NetworkDir) -> Result<(), NotServed> {
+        self.stores
+            .slot(dir)
+            .map(drop)
+            .map_err(|e| NotServed(e.to_string()))
+    }
+
+    fn netns_exists(&self, path: &str) -> Option<bool> {
         let Some(view) = self.netns else {
-            return ipkeep_cni::files::netns_exists(path);
+            return Some(ipkeep_cni::files::netns_exists(path));
         };
         match view.look(path) {
-            Sighting::Exists => true,
-            Sighting::Gone => false,
-            Sighting::Unknown => match self.host_view.get(path) {
-                Some(exists) => *exists,
-                None => {
-                    // "Still there" keeps the address where it is (the command fails and
-                    // commits nothing); the plugin is then asked what the host sees.
-                    let mut asked = self.asked.borrow_mut();
-                    if !asked.iter().any(|p| p == path) {
-                        asked.push(path.to_string());
-                    }
-                    true
-                }
-            },
+            Sighting::Exists => Some(true),
+            Sighting::Gone => Some(false),
+            Sighting::Unknown => self.host_view.get(path).copied(),
         }
     }
 }

@@ -13,12 +13,11 @@
 //! word (the rest wait for later passes): a misconfiguration that makes every pod look gone
 //! cannot empty a node at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipkeep_cni::admin::Usage;
-use ipkeep_cni::management::{ApiView, SandboxPod};
 use ipkeep_cni::stores::fallback_count;
 use ipkeep_ipam::clock;
 use ipkeep_ipam::disk::system_reading;
@@ -26,10 +25,10 @@ use ipkeep_ipam::{Lease, Reading, StoreError, StoreRead, allocator};
 use tracing::{info, warn};
 
 use crate::cluster::Cluster;
-use crate::management::{self, ClusterApi};
+use crate::management::ClusterApi;
 use crate::metrics::{Metrics, NetworkGauges};
 use crate::netns::NetnsView;
-use crate::release::{self, ClusterView, Grace, Planner, Reason};
+use crate::release::{self, ClusterView, Grace, MissedDel, Plan, Planner, Reason};
 use crate::stores::{AgentStores, Slot};
 
 /// Everything a pass needs.
@@ -103,6 +102,41 @@ pub struct PassReport {
     pub deferred: usize,
 }
 
+impl PassReport {
+    fn count(&mut self, reason: Reason, n: usize) {
+        if n > 0 {
+            *self.by_reason.entry(reason).or_default() += n;
+        }
+    }
+}
+
+/// What [`Sweeper::read_or_reuse`] found.
+enum Read<'v> {
+    /// Nothing calls for a new reading: the last one's gauges.
+    Reused(NetworkGauges),
+    /// A new reading.
+    Fresh(Fresh<'v>),
+}
+
+/// A new reading of one store: what to do, and what to remember of it.
+struct Fresh<'v> {
+    plan: Plan,
+    /// The gauges, counted; finished once the plan is applied.
+    gauges: GaugeCounter<'v>,
+    /// The store's clock when it was read.
+    now: u64,
+    /// What the next pass sees of it (the gauges come once finished).
+    last: LastReading,
+}
+
+/// The view without Kubernetes: nothing is decided from it.
+static NO_VIEW: ClusterView = ClusterView {
+    node: String::new(),
+    pps: BTreeMap::new(),
+    undecodable: BTreeSet::new(),
+    pods: BTreeMap::new(),
+};
+
 impl Sweeper {
     /// One pass over every store (blocking).
     pub fn pass(&self) -> PassReport {
@@ -134,7 +168,8 @@ impl Sweeper {
             warn!(
                 deferred = report.deferred,
                 max = self.max_releases,
-                "more addresses to release than one pass may free (--max-releases-per-pass); the rest follow in later passes"
+                hint = "the rest follow in later passes",
+                "more addresses to release than one pass may free (--max-releases-per-pass)"
             );
         }
         self.metrics.networks(&gauges);
@@ -156,6 +191,8 @@ impl Sweeper {
         result?
     }
 
+    /// One store's part of a pass: expire, read (or reuse the last reading), release what
+    /// Kubernetes says nobody will use, apply the DELs that never came.
     fn pass_one(
         &self,
         slot: &Slot,
@@ -164,18 +201,62 @@ impl Sweeper {
         budget: &mut usize,
         report: &mut PassReport,
     ) -> Result<NetworkGauges, StoreError> {
-        let view = kubernetes.map(|(v, _)| v);
-        let network = slot.network();
-        let count = |report: &mut PassReport, reason: Reason, n: usize| {
-            if n > 0 {
-                *report.by_reason.entry(reason).or_default() += n;
-            }
+        self.expire(slot, reading, report)?;
+        let fresh = match self.read_or_reuse(slot, kubernetes, reading)? {
+            Read::Reused(gauges) => return Ok(gauges),
+            Read::Fresh(fresh) => fresh,
         };
-        // Expiry reads one index range: cheap enough to do under the lock.
+        let Fresh {
+            mut plan,
+            gauges,
+            now,
+            last,
+        } = fresh;
+        let deferred = plan.limit(budget);
+        report.deferred += deferred;
+        self.apply_release(slot, &plan.release, reading, report)?;
+        self.apply_missed_dels(slot, &plan.missed_del, reading, report)?;
+        let gauges = gauges.finish(slot);
+        let acted = deferred > 0 || !plan.release.is_empty() || !plan.missed_del.is_empty();
+        self.readings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                slot.network().to_string(),
+                LastReading {
+                    // Whatever was decided (or deferred) is looked at again next pass.
+                    due: if acted { Some(now) } else { last.due },
+                    gauges: gauges.clone(),
+                    ..last
+                },
+            );
+        Ok(gauges)
+    }
+
+    /// Frees the store's expired holdings: one index range, cheap enough under the lock.
+    fn expire(
+        &self,
+        slot: &Slot,
+        reading: &Reading,
+        report: &mut PassReport,
+    ) -> Result<(), StoreError> {
+        let network = slot.network();
         for lease in self.locked(slot, |store| allocator::release_expired(store, reading))? {
             info!(%network, ip = %lease.ip, pod = %pod_of(&lease), "released an expired holding");
-            count(report, Reason::Expired, 1);
+            report.count(Reason::Expired, 1);
         }
+        Ok(())
+    }
+
+    /// Reads every lease of a snapshot into a plan and the gauges, when there is a reason to
+    /// ([`needs_reading`]); else the gauges of the last reading.
+    fn read_or_reuse<'v>(
+        &self,
+        slot: &Slot,
+        kubernetes: Option<(&'v ClusterView, u64)>,
+        reading: &Reading,
+    ) -> Result<Read<'v>, StoreError> {
+        let view = kubernetes.map(|(v, _)| v);
         let store_generation = slot.generation();
         let snapshot = slot.snapshot(self.deadline(), self.lock_timeout)?;
         let mark = snapshot.clock()?;
@@ -185,19 +266,21 @@ impl Sweeper {
             clock::doubted_wall(mark.as_ref(), reading),
         );
         let readings = self.readings.lock().unwrap_or_else(PoisonError::into_inner);
-        let last = readings.get(network);
+        let last = readings.get(slot.network());
         let at = Instant::now();
         let cluster_generation = kubernetes.map(|(_, g)| g);
         if !needs_reading(last, cluster_generation, store_generation, now, at) {
-            return Ok(last
-                .map(|l| slot.refresh(l.gauges.clone()))
-                .unwrap_or_default());
+            return Ok(Read::Reused(
+                last.map(|l| slot.refresh(l.gauges.clone()))
+                    .unwrap_or_default(),
+            ));
         }
         drop(readings);
-        let empty = ClusterView::default();
+        let api = ClusterApi(self.cluster.as_ref());
         let may_exist = |path: &str| self.netns.may_exist(path);
-        let mut planner = Planner::new(view.unwrap_or(&empty), now, self.grace, &may_exist);
-        let mut gauges = GaugeCounter::new(&snapshot, view.unwrap_or(&empty))?;
+        let view_or_none = view.unwrap_or(&NO_VIEW);
+        let mut planner = Planner::new(view_or_none, &api, now, self.grace, &may_exist);
+        let mut gauges = GaugeCounter::new(&snapshot, view_or_none)?;
         let mut read = 0usize;
         snapshot.scan(&mut |lease| {
             if view.is_some() {
@@ -212,76 +295,76 @@ impl Sweeper {
             }
             Ok(())
         })?;
-        let (mut plan, due) = planner.finish(&snapshot)?;
-        drop(snapshot);
-        let deferred = plan.limit(budget);
-        report.deferred += deferred;
-        if !plan.release.is_empty() {
-            let leases: Vec<Lease> = plan.release.iter().map(|(l, _)| l.clone()).collect();
-            let freed = self.locked(slot, |store| {
-                allocator::release_held(store, &leases, reading)
-            })?;
-            for (lease, reason) in &plan.release {
-                if freed.contains(lease) {
-                    info!(%network, ip = %lease.ip, pod = %pod_of(lease), %reason, "released a holding Kubernetes says nobody will use");
-                    count(report, *reason, 1);
-                }
+        let (plan, due) = planner.finish(&snapshot)?;
+        Ok(Read::Fresh(Fresh {
+            plan,
+            gauges,
+            now,
+            last: LastReading {
+                at,
+                cluster: cluster_generation,
+                store: store_generation,
+                due,
+                gauges: NetworkGauges::default(),
+            },
+        }))
+    }
+
+    /// Frees the holdings the plan releases; each is re-checked under the lock against the
+    /// store as it is then.
+    fn apply_release(
+        &self,
+        slot: &Slot,
+        release: &[(Lease, Reason)],
+        reading: &Reading,
+        report: &mut PassReport,
+    ) -> Result<(), StoreError> {
+        if release.is_empty() {
+            return Ok(());
+        }
+        let network = slot.network();
+        let leases: Vec<Lease> = release.iter().map(|(l, _)| l.clone()).collect();
+        let freed = self.locked(slot, |store| {
+            allocator::release_held(store, &leases, reading)
+        })?;
+        for (lease, reason) in release {
+            if freed.contains(lease) {
+                info!(%network, ip = %lease.ip, pod = %pod_of(lease), %reason, "released a holding Kubernetes says nobody will use");
+                report.count(*reason, 1);
             }
         }
-        for owner in &plan.missed_del {
+        Ok(())
+    }
+
+    /// Applies the DELs that never came, each to the addresses its attachment still has under
+    /// the lock, unless its sandbox came back meanwhile.
+    fn apply_missed_dels(
+        &self,
+        slot: &Slot,
+        missed: &[MissedDel],
+        reading: &Reading,
+        report: &mut PassReport,
+    ) -> Result<(), StoreError> {
+        let network = slot.network();
+        for MissedDel { owner, departure } in missed {
             let outcome = self.locked(slot, |store| {
-                // Re-checked under the lock: only addresses the attachment still has, and not
-                // if its sandbox came back meanwhile.
-                let leases = store.leases_of_attachment(owner)?;
-                let live = leases
-                    .iter()
-                    .any(|l| l.is_active() && l.netns.as_deref().is_some_and(may_exist));
+                let live = store.leases_of_attachment(owner)?.iter().any(|l| {
+                    l.is_active() && l.netns.as_deref().is_some_and(|n| self.netns.may_exist(n))
+                });
                 if live {
                     return Ok(allocator::ReleaseOutcome::default());
                 }
-                // Decided like any DEL: by who manages the pod now.
-                let departure = leases
-                    .iter()
-                    .find_map(|l| Some((l.pod.as_ref()?, l.retention)))
-                    .map(|(pod, recorded)| {
-                        let said = ClusterApi(self.cluster.as_ref()).management(&SandboxPod {
-                            namespace: &pod.namespace,
-                            name: &pod.name,
-                            uid: pod.uid.as_deref(),
-                            adding: false,
-                            annotations: None,
-                        });
-                        management::missed_del(&said, recorded)
-                    })
-                    .unwrap_or_default();
-                allocator::del(store, owner, &departure, reading)
+                allocator::del(store, owner, departure, reading)
             })?;
             for lease in outcome.held.iter().chain(&outcome.released) {
-                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), "the sandbox is gone (its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped) but its DEL never came; applied DEL");
+                info!(%network, ip = %lease.ip, pod = %pod_of(lease), container = %owner, held = !lease.is_active(), hint = "its pod left the node, or a newer sandbox replaced it after the runtime's state was wiped", "the sandbox is gone but its DEL never came: applied DEL");
             }
-            count(
-                report,
+            report.count(
                 Reason::MissedDel,
                 outcome.held.len() + outcome.released.len(),
             );
         }
-        let gauges = gauges.finish(slot);
-        let acted = deferred > 0 || !plan.release.is_empty() || !plan.missed_del.is_empty();
-        self.readings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                network.to_string(),
-                LastReading {
-                    at,
-                    cluster: cluster_generation,
-                    store: store_generation,
-                    // Whatever was decided (or deferred) is looked at again next pass.
-                    due: if acted { Some(now) } else { due },
-                    gauges: gauges.clone(),
-                },
-            );
-        Ok(gauges)
+        Ok(())
     }
 
     /// Runs passes every `interval`, and about a second after the caches change, until

@@ -12,7 +12,7 @@ use ipkeep_ipam::{
     StoreRead, allocator,
 };
 
-use crate::stores::Stores;
+use crate::stores::{NotServed, Stores};
 use crate::timings::Timings;
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,9 @@ pub enum AdminError {
     /// `--network` is no network name.
     #[error(transparent)]
     Network(#[from] NetworkNameError),
+    /// Whoever serves the command does not lend this network's store: run it elsewhere.
+    #[error(transparent)]
+    NotServed(#[from] NotServed),
     /// `--pod` is not `NAMESPACE/NAME`.
     #[error("--pod must be NAMESPACE/NAME, got {0:?}")]
     Pod(String),
@@ -363,7 +366,7 @@ pub fn run<S: Stores>(
     Ok(released)
 }
 
-/// The target network's directory, which must have a store.
+/// The target network's directory, which must have a store the stores lend.
 fn target_dir<S: Stores>(stores: &S, target: &Target) -> Result<NetworkDir, AdminError> {
     let dir = NetworkDir::new(&target.data_dir, &target.network)?;
     if !stores.exists(&dir) {
@@ -372,5 +375,6 @@ fn target_dir<S: Stores>(stores: &S, target: &Target) -> Result<NetworkDir, Admi
             data_dir: target.data_dir.clone(),
         });
     }
+    stores.serves(&dir)?;
     Ok(dir)
 }

@@ -100,7 +100,7 @@ impl From<AllocError> for CniError {
     fn from(e: AllocError) -> Self {
         match e {
             AllocError::Store(s) => s.into(),
-            e @ AllocError::StillInUse { .. } => {
+            e @ (AllocError::StillInUse { .. } | AllocError::NeedsNetns(_)) => {
                 CniError::new(code::TRY_AGAIN_LATER, e.to_string())
             }
             other => CniError::new(code::GENERIC, other.to_string()),

@@ -2,9 +2,9 @@
 //! IP retention for pods rebuilt under the same name (see `docs/cni-plugin.md`).
 //!
 //! [`plugin::run`] is one CNI command as a function of environment, decoded configuration,
-//! stores and clock; [`relay`] runs it through the node agent or here; [`process`] is the whole
-//! process (stdin read bounded, logging, the panic hook, the admin subcommands of [`admin`]);
-//! `main.rs` passes it the real environment and stdio.
+//! stores and clock, returning all it produced ([`Completion`]); [`relay`] runs it through the
+//! node agent or here; [`process`] is the whole process (stdin read bounded, logging, the panic
+//! hook, the admin subcommands of [`admin`]); `main.rs` passes it the real environment and stdio.
 
 pub mod admin;
 pub mod env;

@@ -133,7 +133,8 @@ pub fn decide(
                 info!(
                     persistent_pod_state = %persistent_pod_state,
                     link = link.unwrap_or(""),
-                    "PersistentPodState {persistent_pod_state} manages this pod (the node agent's view of the API server) although its {PERSISTENT_POD_STATE} annotation does not say so: retention by that state's rules"
+                    hint = "the node agent's view of the API server says so: retention by that state's rules",
+                    "PersistentPodState {persistent_pod_state} manages this pod although its {PERSISTENT_POD_STATE} annotation does not say so"
                 );
             }
             Decided {
@@ -146,7 +147,8 @@ pub fn decide(
             if let Some(link) = link {
                 warn!(
                     link,
-                    "the pod's {PERSISTENT_POD_STATE} annotation names {link:?}, but no PersistentPodState manages this pod (the node agent's view of the API server): it is not managed"
+                    hint = "the node agent's view of the API server: the pod is not managed",
+                    "the pod's {PERSISTENT_POD_STATE} annotation names {link:?}, but no PersistentPodState manages this pod"
                 );
             }
             let mut without_link = annotations.cloned().unwrap_or_default();

@@ -4,27 +4,26 @@
 //!
 //! Errors become CNI error JSON in exactly one place, [`run`]; stdout carries nothing else.
 
-use std::collections::{BTreeSet, HashMap};
-use std::io::Write;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Instant;
 
 use ipkeep_ipam::{
-    AddOutcome, AddRequest, Attachment, Departure, LeaseState, NetworkDir, PodRef, Reading,
-    Retention, RetentionPolicy, RetentionSource, Source, StoreRead, allocator, clock,
+    AddOutcome, AddRequest, AllocError, Attachment, Departure, LeaseState, NetworkDir, PodRef,
+    Reading, Retention, RetentionPolicy, RetentionSource, Source, StoreRead, allocator, clock,
 };
 use tracing::{debug, info, warn};
 
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
-use crate::files;
 use crate::management::{self, ApiView, Decided, SandboxPod};
-use crate::netconf::{IpamPlan, NetworkConfig};
+use crate::netconf::{self, IpamPlan, NetworkConfig};
 use crate::result::{Dns, IpConfig, IpamResult};
-use crate::stores::{Deadlined, Stores};
+use crate::stores::{Deadlined, NotServed, Stores};
 use crate::timings::Timings;
 use crate::version;
+use crate::{files, logs};
 
 /// How many addresses one invocation allocated, held and released, for the agent's metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -64,11 +63,16 @@ pub enum Notice {
     },
 }
 
-/// What one invocation produced.
+/// What one invocation produced: everything its caller acts on afterwards.
 #[derive(Debug)]
 pub struct Completion {
     /// Process exit code.
     pub exit_code: i32,
+    /// What goes to stdout: the CNI result, or the CNI error.
+    pub stdout: Vec<u8>,
+    /// The command's log lines, formatted as the plugin process logs them, when the call asked
+    /// for them ([`Call::capture_log`]); else empty (they went to this process's log).
+    pub log: Vec<u8>,
     /// Phase timings.
     pub timings: Timings,
     /// What changed in the store.
@@ -77,11 +81,18 @@ pub struct Completion {
     pub notices: Vec<Notice>,
     /// The command, when the environment named a known one.
     pub command: Option<Command>,
+    /// Set when the stores would not lend the network's store ([`Stores::serves`]): the command
+    /// did not run, and whoever sent it must serve it elsewhere.
+    pub refused: Option<NotServed>,
+    /// Older sandboxes' network namespaces the command had to judge and the stores could not
+    /// ([`Stores::netns_exists`]): nothing was committed; whoever can see them says whether
+    /// each exists, and the command runs again with that.
+    pub needs_netns: Vec<String>,
 }
 
 /// When an invocation runs: the clock reading it starts with, and the moment after which it
-/// must not commit anything (its caller stops waiting then); and who says whether a
-/// PersistentPodState manages its pod.
+/// must not commit anything (its caller stops waiting then); who says whether a
+/// PersistentPodState manages its pod; and where its log lines go.
 #[derive(Debug, Clone)]
 pub struct Call<'a> {
     /// The clock when the invocation started.
@@ -90,6 +101,9 @@ pub struct Call<'a> {
     pub deadline: Option<Instant>,
     /// The node agent's view of the API server, or none ([`management::NoApiView`]).
     pub api: &'a dyn ApiView,
+    /// Log into [`Completion::log`] through these loggers, at the configuration's level
+    /// (`ipam.logLevel`); `None`: into this process's own log.
+    pub capture_log: Option<&'a logs::Capture>,
 }
 
 /// Runs one CNI invocation against `stores`, with the configuration already decoded from
@@ -98,7 +112,26 @@ pub fn run<S: Stores>(
     stores: &S,
     vars: &HashMap<String, String>,
     config: &Result<NetworkConfig, CniError>,
-    stdout: &mut dyn Write,
+    call: &Call<'_>,
+) -> Completion {
+    let Some(capture) = call.capture_log else {
+        return run_logged(stores, vars, config, call);
+    };
+    let settings = config
+        .as_ref()
+        .map_or_else(|_| netconf::Settings::default(), |d| d.settings.clone());
+    let (mut done, log) = capture.run(logs::level(&settings, None), || {
+        run_logged(stores, vars, config, call)
+    });
+    done.log = log;
+    done
+}
+
+/// [`run`], logging through the current subscriber.
+fn run_logged<S: Stores>(
+    stores: &S,
+    vars: &HashMap<String, String>,
+    config: &Result<NetworkConfig, CniError>,
     call: &Call<'_>,
 ) -> Completion {
     let mut cx = Context {
@@ -107,6 +140,8 @@ pub fn run<S: Stores>(
         timings: Timings::begin(),
         tally: Tally::default(),
         notices: Vec::new(),
+        refused: None,
+        needs_netns: Vec::new(),
     };
     let inv = env::parse(vars);
     let command = inv.as_ref().ok().map(|i| i.command);
@@ -132,18 +167,16 @@ pub fn run<S: Stores>(
             (Some(e.to_json(version_for_errors.as_deref())), 1)
         }
     };
-    if let Some(text) = text {
-        // If stdout is gone the runtime is gone too; nothing useful is left to do.
-        let _ = stdout
-            .write_all(text.as_bytes())
-            .and_then(|()| stdout.flush());
-    }
     Completion {
         exit_code,
+        stdout: text.map(String::into_bytes).unwrap_or_default(),
+        log: Vec::new(),
         timings: cx.timings,
         tally: cx.tally,
         notices: cx.notices,
         command,
+        refused: cx.refused,
+        needs_netns: cx.needs_netns,
     }
 }
 
@@ -154,6 +187,8 @@ struct Context<'s, S> {
     timings: Timings,
     tally: Tally,
     notices: Vec<Notice>,
+    refused: Option<NotServed>,
+    needs_netns: Vec<String>,
 }
 
 impl<S: Stores> Context<'_, S> {
@@ -165,6 +200,11 @@ impl<S: Stores> Context<'_, S> {
         f: impl FnOnce(&mut Deadlined<'_, S::Store>) -> Result<R, CniError>,
     ) -> Result<R, CniError> {
         let dir = network_dir(config)?;
+        if let Err(refused) = self.stores.serves(&dir) {
+            let err = CniError::new(code::TRY_AGAIN_LATER, refused.to_string());
+            self.refused = Some(refused);
+            return Err(err);
+        }
         let deadline = self.call.deadline;
         self.stores.with(
             &dir,
@@ -263,19 +303,17 @@ fn cmd_add<S: Stores>(
         };
     let requested = config.requested_ips(inv.args.ip)?;
     debug!(%retention, ?source, ?requested, ranges = plan.range_sets.len(), "allocating");
-    let stores = cx.stores;
-    let netns_exists = |path: &str| stores.netns_exists(path);
-    let req = AddRequest {
+    let mut req = AddRequest {
         range_sets: &plan.range_sets,
         owner: attachment(inv),
         pod,
         retention,
         requested: &requested,
         netns: Some(inv.netns.clone()).filter(|n| !n.is_empty()),
-        netns_exists: &netns_exists,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: plan.reuse_cooldown,
     };
-    let outcome = allocate(cx, config, &req)?;
+    let outcome = allocate(cx, config, &mut req)?;
     let (tally, notices) = report_add(&outcome, plan, req.pod.as_ref(), retention, source);
     cx.tally = tally;
     cx.notices = notices;
@@ -283,30 +321,54 @@ fn cmd_add<S: Stores>(
 }
 
 /// Runs ADD's allocation on the network's store, after advancing the store's clock and saying
-/// when the wall clock cannot be trusted.
+/// when the wall clock cannot be trusted. Where the allocation must know whether older
+/// sandboxes' network namespaces exist, the stores say, and it runs again; those they cannot
+/// judge end the command with [`Completion::needs_netns`].
 fn allocate<S: Stores>(
     cx: &mut Context<'_, S>,
     config: &NetworkConfig,
-    req: &AddRequest<'_>,
+    req: &mut AddRequest<'_>,
 ) -> Result<AddOutcome, CniError> {
     let reading = &cx.call.reading;
-    let (outcome, t) = cx.with_store(config, |store| {
+    let stores = cx.stores;
+    let mut unjudged = Vec::new();
+    let allocated = cx.with_store(config, |store| {
         let t = Instant::now();
         let mark = store.clock()?;
         let now = clock::advance(mark.as_ref(), reading).now;
         if let Some(ahead) = clock::doubted_wall(mark.as_ref(), reading) {
             warn!(
                 ahead = %ipkeep_values::time::duration(ahead),
-                "after a reboot the wall clock is far past this store's last time and the kernel does not say it is synchronised (NTP): until it does, or the node has been up an hour, holdings end only by the time the store can prove"
+                hint = logs::hint::DOUBTED_WALL,
+                "after a reboot the wall clock is far past this store's last time, and not synchronised"
             );
         } else if let Some(ahead) = clock::wall_ahead(now, reading) {
             warn!(
                 ahead = %ipkeep_values::time::duration(ahead),
-                "the wall clock is ahead of the store's clock (it jumped forward): holdings end by the time elapsed on this boot, not by the wall clock"
+                hint = logs::hint::WALL_AHEAD,
+                "the wall clock is ahead of the store's clock (it jumped forward)"
             );
         }
-        Ok((allocator::add(store, req, reading)?, t))
-    })?;
+        // The namespaces the allocation asks about, judged by the stores, and again.
+        loop {
+            let paths = match allocator::add(store, req, reading) {
+                Err(AllocError::NeedsNetns(paths)) => paths,
+                added => return Ok((added?, t)),
+            };
+            let known = req.netns_known.len();
+            for path in &paths {
+                if let Some(exists) = stores.netns_exists(path) {
+                    req.netns_known.insert(path.clone(), exists);
+                }
+            }
+            if req.netns_known.len() == known {
+                unjudged.clone_from(&paths);
+                return Err(AllocError::NeedsNetns(paths).into());
+            }
+        }
+    });
+    cx.needs_netns = unjudged;
+    let (outcome, t) = allocated?;
     cx.timings.record("alloc_commit", t);
     Ok(outcome)
 }
@@ -341,7 +403,8 @@ fn report_add(
             warn!(
                 ip = %lease.ip,
                 ranges = %ranges,
-                "the address kept for this pod is outside the network's current ranges (the node's pod CIDR or the CNI configuration changed): released, and the pod gets a new address"
+                hint = "the node's pod CIDR or the CNI configuration changed; the pod gets a new address",
+                "the address kept for this pod is outside the network's current ranges: released"
             );
             if let Some(pod) = pod {
                 notices.push(Notice::OutsideRanges {
@@ -366,7 +429,8 @@ fn report_add(
             ip = %lease.ip,
             confirmed = lease.pod.as_ref().is_some_and(|p| p.confirmed),
             this_pod_managed_by = this_pod,
-            "{} is kept under this pod's name for the pod of PersistentPodState {state}, which does not manage this pod: it stays kept for that pod, and this pod gets another address",
+            hint = "it stays kept for that state's pod, and this pod gets another address",
+            "{} is kept under this pod's name for the pod of PersistentPodState {state}, which does not manage this pod",
             lease.ip
         );
     }
@@ -387,7 +451,8 @@ fn report_add(
                     ip = %a.ip,
                     freed_at = %ipkeep_values::time::rfc3339(*freed_at),
                     cooldown = %ipkeep_values::time::duration(plan.reuse_cooldown),
-                    "no address of the range is free but ones freed less than ipam.reuseCooldown ago: the one freed longest ago goes to this pod before its cooldown ended"
+                    hint = "every other address was freed less than ipam.reuseCooldown ago: the one freed longest ago goes to this pod",
+                    "no address of the range is free: one still in its reuse cooldown goes to this pod"
                 );
             }
             Source::Reclaimed { from } => {
@@ -397,7 +462,8 @@ fn report_add(
                     ip = %a.ip,
                     held_for = %from.pod.as_ref().map(ToString::to_string).unwrap_or_default(),
                     held_until = %until_text(from.state),
-                    "the range is full: the address held for a deleted pod goes to this pod instead; that pod gets a new address when it comes back"
+                    hint = "that pod gets a new address when it comes back",
+                    "the range is full: the address held for a deleted pod goes to this pod instead"
                 );
             }
             other => {

@@ -69,7 +69,10 @@ pub fn cni(vars: &HashMap<String, String>, stdin: &mut dyn Read, stdout: &mut dy
         .as_ref()
         .map_or_else(|_| Settings::default(), |d| d.settings.clone());
     init_logging(&settings, vars);
-    let done = relay::cni(vars, &input, &config, stdout, reading);
+    let done = relay::cni(vars, &input, &config, reading);
+    // If stdout is gone the runtime is gone too; nothing useful is left to do.
+    let _ = stdout.write_all(&done.stdout).and_then(|()| stdout.flush());
+    write_log(&settings, &done.log);
     if vars.contains_key("IPKEEP_TIMING") {
         say!("{}", done.timings.line());
     }
@@ -134,6 +137,22 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+/// Appends log lines formatted elsewhere (by the node agent, as this process would have) where
+/// this process logs: `ipam.logFile`, else stderr.
+fn write_log(settings: &Settings, lines: &[u8]) {
+    if lines.is_empty() {
+        return;
+    }
+    let file = settings
+        .log_file
+        .as_deref()
+        .and_then(|path| files::open_log(path).ok());
+    let _ = match file {
+        Some(mut f) => f.write_all(lines),
+        None => std::io::stderr().write_all(lines),
+    };
 }
 
 /// Logs go to `ipam.logFile` or stderr, never stdout (see [`logs`]).

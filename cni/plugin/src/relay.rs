@@ -16,7 +16,7 @@ use crate::admin::{self, AdminCommand, AdminError, Cli};
 use crate::error::CniError;
 use crate::files;
 use crate::management::NoApiView;
-use crate::netconf::{NetworkConfig, Settings};
+use crate::netconf::NetworkConfig;
 use crate::plugin::{self, Call, Completion, Tally};
 use crate::proto::{self, Request};
 use crate::stores::OpenPerCall;
@@ -30,22 +30,23 @@ pub const ANSWER_MARGIN: Duration = Duration::from_secs(2);
 const FALLBACK_LOCK_SLICE: Duration = Duration::from_millis(250);
 
 /// Runs one CNI invocation: through the agent, or here when it does not answer. `input` is
-/// stdin as read, `config` its decoding.
+/// stdin as read, `config` its decoding. The agent's log lines come back in
+/// [`Completion::log`], for this process to write where it logs.
 pub fn cni(
     vars: &HashMap<String, String>,
     input: &[u8],
     config: &Result<NetworkConfig, CniError>,
-    stdout: &mut dyn Write,
     reading: Reading,
 ) -> Completion {
     // Run here, the plugin has no view of the API server: the pod's annotations decide.
-    let here = |stores: &OpenPerCall, out: &mut dyn Write, alone: NoApiView| {
+    let here = |stores: &OpenPerCall, alone: NoApiView| {
         let call = Call {
             reading: reading.clone(),
             deadline: None,
             api: &alone,
+            capture_log: None,
         };
-        plugin::run(stores, vars, config, out, &call)
+        plugin::run(stores, vars, config, &call)
     };
     let is_version = vars.get("CNI_COMMAND").map(String::as_str) == Some("VERSION");
     // A configuration that does not decode gets the same error here as in the agent.
@@ -53,16 +54,16 @@ pub fn cni(
         .as_ref()
         .ok()
         .filter(|_| !is_version)
-        .and_then(|d| Some((d.settings.clone(), d.settings.agent_socket.clone()?)))
+        .and_then(|d| Some((d.settings.lock_timeout, d.settings.agent_socket.clone()?)))
         .zip(std::str::from_utf8(input).ok());
-    let Some(((settings, socket), text)) = via_agent else {
+    let Some(((lock_timeout, socket), text)) = via_agent else {
         let alone = NoApiView::new("the plugin runs without the node agent", false);
-        return here(&OpenPerCall::default(), stdout, alone);
+        return here(&OpenPerCall::default(), alone);
     };
     // A falling-back plugin waits for the network's flock in short slices and asks the agent
     // again in between: an agent that came back holds the flock for good, so waiting the whole
     // lock timeout for it would only fail.
-    let deadline = Instant::now() + settings.lock_timeout;
+    let deadline = Instant::now() + lock_timeout;
     let mut count_fallback = false;
     let mut netns_seen = BTreeMap::new();
     loop {
@@ -77,24 +78,24 @@ pub fn cni(
         };
         let unanswered = match proto::call(&socket, request, budget + ANSWER_MARGIN) {
             Ok(answer) => {
-                let _ = stdout
-                    .write_all(answer.stdout.as_bytes())
-                    .and_then(|()| stdout.flush());
-                // The command's log lines, formatted by the agent as this process would have.
-                write_log(&settings, &answer.stderr);
                 timings.record("agent", started);
                 return Completion {
                     exit_code: answer.exit_code,
+                    stdout: answer.stdout.into_bytes(),
+                    // Formatted by the agent as this process would have.
+                    log: answer.stderr.into_bytes(),
                     timings,
                     tally: Tally::default(),
                     notices: Vec::new(),
                     command: None,
+                    refused: None,
+                    needs_netns: Vec::new(),
                 };
             }
             Err(e) if e.is_absent() => {
                 debug!(error = %e, "no agent; running the command here");
                 let alone = NoApiView::new(format!("no node agent on this node: {e}"), false);
-                return here(&OpenPerCall::default(), stdout, alone);
+                return here(&OpenPerCall::default(), alone);
             }
             // The agent cannot see where the runtime keeps these sandboxes' network
             // namespaces; this process runs on the host, as the runtime does. Asked once: an
@@ -132,29 +133,12 @@ pub fn cni(
             max_wait: (!last_try).then_some(FALLBACK_LOCK_SLICE),
             ..OpenPerCall::default()
         };
-        let mut out = Vec::new();
-        let done = here(&stores, &mut out, unanswered);
+        let done = here(&stores, unanswered);
         if !stores.lock_busy.get() || last_try {
-            let _ = stdout.write_all(&out).and_then(|()| stdout.flush());
             return done;
         }
         debug!("the network is locked (by a returning agent?); asking the agent again");
     }
-}
-
-/// Appends already formatted log lines where this process logs: `ipam.logFile`, else stderr.
-fn write_log(settings: &Settings, text: &str) {
-    if text.is_empty() {
-        return;
-    }
-    let file = settings
-        .log_file
-        .as_deref()
-        .and_then(|path| files::open_log(path).ok());
-    let _ = match file {
-        Some(mut f) => f.write_all(text.as_bytes()),
-        None => std::io::stderr().write_all(text.as_bytes()),
-    };
 }
 
 /// Why an admin command failed.
@@ -246,18 +230,21 @@ mod tests {
         )
     }
 
+    /// Relays one ADD; returns the exit code, stdout and the log lines to write.
+    fn relay_logged(conf: &str) -> (i32, String, String) {
+        let config = netconf::decode(conf.as_bytes());
+        let done = cni(&vars(), conf.as_bytes(), &config, Reading::wall(1_000));
+        (
+            done.exit_code,
+            String::from_utf8(done.stdout).unwrap(),
+            String::from_utf8(done.log).unwrap(),
+        )
+    }
+
     /// Relays one ADD; returns the exit code and stdout.
     fn relay(conf: &str) -> (i32, String) {
-        let config = netconf::decode(conf.as_bytes());
-        let mut out = Vec::new();
-        let done = cni(
-            &vars(),
-            conf.as_bytes(),
-            &config,
-            &mut out,
-            Reading::wall(1_000),
-        );
-        (done.exit_code, String::from_utf8(out).unwrap())
+        let (code, out, _) = relay_logged(conf);
+        (code, out)
     }
 
     /// An agent that answers one request with `frames`, after checking the request.
@@ -289,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agents_answer_is_the_answer_and_its_log_lines_reach_the_log_file() {
+    fn the_agents_answer_is_the_answer_with_its_log_lines() {
         let tmp = tempfile::tempdir().unwrap();
         let socket = tmp.path().join("agent.sock");
         let served = agent(
@@ -303,18 +290,20 @@ mod tests {
                 (tag::EXIT, 0i32.to_be_bytes().to_vec()),
             ],
         );
-        let (code, out) = relay(&conf(tmp.path(), &socket));
+        let (code, out, log) = relay_logged(&conf(tmp.path(), &socket));
         assert_eq!(
-            (code, out.as_str()),
-            (0, r#"{"cniVersion":"1.0.0","ips":[]}"#)
+            (code, out.as_str(), log.as_str()),
+            (
+                0,
+                r#"{"cniVersion":"1.0.0","ips":[]}"#,
+                "a line the agent logged\n"
+            )
         );
         let request = served.join().unwrap();
         assert!(
             matches!(&request.request, Request::Cni { budget_ms: Some(ms), .. } if *ms <= 2_000 && *ms > 0),
             "the plugin tells the agent how long it waits: {request:?}"
         );
-        let log = std::fs::read_to_string(tmp.path().join("ipkeep.log")).unwrap();
-        assert!(log.contains("a line the agent logged"));
         assert!(!network(tmp.path()).exists(), "nothing done here");
     }
 

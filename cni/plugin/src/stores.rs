@@ -58,14 +58,25 @@ pub trait Stores {
     /// Whether ADD can be served on this network now (CNI STATUS); `Err` says why not.
     fn status(&self, dir: &NetworkDir) -> Result<(), String>;
 
-    /// Whether an older sandbox's network namespace (the `CNI_NETNS` path of its ADD) may still
-    /// exist, as whoever serves the command can tell. A plugin process runs on the host and
-    /// sees the runtime's paths; the node agent looks in its own container, and answers "yes"
-    /// (and refuses the command) where it cannot tell.
-    fn netns_exists(&self, path: &str) -> bool {
-        crate::files::netns_exists(path)
+    /// Whether the command may use the store of `dir` at all: `Err` ends it unrun, and whoever
+    /// sent it serves it elsewhere ([`crate::Completion::refused`]).
+    fn serves(&self, _dir: &NetworkDir) -> Result<(), NotServed> {
+        Ok(())
+    }
+
+    /// Whether an older sandbox's network namespace (the `CNI_NETNS` path of its ADD) still
+    /// exists, as whoever serves the command can tell; `None` where it cannot. A plugin process
+    /// runs on the host and sees the runtime's paths; the node agent looks in its own
+    /// container, and cannot tell everywhere ([`crate::Completion::needs_netns`]).
+    fn netns_exists(&self, path: &str) -> Option<bool> {
+        Some(crate::files::netns_exists(path))
     }
 }
+
+/// Why a [`Stores`] will not lend a network's store: the command was not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotServed(pub String);
 
 /// The plugin process's way: `flock` the network, open the database, run, close, unlock.
 #[derive(Debug, Default)]

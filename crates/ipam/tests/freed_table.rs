@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::Path;
 use std::time::Duration;
@@ -64,7 +65,7 @@ fn entries_past_the_cooldown_are_forgotten_by_the_next_add() {
             retention: Retention::Off,
             requested: &[],
             netns: None,
-            netns_exists: &|_| false,
+            netns_known: BTreeMap::new(),
             reuse_cooldown: cooldown,
         };
         // One ADD and one DEL a second.

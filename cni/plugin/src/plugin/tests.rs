@@ -46,6 +46,7 @@ pub(super) fn at(wall: u64, since_boot: u64) -> Call<'static> {
         },
         deadline: None,
         api: &ALONE,
+        capture_log: None,
     }
 }
 
@@ -69,9 +70,8 @@ fn invoke_with<S: Stores>(
     call: &Call<'_>,
 ) -> (i32, String) {
     let config = netconf::decode(conf.as_bytes());
-    let mut out = Vec::new();
-    let done = run(stores, &vars(command, cid, pod), &config, &mut out, call);
-    (done.exit_code, String::from_utf8(out).unwrap())
+    let done = run(stores, &vars(command, cid, pod), &config, call);
+    (done.exit_code, String::from_utf8(done.stdout).unwrap())
 }
 
 pub(super) fn ip_of(result: &str) -> String {
@@ -161,6 +161,7 @@ fn a_reboot_with_the_clock_ahead_frees_no_holding() {
         },
         deadline: None,
         api: &ALONE,
+        capture_log: None,
     };
     let ten_days = 10 * 86_400;
     let mut result = (0, String::new());
@@ -181,7 +182,7 @@ fn a_reboot_with_the_clock_ahead_frees_no_holding() {
         "every holding is still there"
     );
     assert!(
-        warned.contains("does not say it is synchronised"),
+        warned.contains("not synchronised") && warned.contains("hint="),
         "{warned}"
     );
     let (_, again) = invoke_with(
@@ -331,6 +332,132 @@ fn status_reports_a_store_that_cannot_serve() {
     let err: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!((code, err["code"].as_u64()), (1, Some(50)), "{out}");
     assert!(err["msg"].as_str().unwrap().contains("disk is full"));
+}
+
+/// In-memory stores that judge network namespaces by `netns` (absent: cannot tell) and
+/// refuse every store when `refuse` says why, as the node agent may.
+#[derive(Default)]
+struct Judging {
+    stores: MemoryStores,
+    netns: std::collections::BTreeMap<String, bool>,
+    refuse: Option<&'static str>,
+}
+
+impl Stores for Judging {
+    type Store = ipkeep_ipam::MemoryStore;
+    fn exists(&self, dir: &NetworkDir) -> bool {
+        self.stores.exists(dir)
+    }
+    fn with<R, E: From<ipkeep_ipam::StoreError>>(
+        &self,
+        dir: &NetworkDir,
+        timeout: Duration,
+        timings: &mut Timings,
+        f: impl FnOnce(&mut ipkeep_ipam::MemoryStore) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.stores.with(dir, timeout, timings, f)
+    }
+    fn read<R, E: From<ipkeep_ipam::StoreError>>(
+        &self,
+        dir: &NetworkDir,
+        timeout: Duration,
+        f: impl FnOnce(&dyn StoreRead) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.stores.read(dir, timeout, f)
+    }
+    fn status(&self, _: &NetworkDir) -> Result<(), String> {
+        Ok(())
+    }
+    fn serves(&self, _: &NetworkDir) -> Result<(), NotServed> {
+        self.refuse.map_or(Ok(()), |why| Err(NotServed(why.into())))
+    }
+    fn netns_exists(&self, path: &str) -> Option<bool> {
+        self.netns.get(path).copied()
+    }
+}
+
+fn add_in(stores: &Judging, cid: &str, netns: &str) -> Completion {
+    let config = netconf::decode(CONF.as_bytes());
+    let mut vars = vars("ADD", cid, "web-0");
+    vars.insert("CNI_NETNS".into(), netns.into());
+    run(stores, &vars, &config, &at(1_000, 10))
+}
+
+/// A pod force-deleted while its sandbox still runs comes back: whether its address may move
+/// depends on the old sandbox's network namespace. Stores that cannot tell say so in the
+/// completion, and nothing is committed; stores that can decide it.
+#[test]
+fn a_namespace_the_stores_cannot_judge_is_handed_back_unjudged() {
+    let mut stores = Judging::default();
+    let first = add_in(&stores, "old", "/run/netns/old");
+    assert_eq!(first.exit_code, 0);
+    let before = stores.stores.get(&dir()).unwrap().all().unwrap();
+    let asked = add_in(&stores, "new", "/run/netns/new");
+    assert_eq!(asked.needs_netns, ["/run/netns/old"]);
+    assert_eq!(asked.exit_code, 1);
+    let error: serde_json::Value = serde_json::from_slice(&asked.stdout).unwrap();
+    assert_eq!(error["code"], 11, "try again later: {error}");
+    assert_eq!(
+        stores.stores.get(&dir()).unwrap().all().unwrap(),
+        before,
+        "nothing committed"
+    );
+    stores.netns.insert("/run/netns/old".into(), true);
+    let alive = add_in(&stores, "new", "/run/netns/new");
+    assert!(alive.needs_netns.is_empty());
+    let error: serde_json::Value = serde_json::from_slice(&alive.stdout).unwrap();
+    assert!(
+        error["msg"].as_str().unwrap().contains("still configured"),
+        "{error}"
+    );
+    stores.netns.insert("/run/netns/old".into(), false);
+    let moved = add_in(&stores, "new", "/run/netns/new");
+    assert_eq!(moved.exit_code, 0);
+    assert_eq!(
+        ip_of(std::str::from_utf8(&moved.stdout).unwrap()),
+        ip_of(std::str::from_utf8(&first.stdout).unwrap())
+    );
+}
+
+/// Stores that will not lend the network's store say why in the completion: the command did
+/// not run, and nothing was written.
+#[test]
+fn a_refusal_is_handed_back_and_nothing_runs() {
+    let stores = Judging {
+        refuse: Some("not this agent's network"),
+        ..Judging::default()
+    };
+    let done = add_in(&stores, "a", "/run/netns/a");
+    assert_eq!(
+        done.refused,
+        Some(NotServed("not this agent's network".into()))
+    );
+    assert!(stores.stores.get(&dir()).is_none());
+}
+
+/// A call that asks for its log lines gets them in the completion, at the configuration's
+/// level and formatted as the plugin process writes them, with the command's span.
+#[test]
+fn a_call_that_captures_its_log_gets_its_lines_back() {
+    let capture = logs::Capture::default();
+    let stores = MemoryStores::default();
+    let conf = CONF.replace(r#""ranges""#, r#""logLevel":"debug","ranges""#);
+    let config = netconf::decode(conf.as_bytes());
+    let call = Call {
+        capture_log: Some(&capture),
+        ..at(1_000, 10)
+    };
+    let done = run(&stores, &vars("ADD", "a", "web-0"), &config, &call);
+    assert_eq!(done.exit_code, 0);
+    let log = String::from_utf8(done.log).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("allocating"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("DEBUG") && line.contains("pod=db/web-0") && line.contains("container=a"),
+        "{log}"
+    );
 }
 
 /// Found by review: a multi-line or 200 KB `ipkeep.dev/persistent-pod-state` was stored with

@@ -62,15 +62,8 @@ fn run_as(
         api,
         ..at(1_000, 10)
     };
-    let mut out = Vec::new();
-    let done = run(
-        stores,
-        &vars(command, cid, namespace, pod),
-        &config,
-        &mut out,
-        &call,
-    );
-    let out = String::from_utf8(out).unwrap();
+    let done = run(stores, &vars(command, cid, namespace, pod), &config, &call);
+    let out = String::from_utf8(done.stdout).unwrap();
     assert_eq!(done.exit_code, 0, "{command} {cid}: {out}");
     out
 }
@@ -271,20 +264,18 @@ fn del_resolves_the_retention_as_add_does() {
         ..at(1_000, 10)
     };
     let invoke = |command: &str, conf: &str| {
-        let mut out = Vec::new();
         let config = netconf::decode(conf.as_bytes());
         let done = run(
             &stores,
             &vars(command, "a", "prod", "web-0"),
             &config,
-            &mut out,
             &call,
         );
         assert_eq!(
             done.exit_code,
             0,
             "{command}: {}",
-            String::from_utf8_lossy(&out)
+            String::from_utf8_lossy(&done.stdout)
         );
     };
     let text = logged("warn", || {

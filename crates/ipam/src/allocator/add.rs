@@ -2,7 +2,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::net::IpAddr;
 
 use super::{Pending, commit, describe_holder, list};
@@ -83,16 +82,21 @@ pub enum AllocError {
         /// Its network namespace.
         netns: String,
     },
+    /// Addresses of the pod are still configured in older sandboxes whose network namespaces
+    /// (these paths) the request does not say anything about: nothing was decided. Whoever
+    /// can tell says whether each exists ([`AddRequest::netns_known`]), and the ADD runs again.
+    #[error(
+        "cannot tell whether the network namespaces of the pod's older sandboxes still exist: {}",
+        .0.join(" ")
+    )]
+    NeedsNetns(Vec<String>),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// Whether a network namespace path (`CNI_NETNS` of an earlier ADD) still exists.
-pub type NetnsProbe<'a> = &'a dyn Fn(&str) -> bool;
-
 /// An ADD: the configuration and who is asking.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct AddRequest<'a> {
     /// The network's range sets, in order; one address per set.
     pub range_sets: &'a [RangeSet],
@@ -106,25 +110,13 @@ pub struct AddRequest<'a> {
     pub requested: &'a [IpAddr],
     /// The sandbox's network namespace (`CNI_NETNS`), recorded with its addresses.
     pub netns: Option<String>,
-    /// Tells whether an older sandbox's network namespace still exists.
-    pub netns_exists: NetnsProbe<'a>,
+    /// Whether older sandboxes' network namespaces (`CNI_NETNS` of their ADD) still exist, as
+    /// far as the caller knows: one the ADD must judge and this does not name ends it with
+    /// [`AllocError::NeedsNetns`].
+    pub netns_known: BTreeMap<String, bool>,
     /// `ipam.reuseCooldown` in seconds: an address freed less than this long ago goes to a
     /// new pod only when no other address of its range set is free (0: no cooldown).
     pub reuse_cooldown: u64,
-}
-
-impl fmt::Debug for AddRequest<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AddRequest")
-            .field("range_sets", &self.range_sets)
-            .field("owner", &self.owner)
-            .field("pod", &self.pod)
-            .field("retention", &self.retention)
-            .field("requested", &self.requested)
-            .field("netns", &self.netns)
-            .field("reuse_cooldown", &self.reuse_cooldown)
-            .finish_non_exhaustive()
-    }
 }
 
 /// How an address came to the attachment.
@@ -309,9 +301,11 @@ fn plan_add<S: Store + ?Sized>(
 /// not. It may take over an address kept for a pod it succeeds ([`PodRef::succeeds`]: kept for
 /// no PersistentPodState, or for the one this pod is tied to); held ones always, still-active
 /// ones (the old sandbox's DEL has not arrived yet) only with retention, and only once the old
-/// sandbox's network namespace is gone. Those kept for another state's pod are left alone: a
-/// pod that merely has the name (created by hand on the node, while the StatefulSet's pod is
-/// scaled away or being rebuilt) must neither get them nor free them.
+/// sandbox's network namespace is gone ([`AddRequest::netns_known`]; namespaces it does not
+/// name are asked about, all at once, before any that exists is reported). Those kept for
+/// another state's pod are left alone: a pod that merely has the name (created by hand on the
+/// node, while the StatefulSet's pod is scaled away or being rebuilt) must neither get them nor
+/// free them.
 fn retainable<S: Store + ?Sized>(
     store: &S,
     req: &AddRequest<'_>,
@@ -326,6 +320,7 @@ fn retainable<S: Store + ?Sized>(
         ifname: req.owner.ifname.clone(),
     };
     let (mut out, mut others) = (Vec::new(), Vec::new());
+    let mut unknown: Vec<String> = Vec::new();
     for lease in store.leases_of_identity(&id)? {
         if lease.owner == req.owner || swept.contains(&lease.ip) {
             continue;
@@ -338,16 +333,25 @@ fn retainable<S: Store + ?Sized>(
             if !req.retention.is_on() && !lease.retention.is_on() {
                 continue;
             }
-            if let Some(netns) = lease.netns.as_deref().filter(|n| (req.netns_exists)(n)) {
-                return Err(AllocError::StillInUse {
-                    ip: lease.ip,
-                    pod: pod.to_string(),
-                    owner: lease.owner,
-                    netns: netns.to_string(),
-                });
+            if let Some(netns) = lease.netns.as_deref() {
+                match req.netns_known.get(netns) {
+                    Some(true) if unknown.is_empty() => {
+                        return Err(AllocError::StillInUse {
+                            ip: lease.ip,
+                            pod: pod.to_string(),
+                            owner: lease.owner,
+                            netns: netns.to_string(),
+                        });
+                    }
+                    None if !unknown.iter().any(|u| u == netns) => unknown.push(netns.to_string()),
+                    _ => {}
+                }
             }
         }
         out.push(lease);
+    }
+    if !unknown.is_empty() {
+        return Err(AllocError::NeedsNetns(unknown));
     }
     // One address a range set goes back; should several be kept under the name, first one kept
     // for this pod's state (rather than one a pod nothing managed left under the name with

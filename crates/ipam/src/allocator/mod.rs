@@ -8,6 +8,8 @@
 //!   commit, so a late DEL from the old sandbox finds nothing; an address still *active* in an
 //!   older sandbox of the same pod moves only once that sandbox's network namespace is gone
 //!   (until then the ADD fails with "try again later"), so two live sandboxes never share it;
+//!   whether it is gone is the caller's word (`AddRequest::netns_known`), and where the caller
+//!   has not said, the ADD asks (`AllocError::NeedsNetns`) instead of guessing;
 //! * an address kept for a pod a PersistentPodState managed moves only to a pod tied to that
 //!   same state (`PodRef::succeeds`); any other pod of the name gets other addresses, and
 //!   neither its ADD nor its DEL touches the kept one;

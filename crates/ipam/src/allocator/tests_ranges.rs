@@ -1,6 +1,8 @@
 //! Scenarios of the reuse cooldown and of ranges that changed under held addresses; run on
 //! both stores by the table in `tests.rs`.
 
+use std::collections::BTreeMap;
+
 use super::tests::{Case, DAY, T0, att, ip, pod, sets};
 use crate::allocator::{self, AddRequest, Source};
 use crate::clock::Reading;
@@ -25,7 +27,7 @@ fn add_cooled(
         retention: Retention::Off,
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: COOLDOWN,
     };
     let out = allocator::add(store, &req, &Reading::wall(now)).expect("ADD");
@@ -80,7 +82,7 @@ pub(super) fn reuse_cooldown(store: &mut dyn Store) {
         retention: DAY,
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: COOLDOWN,
     };
     c.del("n2", T0 + 402);
@@ -122,7 +124,7 @@ pub(super) fn a_holding_outside_the_current_ranges_is_released(store: &mut dyn S
         retention: DAY,
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: 0,
     };
     let out = allocator::add(c.store, &req, &Reading::wall(T0 + 10)).expect("ADD");

@@ -1,6 +1,8 @@
 //! Which holding gives way when a range set is full; run on both stores by the table in
 //! `tests.rs`.
 
+use std::collections::BTreeMap;
+
 use super::tests::{Case, DAY, T0, att, pod};
 use crate::allocator::{self, AddRequest, AllocError, Source};
 use crate::clock::Reading;
@@ -36,7 +38,7 @@ fn held_for(
         retention,
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: 0,
     };
     let out = allocator::add(store, &req, &Reading::wall(T0)).expect("add");
@@ -59,7 +61,7 @@ fn reclaim(
         retention: Retention::Off,
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: 0,
     };
     let out = allocator::add(store, &req, &Reading::wall(T0 + 1)).expect("a holding gives way");
@@ -133,7 +135,7 @@ pub(super) fn forged_links_and_forever_give_way_before_a_real_holding(store: &mu
             retention: Retention::Forever,
             requested: &[],
             netns: None,
-            netns_exists: &|_| false,
+            netns_known: BTreeMap::new(),
             reuse_cooldown: 0,
         };
         let out = allocator::add(store, &req, &Reading::wall(T0)).expect("forged ADD");
@@ -153,7 +155,7 @@ pub(super) fn forged_links_and_forever_give_way_before_a_real_holding(store: &mu
         retention: Retention::Seconds(3_600),
         requested: &[],
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: 0,
     };
     let out = allocator::add(store, &rebuilt, &Reading::wall(T0 + 2)).expect("db-0 back");

@@ -3,6 +3,7 @@
 //! was tied to, to the next pod of its identity, as `ipam.retention` promises. One test per
 //! scenario, each on both stores.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::tests::{DAY, T0, att, ip, open_disk, pod, sets};
@@ -84,7 +85,7 @@ fn add_kept(
         retention,
         requested,
         netns: None,
-        netns_exists: &|_| false,
+        netns_known: BTreeMap::new(),
         reuse_cooldown: 0,
     };
     allocator::add(store, &req, &Reading::wall(T0))
