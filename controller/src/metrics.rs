@@ -96,8 +96,7 @@ impl Default for Metrics {
             undecodable: Default::default(),
             listeners: Default::default(),
         };
-        m.undecodable
-            .register(registry, &["PersistentPodState"]);
+        m.undecodable.register(registry, &["PersistentPodState"]);
         registry.register("reconciles", "Reconciles run", m.reconciles.clone());
         registry.register(
             "reconcile_errors",
