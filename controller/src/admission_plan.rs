@@ -253,7 +253,14 @@ async fn announce_omitted(
             pps.namespace().unwrap_or_default(),
             plan.pods.len()
         );
-        crate::record::publish(pps, ctx, EventType::Warning, "AdmissionPlanFull", &note).await;
+        ctx.publish(
+            &pps.object_ref(&()),
+            crate::record::ACTION,
+            EventType::Warning,
+            "AdmissionPlanFull",
+            &note,
+        )
+        .await;
     }
 }
 

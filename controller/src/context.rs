@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use ipkeep_api::PersistentPodStateStatus;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
+use tracing::warn;
 
 use crate::admission_plan::Plans;
 use crate::caches::Caches;
@@ -81,6 +82,29 @@ impl Context {
             Some(ours) if Some(ours) == cached => written.remove(uid).unwrap_or_default(),
             Some(ours) => ours.clone(),
             None => cached.cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Publishes an Event about `regarding`, its note cut to 1,000 characters; a failure is
+    /// logged, never fails the reconcile. `action` names what the controller did (`Reconcile`,
+    /// `Generate`, `Decode`).
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        action: &str,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            warn!(error = ?e.to_string(), reason, "failed to publish event");
         }
     }
 

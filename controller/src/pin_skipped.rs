@@ -94,7 +94,14 @@ pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<Cache
             };
             debug!(pod = ?view.name, pps = ?pps.name_any(), "announcing a skipped pin");
             let note = format!("pod {} (uid {}) {why}", view.name, view.uid);
-            record::publish(&pps, &ctx, EventType::Warning, "PinSkipped", &note).await;
+            ctx.publish(
+                &pps.object_ref(&()),
+                record::ACTION,
+                EventType::Warning,
+                "PinSkipped",
+                &note,
+            )
+            .await;
         }
     }
 }

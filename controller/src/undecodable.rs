@@ -12,10 +12,9 @@ use ipkeep_daemon::lenient::{Report, Undecodable};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
-use tracing::warn;
 
 use crate::context::Context;
 
@@ -62,15 +61,13 @@ pub async fn announce(
             resource_version: meta.resource_version.clone(),
             ..ObjectReference::default()
         };
-        let event = Event {
-            type_: EventType::Warning,
-            reason: REASON.into(),
-            note: Some(note(&object).chars().take(1000).collect()),
-            action: "Decode".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            warn!(error = ?e.to_string(), reason = REASON, "failed to publish event");
-        }
+        ctx.publish(
+            &reference,
+            "Decode",
+            EventType::Warning,
+            REASON,
+            &note(&object),
+        )
+        .await;
     }
 }
