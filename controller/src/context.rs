@@ -9,14 +9,14 @@ use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::admission_plan::Plans;
 use crate::caches::Caches;
 use crate::metrics::Metrics;
+use crate::pending;
 
-/// Shared by both controllers.
+/// Shared by every loop.
 pub struct Context {
     /// The API client.
     pub client: Client,
@@ -35,7 +35,7 @@ pub struct Context {
     /// The admission plans the record loop decided ([`crate::admission_plan`]).
     pub plans: Plans,
     /// Namespaces whose admission plan is to be written again.
-    plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
+    plan_namespaces: pending::Sender<ObjectRef<Namespace>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -52,7 +52,7 @@ impl Context {
         caches: Caches,
         recorder: Recorder,
         metrics: std::sync::Arc<Metrics>,
-        plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
+        plan_namespaces: pending::Sender<ObjectRef<Namespace>>,
     ) -> Self {
         Self {
             client,
@@ -67,8 +67,7 @@ impl Context {
 
     /// Asks for the admission plan of `namespace` to be written again.
     pub fn plan_namespace(&self, namespace: &str) {
-        // The receiver goes only when the controller stops.
-        let _ = self.plan_namespaces.send(ObjectRef::new(namespace));
+        self.plan_namespaces.trigger(ObjectRef::new(namespace));
     }
 
     /// The newest status of PPS `uid`: our last write if the cache has not caught up with it.
