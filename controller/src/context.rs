@@ -103,7 +103,7 @@ impl Context {
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, regarding).await {
-            warn!(error = ?e.to_string(), reason, "failed to publish event");
+            warn!(error = %e, reason, "failed to publish event");
         }
     }
 

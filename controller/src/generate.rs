@@ -92,16 +92,17 @@ async fn act(sts: &StatefulSet, ctx: &Context, action: &GenerateAction) -> Resul
             delete(&api, &name, &namespace, uid.clone()).await?;
         }
         GenerateAction::DeleteStale { uid } => {
-            info!("deleting the PersistentPodState an earlier StatefulSet of this name left");
+            info!("deleting the PersistentPodState of an earlier StatefulSet");
             delete(&api, &name, &namespace, uid.clone()).await?;
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
-        // The annotations are anyone's with write access to the StatefulSet: logged escaped.
+        // The annotations are anyone's with write access to the StatefulSet: the plain log
+        // format keeps the error on its line (ipkeep_daemon::OneLineFields).
         GenerateAction::Refuse(Refusal::Invalid(e)) => {
-            warn!(error = ?e.to_string(), "cannot generate a PersistentPodState");
+            warn!(error = %e, "cannot generate a PersistentPodState");
         }
         GenerateAction::Refuse(Refusal::NotOwned(_)) => {
-            warn!(pps = ?name, hint = ADOPT_PERSISTENT_POD_STATE, "a PersistentPodState of this name is not this StatefulSet's; not overwritten");
+            warn!(pps = ?name, hint = "to take it over, annotate the StatefulSet ipkeep.dev/adopt-persistent-pod-state=true; to start afresh, delete it", "PersistentPodState not owned; not overwritten");
         }
         GenerateAction::StandAside(why) => debug!(why = ?why, "nothing to generate"),
         GenerateAction::Unchanged => {}
@@ -112,7 +113,7 @@ async fn act(sts: &StatefulSet, ctx: &Context, action: &GenerateAction) -> Resul
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
+    warn!(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 

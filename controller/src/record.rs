@@ -71,7 +71,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     });
     match &decided.verdict {
         // The spec's text is anyone's with write access to it: logged escaped (`?`).
-        Verdict::InvalidSpec(e) => warn!(error = ?e.to_string(), "invalid spec"),
+        Verdict::InvalidSpec(e) => warn!(error = %e, "invalid spec"),
         Verdict::TargetNotFound if !previous.pod_states.is_empty() => {
             info!(
                 dropped = previous.pod_states.len(),
@@ -164,7 +164,7 @@ async fn delete_stranded(
         }
     }
     ctx.metrics.stranded_pods_deleted.inc();
-    warn!(pod = ?pod.name, "deleted a pod left Pending by a pin that fell back; its StatefulSet creates it again");
+    warn!(pod = ?pod.name, hint = "it was Pending on a pin that fell back; its StatefulSet creates it again", "deleted a stranded pod");
     let note = format!(
         "deleted pod {} (uid {}): it was Pending, pinned to a lost node before the pin fell back to preferred terms; its StatefulSet creates it again without that pin",
         pod.name, pod.uid
@@ -183,7 +183,7 @@ async fn delete_stranded(
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(pps: Arc<PersistentPodState>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
+    warn!(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 

@@ -114,7 +114,7 @@ pub async fn run(
     };
     tokio::select! {
         () = run_controllers(client, &settings, &health, stopped) => {}
-        () = deadline => warn!(grace = ?LOOPS_GRACE, "reconciles still running {LOOPS_GRACE:?} after the stop; dropping them"),
+        () = deadline => warn!(grace = ?LOOPS_GRACE, "reconciles still running after the stop; dropping them"),
     }
     health.metrics.leader.set(0);
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -247,6 +247,6 @@ fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
             debug!(controller = loop_name, object = ?object.to_string(), "object gone before its reconcile")
         }
         Err(controller::Error::ReconcilerFailed(_, _)) => {} // logged by the error policy
-        Err(e) => warn!(controller = loop_name, error = ?e.to_string(), "controller stream error"),
+        Err(e) => warn!(controller = loop_name, error = %e, "controller stream error"),
     }
 }

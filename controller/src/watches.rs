@@ -217,7 +217,7 @@ async fn drive<K>(
     while let Some(event) = events.next().await {
         match event {
             Ok(event) => fan_out(event),
-            Err(e) => warn!(kind, error = ?e.to_string(), "watch failed; retrying"),
+            Err(e) => warn!(kind, error = %e, "watch failed; retrying"),
         }
     }
 }

@@ -142,8 +142,8 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
                 )
             })?;
         if let Some(c) = &condition {
-            info!(namespace = ?namespace, pod = ?name, ready = c.status == "True", reason = ?c.reason,
-                "readiness gate {READINESS_GATE} set");
+            info!(namespace = ?namespace, pod = ?name, gate = READINESS_GATE, ready = c.status == "True",
+                reason = ?c.reason, "readiness gate set");
         }
         if relabel {
             info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
@@ -276,8 +276,8 @@ async fn complete_deletion(
             e,
         )
     })?;
-    info!(namespace = ?namespace, pod = ?name, held = why.as_str(),
-        "the preDelete hook let the pod go; deleted it for its StatefulSet ({})", why.describe());
+    info!(namespace = ?namespace, pod = ?name, held = why.as_str(), reason = why.describe(),
+        "deleted the pod its preDelete hook let go");
     Ok(Action::await_change())
 }
 
