@@ -474,3 +474,4 @@ pub mod mountns;
 pub mod pki;
 pub mod promql;
 pub mod store;
+pub mod workload;
