@@ -155,10 +155,10 @@ pub fn candidate_pod_names(
 /// Computes the records and changes. Pure: same input, same plan.
 ///
 /// Four phases, each over what the one before left: the records carried over from the previous
-/// status ([`carried_over`]: all of them, none when the StatefulSet was replaced, or all when
-/// the new one adopts them), the Ready pods recorded ([`record_ready`]), the records the
-/// retention policy prunes ([`prune`]), and the node-loss policy on the pins whose pod is not
-/// Ready ([`node_loss`]).
+/// status (`carried_over`: all of them, none when the StatefulSet was replaced, or all when
+/// the new one adopts them), the Ready pods recorded (`record_ready`), the records the
+/// retention policy prunes (`prune`), and the node-loss policy on the pins whose pod is not
+/// Ready (`node_loss`).
 pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
     let mut changes = Vec::new();
     let mut records = carried_over(input, &mut changes);
