@@ -475,3 +475,4 @@ pub mod pki;
 pub mod prometheus;
 pub mod promql;
 pub mod store;
+pub mod workload;
