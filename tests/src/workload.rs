@@ -151,6 +151,13 @@ pub async fn run_pod(
     node: &str,
     ip: &str,
 ) -> Pod {
+    create_pod(client, sts, ordinal, node).await;
+    set_pod_ready(client, &format!("{}-{ordinal}", sts.name_any()), ip, true).await
+}
+
+/// Creates pod `<sts>-<ordinal>` bound to `node`, as the StatefulSet controller and the
+/// scheduler would, before the kubelet sets up its sandbox (and calls the CNI plugin).
+pub async fn create_pod(client: &Client, sts: &StatefulSet, ordinal: i32, node: &str) -> Pod {
     let name = format!("{}-{ordinal}", sts.name_any());
     let owner = sts
         .controller_owner_ref(&())
@@ -164,8 +171,7 @@ pub async fn run_pod(
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     pods.create(&PostParams::default(), &pod)
         .await
-        .expect("create the Pod");
-    set_pod_ready(client, &name, ip, true).await
+        .expect("create the Pod")
 }
 
 pub async fn set_pod_ready(client: &Client, name: &str, ip: &str, ready: bool) -> Pod {

@@ -371,11 +371,14 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
             agent.log().join("\n")
         );
         remove_pod(&c.client, &pod).await;
+        // The rebuilt pod exists before the kubelet sets up its sandbox: a held address goes
+        // only to a pod of the StatefulSet the agent can see.
+        create_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1").await;
         assert_eq!(
             cni(&c.ns, "ADD", &format!("{cid}b"), &pod, &plain),
             vec![ip.clone()]
         );
-        run_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1", ip).await;
+        set_pod_ready(&c.client, &pod, ip, true).await;
     }
 
     cni(&c.ns, "DEL", "w0", "web-0", &forged);
