@@ -6,9 +6,13 @@
 //! `persistentPodStateRetentionPolicy`, `status.podStates[pod]{nodeName, nodeTopologyLabels}`), so
 //! a user migrates by changing the group. Additions are documented field by field.
 //!
+//! [`statefulset`] is the one rule for "this owner reference or `targetRef` is that
+//! StatefulSet" (group `apps`, not only the kind).
+//!
 //! `kube` and `k8s-openapi` are re-exported so every ipkeep crate uses the same versions.
 
 mod pps;
+pub mod statefulset;
 
 pub use k8s_openapi;
 pub use kube;
