@@ -15,6 +15,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::statefulset;
 use ipkeep_daemon::lenient::Undecodables;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
 use ipkeep_values::keys::{
@@ -188,8 +189,7 @@ impl Caches {
             .iter()
             .filter(|p| {
                 p.namespace().as_deref() == Some(namespace)
-                    && p.spec.target_ref.name == name
-                    && p.spec.target_ref.kind == "StatefulSet"
+                    && p.spec.target_ref.statefulset() == Some(name)
             })
             .map(|p| ObjectRef::from_obj(p.as_ref()))
             .collect()
@@ -200,11 +200,9 @@ impl Caches {
         let Some(namespace) = pod.namespace() else {
             return Vec::new();
         };
-        pod.owner_references()
-            .iter()
-            .filter(|o| o.controller == Some(true) && o.kind == "StatefulSet")
-            .flat_map(|o| self.pps_targeting(&namespace, &o.name))
-            .collect()
+        statefulset::controller(pod.owner_references())
+            .map(|o| self.pps_targeting(&namespace, &o.name))
+            .unwrap_or_default()
     }
 
     /// The PersistentPodStates a node event concerns: those with a record on the node, and
@@ -239,15 +237,14 @@ pub fn statefulsets_of_pps(pps: &PersistentPodState) -> Vec<ObjectRef<StatefulSe
     let Some(namespace) = pps.namespace() else {
         return Vec::new();
     };
-    let target = &pps.spec.target_ref;
-    let mut out: Vec<ObjectRef<StatefulSet>> = pps
-        .owner_references()
-        .iter()
-        .filter(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+    let mut out: Vec<ObjectRef<StatefulSet>> = statefulset::controller(pps.owner_references())
         .map(|o| ObjectRef::new(&o.name).within(&namespace))
+        .into_iter()
         .collect();
-    if target.kind == "StatefulSet" && !out.iter().any(|r| r.name == target.name) {
-        out.push(ObjectRef::new(&target.name).within(&namespace));
+    if let Some(target) = pps.spec.target_ref.statefulset()
+        && !out.iter().any(|r| r.name == target)
+    {
+        out.push(ObjectRef::new(target).within(&namespace));
     }
     out
 }
@@ -578,6 +575,93 @@ mod tests {
         assert_eq!(
             names(&pps(Some("old"), "db")),
             [("old".into(), team.clone()), ("db".into(), team)]
+        );
+    }
+
+    /// Caches holding `pps` (the other caches empty).
+    fn caches_with(pps: &[PersistentPodState]) -> Caches {
+        let (pps_store, mut pps_writer) = kube::runtime::reflector::store();
+        for p in pps {
+            pps_writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
+        }
+        Caches {
+            statefulsets: kube::runtime::reflector::store().0,
+            pods: kube::runtime::reflector::store().0,
+            nodes: kube::runtime::reflector::store().0,
+            pps: pps_store,
+            undecodable_pps: Undecodables::new("PersistentPodState", Default::default()),
+            namespaces: kube::runtime::reflector::store().0,
+            synced: crate::synced::tracker().1,
+        }
+    }
+
+    /// PersistentPodState `name` in `team` targeting `target` (`apiVersion`, name), controlled
+    /// by `owner` (`apiVersion`, name) if given.
+    fn pps_of(name: &str, target: (&str, &str), owner: Option<(&str, &str)>) -> PersistentPodState {
+        let owners: Vec<serde_json::Value> = owner
+            .into_iter()
+            .map(|(api_version, o)| serde_json::json!({"apiVersion": api_version, "kind": "StatefulSet", "name": o, "uid": "u", "controller": true}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+            "metadata": {"name": name, "namespace": "team", "ownerReferences": owners},
+            "spec": {"targetRef": {"apiVersion": target.0, "kind": "StatefulSet", "name": target.1}},
+        }))
+        .unwrap()
+    }
+
+    /// Only an `apps` StatefulSet's pods concern a PersistentPodState, and only one that targets
+    /// an `apps` StatefulSet: OpenKruise's Advanced StatefulSet (`apps.kruise.io`) has the same
+    /// kind and names its pods alike.
+    #[test]
+    fn a_pod_concerns_the_state_of_its_apps_statefulset_only() {
+        const KRUISE: &str = "apps.kruise.io/v1beta1";
+        let pod = |api_version: &str| -> CachedPod {
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": "db-0", "namespace": "team", "uid": "p1",
+                "ownerReferences": [{"apiVersion": api_version, "kind": "StatefulSet",
+                                     "name": "db", "uid": "s1", "controller": true}]}}))
+            .unwrap()
+        };
+        let names = |refs: Vec<ObjectRef<PersistentPodState>>| -> Vec<String> {
+            refs.into_iter().map(|r| r.name).collect()
+        };
+        let apps = caches_with(&[pps_of("db", ("apps/v1", "db"), None)]);
+        assert_eq!(names(apps.pps_for_pod(&pod("apps/v1"))), ["db"]);
+        assert_eq!(
+            names(apps.pps_for_pod(&pod(KRUISE))),
+            Vec::<String>::new(),
+            "an Advanced StatefulSet's pod"
+        );
+        let kruise = caches_with(&[pps_of("db", (KRUISE, "db"), None)]);
+        assert_eq!(
+            names(kruise.pps_targeting("team", "db")),
+            Vec::<String>::new(),
+            "a state targeting an Advanced StatefulSet"
+        );
+        assert_eq!(
+            names(kruise.pps_for_pod(&pod("apps/v1"))),
+            Vec::<String>::new()
+        );
+    }
+
+    /// A PersistentPodState concerns the `apps` StatefulSets that control or are targeted by it,
+    /// not an Advanced StatefulSet of the same name.
+    #[test]
+    fn a_persistent_pod_state_concerns_apps_statefulsets_only() {
+        const KRUISE: &str = "apps.kruise.io/v1beta1";
+        let names = |p: &PersistentPodState| -> Vec<String> {
+            statefulsets_of_pps(p).into_iter().map(|r| r.name).collect()
+        };
+        assert_eq!(
+            names(&pps_of("p", ("apps/v1", "db"), Some((KRUISE, "old")))),
+            ["db"],
+            "controlled by an Advanced StatefulSet"
+        );
+        assert_eq!(
+            names(&pps_of("p", (KRUISE, "db"), Some(("apps/v1", "old")))),
+            ["old"],
+            "targeting an Advanced StatefulSet"
         );
     }
 

@@ -104,9 +104,7 @@ impl Caches {
         if self.undecodable(namespace, statefulset) {
             return None;
         }
-        let targets = |p: &PersistentPodState| {
-            p.spec.target_ref.name == statefulset && p.spec.target_ref.kind == "StatefulSet"
-        };
+        let targets = |p: &PersistentPodState| p.spec.target_ref.statefulset() == Some(statefulset);
         if let Some(p) = self
             .pps
             .get(&ObjectRef::new(statefulset).within(namespace))
@@ -211,4 +209,39 @@ fn trim_node(node: &mut Node) {
     node.metadata.annotations = None;
     node.metadata.managed_fields = None;
     node.metadata.owner_references = None;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A StatefulSet's PersistentPodState targets an `apps` StatefulSet of its name: one that
+    /// targets OpenKruise's Advanced StatefulSet of the name (same kind, same pod names) is not
+    /// taken for it.
+    #[test]
+    fn a_statefulsets_state_targets_an_apps_statefulset() {
+        let (caches, mut writers) = Caches::new(Default::default());
+        for (name, api_version) in [("db", "apps.kruise.io/v1beta1"), ("web", "apps/v1")] {
+            let pps: PersistentPodState = serde_json::from_value(serde_json::json!({
+                "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+                "metadata": {"name": name, "namespace": "prod"},
+                "spec": {"targetRef": {"apiVersion": api_version, "kind": "StatefulSet", "name": name}}
+            }))
+            .unwrap();
+            writers.pps.apply_watcher_event(&watcher::Event::Apply(pps));
+        }
+        assert_eq!(
+            caches
+                .pps_for("prod", "web")
+                .map(|p| p.name_any())
+                .as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            caches.pps_for("prod", "db").map(|p| p.name_any()),
+            None,
+            "a state targeting an Advanced StatefulSet"
+        );
+    }
 }

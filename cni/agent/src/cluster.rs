@@ -198,9 +198,8 @@ impl Cluster {
             .state()
             .iter()
             .map(|p| {
-                let target = &p.spec.target_ref;
                 let view = PpsView {
-                    statefulset: (target.kind == "StatefulSet").then(|| target.name.clone()),
+                    statefulset: p.spec.target_ref.statefulset().map(str::to_string),
                     records: p
                         .status
                         .as_ref()
@@ -370,6 +369,37 @@ fn trim_pod(pod: &mut Pod) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The sweep's view names a state's StatefulSet only for an `apps` one: a state targeting
+    /// OpenKruise's Advanced StatefulSet of the name (same kind, same pod names) names none, so
+    /// no lease is kept for that name's pods.
+    #[test]
+    fn a_state_names_its_statefulset_only_for_an_apps_target() {
+        let (cluster, mut writers) = Cluster::new("n1", Gauge::default());
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}})).unwrap();
+        writers
+            .nodes
+            .apply_watcher_event(&watcher::Event::Apply(node));
+        for (name, api_version) in [("db", "apps/v1"), ("kv", "apps.kruise.io/v1beta1")] {
+            let pps: PersistentPodState = serde_json::from_value(serde_json::json!({
+                "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+                "metadata": {"name": name, "namespace": "prod"},
+                "spec": {"targetRef": {"apiVersion": api_version, "kind": "StatefulSet", "name": name}}
+            }))
+            .unwrap();
+            writers.pps.apply_watcher_event(&watcher::Event::Apply(pps));
+        }
+        cluster.synced.store(true, Ordering::Release);
+        let view = cluster.view().unwrap();
+        let statefulset = |name: &str| {
+            view.pps[&("prod".to_string(), name.to_string())]
+                .statefulset
+                .clone()
+        };
+        assert_eq!(statefulset("db").as_deref(), Some("db"));
+        assert_eq!(statefulset("kv"), None, "an Advanced StatefulSet's state");
+    }
 
     #[test]
     fn a_static_pod_is_known_by_its_mirror_annotation() {

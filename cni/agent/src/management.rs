@@ -7,7 +7,8 @@
 //! The pod is the one the API shows on this node under the command's pod name, if its UID is
 //! the one the runtime passed (`K8S_POD_UID`): a pod created under that name since is another
 //! pod. A pod is managed when, at that moment,
-//! * it is on this node, its controlling owner is a StatefulSet, and that StatefulSet's
+//! * it is on this node, its controlling owner is a StatefulSet (group `apps`, by
+//!   [`ipkeep_api::statefulset`]: not OpenKruise's Advanced StatefulSet), and that StatefulSet's
 //!   PersistentPodState (the webhook's rule, [`pin::persistent_pod_state_of`]) is not being
 //!   deleted ([`pin::decide`], the webhook's own decision, says it manages the pod);
 //! * that StatefulSet is the one the state records (its UID is the state's `status.targetUID`,
@@ -182,8 +183,7 @@ fn of_pod_gone(asked: &SandboxPod<'_>, states: &[&PersistentPodState]) -> Manage
     let name = asked.name;
     let target = states
         .iter()
-        .filter(|p| p.spec.target_ref.kind == "StatefulSet")
-        .map(|p| p.spec.target_ref.name.as_str())
+        .filter_map(|p| p.spec.target_ref.statefulset())
         .find(|statefulset| ordinal::from_name(name, statefulset).is_some());
     let Some(pps) = target.and_then(|s| pin::persistent_pod_state_of(states.iter().copied(), s))
     else {

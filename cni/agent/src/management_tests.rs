@@ -91,6 +91,22 @@ fn owned(mut state: PersistentPodState) -> PersistentPodState {
     state
 }
 
+/// `state` targeting OpenKruise's Advanced StatefulSet of its target's name: same kind, same pod
+/// names, group `apps.kruise.io`.
+fn for_kruise(mut state: PersistentPodState) -> PersistentPodState {
+    state.spec.target_ref.api_version = "apps.kruise.io/v1beta1".into();
+    state
+}
+
+/// Pod `name` controlled by OpenKruise's Advanced StatefulSet `sts`.
+fn kruise_pod(name: &str, sts: &str) -> Pod {
+    let mut pod = pod(name, sts, json!({}), json!({}));
+    for owner in pod.metadata.owner_references.iter_mut().flatten() {
+        owner.api_version = "apps.kruise.io/v1beta1".into();
+    }
+    pod
+}
+
 /// `state` as the agent decodes it ([`crate::lean_pps`]).
 fn lean(state: &PersistentPodState) -> PersistentPodState {
     let text = serde_json::to_string(state).unwrap();
@@ -345,6 +361,27 @@ fn rows() -> Vec<Row> {
                 by_name("db", "45m"),
             )
         },
+        row(
+            "not managed: its StatefulSet's name is targeted only as an Advanced StatefulSet's",
+            "db-0",
+            db_pod("db-0"),
+            vec![for_kruise(state(NS, "db", "db", false))],
+            Management::Unmanaged,
+        ),
+        row(
+            "not managed: an Advanced StatefulSet's pod, whatever names a state targets",
+            "db-0",
+            Some(kruise_pod("db-0", "db")),
+            db(),
+            Management::Unmanaged,
+        ),
+        row(
+            "gone from the API: named as an Advanced StatefulSet's pod, which no state here manages",
+            "db-5",
+            None,
+            vec![for_kruise(state(NS, "db", "db", false))],
+            Management::Unmanaged,
+        ),
         row(
             "gone from the API: its state records this very pod",
             "db-5",

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use ipkeep_api::statefulset;
 use ipkeep_placement::ipkeep_lifecycle::Fate;
 use ipkeep_placement::ipkeep_lifecycle::going::{self, Going, Member};
 use ipkeep_placement::lifecycle::{member, set_facts};
@@ -20,10 +21,7 @@ use crate::caches::{CachedPod, Caches, trim_statefulset};
 
 /// The pod's controller owner when it is a StatefulSet: (name, UID).
 pub fn statefulset_owner(pod: &Pod) -> Option<(String, String)> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")
-        .map(|o| (o.name.clone(), o.uid.clone()))
+    statefulset::controller(pod.owner_references()).map(|o| (o.name.clone(), o.uid.clone()))
 }
 
 /// The pod's StatefulSet as the API server has it: from the cache when the cache has the one
@@ -105,4 +103,30 @@ fn member_of(pod: &CachedPod, statefulset: &str) -> Option<Member> {
         ),
         pod.status.ready(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A pod's StatefulSet is an `apps` one: an OpenKruise Advanced StatefulSet of the same name
+    /// (`apps.kruise.io`, same kind) is another workload, whose pods ipkeep's hooks leave alone.
+    #[test]
+    fn only_an_apps_statefulset_owns_a_pod() {
+        let pod = |api_version: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": "db-0", "namespace": "prod",
+                "ownerReferences": [{"apiVersion": api_version, "kind": "StatefulSet",
+                                     "name": "db", "uid": "s1", "controller": true}]}}))
+            .unwrap()
+        };
+        assert_eq!(
+            statefulset_owner(&pod("apps/v1")),
+            Some(("db".into(), "s1".into()))
+        );
+        for kruise in ["apps.kruise.io/v1beta1", "apps.kruise.io/v1alpha1"] {
+            assert_eq!(statefulset_owner(&pod(kruise)), None, "{kruise}");
+        }
+    }
 }

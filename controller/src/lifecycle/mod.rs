@@ -317,11 +317,7 @@ fn hooks_of(pod: &Pod, caches: &Caches) -> Lifecycle {
     let Some(namespace) = pod.namespace() else {
         return Lifecycle::default();
     };
-    let Some(sts) = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")
-    else {
+    let Some(sts) = ipkeep_api::statefulset::controller(pod.owner_references()) else {
         return Lifecycle::default();
     };
     // The one named after the StatefulSet (what auto-generation creates), else the first by name.

@@ -7,6 +7,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::statefulset;
 use ipkeep_values::keys::{REVISION_LABEL, STATE_LABEL};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -37,9 +38,8 @@ pub fn pods_for(pods: &Store<Pod>, trigger: &Trigger) -> Vec<ObjectRef<Pod>> {
         .filter(|p| match trigger {
             Trigger::StatefulSet { namespace, name } => {
                 p.namespace().as_deref() == Some(namespace.as_str())
-                    && p.owner_references().iter().any(|o| {
-                        o.controller == Some(true) && o.kind == "StatefulSet" && o.name == *name
-                    })
+                    && statefulset::controller(p.owner_references())
+                        .is_some_and(|o| o.name == *name)
             }
             Trigger::Node(node) => {
                 p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
@@ -114,10 +114,7 @@ impl Concerns for CachedPod {
     }
 
     fn trigger(&self) -> Option<Trigger> {
-        let owner = self
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && o.kind == "StatefulSet")?;
+        let owner = statefulset::controller(self.owner_references())?;
         Some(Trigger::StatefulSet {
             namespace: self.namespace()?,
             name: owner.name.clone(),
@@ -173,5 +170,43 @@ impl<K: Concerns> Tap<K> {
 impl<K: Concerns> Default for Tap<K> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Only an `apps` StatefulSet's pods are its hooks' pods: an OpenKruise Advanced
+    /// StatefulSet of the same name (same kind, same pod names) has hooks of its own.
+    #[test]
+    fn an_advanced_statefulsets_pod_triggers_no_statefulset() {
+        let json = |name: &str, api_version: &str| {
+            serde_json::json!({"metadata": {
+                "name": name, "namespace": "prod",
+                "ownerReferences": [{"apiVersion": api_version, "kind": "StatefulSet",
+                                     "name": "db", "uid": "s1", "controller": true}]}})
+        };
+        let pod = |name: &str, api_version: &str| -> Pod {
+            serde_json::from_value(json(name, api_version)).unwrap()
+        };
+        let cached = |name: &str, api_version: &str| -> CachedPod {
+            serde_json::from_value(json(name, api_version)).unwrap()
+        };
+        let db = Trigger::StatefulSet {
+            namespace: "prod".into(),
+            name: "db".into(),
+        };
+        assert_eq!(cached("db-0", "apps/v1").trigger(), Some(db.clone()));
+        assert_eq!(cached("db-1", "apps.kruise.io/v1beta1").trigger(), None);
+        let (store, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Apply(pod("db-0", "apps/v1")));
+        writer.apply_watcher_event(&watcher::Event::Apply(pod(
+            "db-1",
+            "apps.kruise.io/v1beta1",
+        )));
+        let names: Vec<String> = pods_for(&store, &db).into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["db-0"]);
     }
 }

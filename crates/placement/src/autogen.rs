@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 
+use ipkeep_api::statefulset;
 use ipkeep_api::{
     DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodState,
     PersistentPodStateSpec, PreferredTopologyTerm, RecordRetention, TargetReference,
@@ -441,9 +442,9 @@ pub fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true));
-    target.kind == "StatefulSet"
-        && target.name == name
-        && controller.is_none_or(|o| o.kind == "StatefulSet" && o.name == name)
+    target.statefulset() == Some(name)
+        && controller
+            .is_none_or(|o| statefulset::is_statefulset(&o.api_version, &o.kind) && o.name == name)
 }
 
 /// Whether `pps` was written for StatefulSet `name` rather than generated: it targets it and no
@@ -451,24 +452,15 @@ pub fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
 /// name, is controlled by the StatefulSet it was generated for).
 pub fn written_for(pps: &PersistentPodState, name: &str) -> bool {
     let target = &pps.spec.target_ref;
-    target.kind == "StatefulSet"
-        && target.name == name
-        && !pps
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+    target.statefulset() == Some(name)
+        && statefulset::controller(pps.metadata.owner_references.iter().flatten()).is_none()
 }
 
 /// Whether `pps` is controlled by a StatefulSet named `name`: for one that does not own it, a
 /// PersistentPodState left over from an earlier StatefulSet of the name.
 pub fn stale_generated(pps: &PersistentPodState, name: &str) -> bool {
-    pps.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.name == name)
+    statefulset::controller(pps.metadata.owner_references.iter().flatten())
+        .is_some_and(|o| o.name == name)
 }
 
 #[cfg(test)]

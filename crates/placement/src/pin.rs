@@ -5,6 +5,7 @@
 //! decision, so a pod that skipped the webhook is still pinned at scheduling time.
 
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
+use ipkeep_api::statefulset;
 use ipkeep_api::{PersistentPodState, PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 use ipkeep_values::keys::POD_INDEX_LABEL;
 use ipkeep_values::ordinal;
@@ -97,7 +98,9 @@ pub fn decide_from(pod: &Pod, namespace: &str, pps: Option<Source<'_>>) -> Decis
     let Some(pps) = pps else {
         return Decision::Pass(PassReason::NoPersistentPodState);
     };
-    if pps.namespace.unwrap_or(namespace) != namespace || pps.spec.target_ref.name != owner.name {
+    if pps.namespace.unwrap_or(namespace) != namespace
+        || pps.spec.target_ref.statefulset() != Some(owner.name.as_str())
+    {
         return Decision::Pass(PassReason::OtherWorkload);
     }
     if pps.deleting {
@@ -223,17 +226,19 @@ pub fn controlled_by_recorded_target(pod: &Pod, pps: &PersistentPodState) -> boo
 }
 
 /// Whether `pps` waits for the next StatefulSet of its target's name to adopt it: it carries
-/// [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] and no StatefulSet controls it (its
-/// owner was deleted with `--cascade=orphan`, and the controller has not made the new one its
-/// owner yet). Until then the new StatefulSet's pods are its pods, whatever their owner's UID.
+/// [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] and nothing controls it (its owner was
+/// deleted with `--cascade=orphan`, and the controller has not made the new one its owner yet).
+/// Until then the new StatefulSet's pods are its pods, whatever their owner's UID. One that
+/// another kind controls (an OpenKruise Advanced StatefulSet of the name, say) is not waiting:
+/// the controller would not adopt it ([`crate::autogen::adoptable`]).
 pub fn awaiting_adoption(pps: &PersistentPodState) -> bool {
-    let owned = pps
+    let controlled = pps
         .metadata
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet");
-    !owned && crate::view::adopts(pps.metadata.annotations.as_ref())
+        .any(|o| o.controller == Some(true));
+    !controlled && crate::view::adopts(pps.metadata.annotations.as_ref())
 }
 
 fn of_recorded_statefulset(owner: &Owner, status: Option<&PersistentPodStateStatus>) -> bool {
@@ -250,16 +255,10 @@ struct Owner {
 }
 
 fn statefulset_owner(pod: &Pod) -> Option<Owner> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .filter(|o| o.kind == "StatefulSet" && o.api_version.split('/').next() == Some("apps"))
-        .map(|o| Owner {
-            name: o.name.clone(),
-            uid: o.uid.clone(),
-        })
+    statefulset::controller(pod.metadata.owner_references.iter().flatten()).map(|o| Owner {
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+    })
 }
 
 /// Which of `states` (PersistentPodStates of one namespace) is StatefulSet `statefulset`'s: the
@@ -271,9 +270,7 @@ pub fn persistent_pod_state_of<'a>(
 ) -> Option<&'a PersistentPodState> {
     states
         .into_iter()
-        .filter(|p| {
-            p.spec.target_ref.kind == "StatefulSet" && p.spec.target_ref.name == statefulset
-        })
+        .filter(|p| p.spec.target_ref.statefulset() == Some(statefulset))
         .min_by_key(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
             (name != statefulset, name)

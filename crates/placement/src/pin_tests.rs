@@ -290,6 +290,16 @@ fn rows() -> Vec<Row> {
             Want::Pass("other-workload"),
         ),
         row(
+            "PersistentPodState of OpenKruise's Advanced StatefulSet of the same name",
+            pod(json!({})),
+            Some(with(
+                pps(),
+                "/spec/targetRef/apiVersion",
+                json!("apps.kruise.io/v1beta1"),
+            )),
+            Want::Pass("other-workload"),
+        ),
+        row(
             "same pod name, but the records are of an earlier StatefulSet (other UID)",
             pod(json!({})),
             Some(with(pps(), "/status/targetUID", json!("old-uid"))),
@@ -673,4 +683,37 @@ fn which_persistent_pod_state_is_a_statefulsets() {
     assert_eq!(of("db", &states[..2]).as_deref(), Some("a"));
     assert_eq!(of("web", &states), None, "a StatefulSet only");
     assert_eq!(of("kv", &states), None);
+    let mut kruise = pps();
+    kruise["spec"]["targetRef"]["apiVersion"] = json!("apps.kruise.io/v1beta1");
+    let kruise: PersistentPodState = serde_json::from_value(kruise).unwrap();
+    assert_eq!(
+        of("db", &[kruise]),
+        None,
+        "an Advanced StatefulSet (apps.kruise.io) of the name is another workload"
+    );
+}
+
+/// A PersistentPodState waits for adoption only while nothing controls it: one an OpenKruise
+/// Advanced StatefulSet of the name controls (not an `apps` StatefulSet, and not adoptable) does
+/// not make the name's pods its own.
+#[test]
+fn only_an_uncontrolled_state_awaits_adoption() {
+    let state = |owners: Value| -> PersistentPodState {
+        let mut p = pps();
+        p["metadata"]["annotations"] =
+            json!({ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE: "true"});
+        p["metadata"]["ownerReferences"] = owners;
+        serde_json::from_value(p).unwrap()
+    };
+    let awaiting = |owners| crate::pin::awaiting_adoption(&state(owners));
+    assert!(awaiting(json!([])), "orphaned");
+    assert!(
+        awaiting(owner("StatefulSet", "apps/v1", "db", false)),
+        "owned, not controlled"
+    );
+    assert!(!awaiting(owner("StatefulSet", "apps/v1", "db", true)));
+    assert!(
+        !awaiting(owner("StatefulSet", "apps.kruise.io/v1beta1", "db", true)),
+        "an Advanced StatefulSet controls it"
+    );
 }

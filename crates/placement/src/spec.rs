@@ -34,8 +34,7 @@ pub struct CheckedSpec {
 /// Checks `spec` and reads it into a [`CheckedSpec`].
 pub fn check(spec: &PersistentPodStateSpec) -> Result<CheckedSpec, SpecError> {
     let target = &spec.target_ref;
-    let group = target.api_version.split_once('/').map_or("", |(g, _)| g);
-    if target.kind != "StatefulSet" || group != "apps" {
+    if target.statefulset().is_none() {
         return Err(SpecError::UnsupportedTarget {
             api_version: target.api_version.clone(),
             kind: target.kind.clone(),
