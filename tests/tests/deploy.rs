@@ -20,6 +20,8 @@ mod alerts;
 mod certificates;
 #[path = "deploy/chart.rs"]
 mod chart;
+#[path = "deploy/chart_lifecycle.rs"]
+mod chart_lifecycle;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]
