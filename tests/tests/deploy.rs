@@ -30,6 +30,8 @@ mod consistency;
 mod links;
 #[path = "deploy/manifests.rs"]
 mod manifests;
+#[path = "deploy/node_paths.rs"]
+mod node_paths;
 #[path = "deploy/security.rs"]
 mod security;
 
