@@ -201,3 +201,25 @@ fn install_plugins_copies_what_the_configuration_names_from_the_image() {
         );
     }
 }
+
+/// The recipes docs/distributions.md gives are the values files CI lints the chart with and
+/// `scripts/cluster.sh --node-layout` installs with, word for word.
+#[test]
+fn the_distribution_recipes_are_the_values_the_tests_install_with() {
+    let doc = std::fs::read_to_string(repo_root().join("docs/distributions.md"))
+        .expect("docs/distributions.md");
+    for layout in ["k3s", "kind"] {
+        let path = format!("charts/ipkeep/ci/{layout}-values.yaml");
+        let values = std::fs::read_to_string(repo_root().join(&path)).expect("the values file");
+        assert!(
+            doc.contains(&format!("```yaml\n{values}```")),
+            "docs/distributions.md does not show {path} as it is"
+        );
+        let cluster = std::fs::read_to_string(repo_root().join("scripts/lib/nodes.sh"))
+            .expect("scripts/lib/nodes.sh");
+        assert!(
+            cluster.contains(&format!("    {layout}) cni_conf_dir=")),
+            "{layout}"
+        );
+    }
+}
