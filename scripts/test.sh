@@ -7,7 +7,8 @@
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from the release
-# bundle; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM). The
+# bundle; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM), and the
+# upgrades from 0.1.0 and 0.2.0 on real nodes (scripts/upgrade-test.sh). The
 # Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
 # from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
 # ipkeep's release build.
@@ -85,3 +86,11 @@ for v in $also; do
   echo "test.sh: the control-plane suite on Kubernetes $v" >&2
   IPKEEP_K8S_VERSION=$v cargo test --locked -p ipkeep-tests --test cluster
 done
+if [ -n "$runtime_dir" ]; then
+  # Upgrades that leave nothing behind, under load, from each older version (its release build
+  # shares target/): from 0.1.0 (kubectl apply -k) on v1.37.2, from 0.2.0 (Helm) on v1.35.4.
+  for from in 0.1.0 0.2.0; do
+    echo "test.sh: scripts/upgrade-test.sh --from $from" >&2
+    scripts/upgrade-test.sh --from "$from" --replicas 2
+  done
+fi
