@@ -182,7 +182,7 @@ pub async fn write_namespace(ctx: &Context, namespace: &str) -> Result<Written, 
         .collect();
     ctx.plans.forget_gone(&namespace, &states);
     let Some(plans) = ctx.plans.chosen(&states) else {
-        debug!("a PersistentPodState's plan is not decided yet; waiting for the record loop");
+        debug!("waiting for the record loop to decide every plan");
         return Ok(Written::Undecided);
     };
     let encoded = admission::encode(&plans, PLAN_BUDGET);
@@ -227,7 +227,7 @@ pub async fn plan_decided(ctx: &Context, pps: &PersistentPodState, plan: Option<
         Ok(Written::Undecided | Written::Settling(_)) => ctx.plan_namespace(&namespace),
         Err(e) => {
             ctx.metrics.error(LOOP, &e);
-            warn!(error = ?e.to_string(), kind = e.kind(), "failed to write the namespace's admission plan; the admission plan loop retries");
+            warn!(error = %e, kind = e.kind(), hint = "the admission plan loop retries", "failed to write the admission plan");
             ctx.plan_namespace(&namespace);
         }
     }
@@ -249,7 +249,7 @@ async fn write(
     if data.is_empty() {
         match api.delete(PLAN_CONFIGMAP, &DeleteParams::default()).await {
             Ok(_) => {
-                info!("no StatefulSet of the namespace has a plan; deleted its admission plan")
+                info!("deleted the namespace's empty admission plan")
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(Error::api("delete", what(), e)),
@@ -320,13 +320,20 @@ async fn announce_omitted(
         else {
             continue;
         };
-        warn!(statefulset = %sts, pods = plan.pods.len(), "the admission plan of the namespace is full; this StatefulSet's pins are left to the webhook or the scheduler extender");
+        warn!(statefulset = %sts, pods = plan.pods.len(), hint = "the webhook or the scheduler extender pins its pods; fewer StatefulSets or replicas per namespace make room", "the namespace's admission plan is full");
         let note = format!(
             "the admission plan of namespace {} holds at most {PLAN_BUDGET} bytes and the pins of StatefulSet {sts}'s {} recorded pods do not fit: the admission policy does not pin its pods (admission.mode webhook, or the scheduler extender, pins them); fewer StatefulSets or replicas per namespace bring them back",
             pps.namespace().unwrap_or_default(),
             plan.pods.len()
         );
-        crate::record::publish(pps, ctx, EventType::Warning, "AdmissionPlanFull", &note).await;
+        ctx.publish(
+            &pps.object_ref(&()),
+            crate::record::ACTION,
+            EventType::Warning,
+            "AdmissionPlanFull",
+            &note,
+        )
+        .await;
     }
 }
 
@@ -377,6 +384,6 @@ async fn release_pending(
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(ns: Arc<Namespace>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(namespace = %ns.name_any(), error = ?error.to_string(), kind = error.kind(), "admission plan reconcile failed; retrying");
+    warn!(namespace = %ns.name_any(), error = %error, kind = error.kind(), "admission plan reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
 use ipkeep_daemon::lenient::Undecodables;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
@@ -24,15 +23,14 @@ use ipkeep_values::keys::{
 };
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
-    Affinity, Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodSpec,
-    PodTemplateSpec,
+    Affinity, Namespace, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodIP, PodReadinessGate,
+    PodSpec, PodTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use crate::synced::Synced;
 
@@ -59,6 +57,10 @@ pub struct CachedPodSpec {
     /// The node the pod is bound to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The readiness gates, for the lifecycle loop's pods ([`crate::lifecycle::hooked`]);
+    /// trimmed away from the record loop's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readiness_gates: Vec<PodReadinessGate>,
 }
 
 /// [`CachedPod`]'s status.
@@ -169,6 +171,16 @@ impl Caches {
             .and_then(|ns| ns.metadata.labels.clone())
     }
 
+    /// The StatefulSets of `namespace`.
+    pub fn statefulsets_in(&self, namespace: &str) -> Vec<ObjectRef<StatefulSet>> {
+        self.statefulsets
+            .state()
+            .iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect()
+    }
+
     /// The PersistentPodStates in `namespace` that target StatefulSet `name`.
     pub fn pps_targeting(&self, namespace: &str, name: &str) -> Vec<ObjectRef<PersistentPodState>> {
         self.pps
@@ -221,26 +233,6 @@ impl Caches {
     }
 }
 
-/// For `StreamExt::inspect` on the PersistentPodState watch: sends, for every PPS applied or
-/// deleted, the StatefulSets it concerns for auto-generation ([`statefulsets_of_pps`]). The
-/// reflector has updated the cache by then, so the reconciles these trigger read the change.
-pub fn statefulsets_of_pps_events(
-    to: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
-) -> impl FnMut(&Result<watcher::Event<PersistentPodState>, watcher::Error>) {
-    move |event| {
-        if let Ok(
-            watcher::Event::Apply(pps)
-            | watcher::Event::InitApply(pps)
-            | watcher::Event::Delete(pps),
-        ) = event
-        {
-            for sts in statefulsets_of_pps(pps) {
-                let _ = to.send(sts);
-            }
-        }
-    }
-}
-
 /// The StatefulSets a PersistentPodState concerns for auto-generation: the one that controls it
 /// (its generated PPS changed or went away) and the one it targets.
 pub fn statefulsets_of_pps(pps: &PersistentPodState) -> Vec<ObjectRef<StatefulSet>> {
@@ -272,10 +264,11 @@ pub fn pod_watch_config() -> watcher::Config {
 const KEPT_LABELS: [&str; 3] = [REVISION_LABEL, POD_INDEX_LABEL, STATE_LABEL];
 
 /// Keeps what recording and the lifecycle hooks read of a pod: metadata without managed fields
-/// and with only [`KEPT_LABELS`], and of its conditions only Ready (the node name and IPs are
-/// all [`CachedPod`] decodes besides).
+/// and with only [`KEPT_LABELS`], of its spec the node name, of its conditions only Ready (and
+/// its IPs).
 pub fn trim_pod(pod: &mut CachedPod) {
     pod.metadata.managed_fields = None;
+    pod.spec.readiness_gates = Vec::new();
     if let Some(labels) = pod.metadata.labels.as_mut() {
         labels.retain(|k, _| KEPT_LABELS.contains(&k.as_str()));
     }
@@ -411,48 +404,67 @@ fn fingerprint<T: Hash>(value: &T) -> u64 {
     h.finish()
 }
 
-/// Turns a reflector's event stream into the objects whose decision-relevant fields changed
-/// (plus every deletion), and signals `relisted` after each completed re-list.
-pub fn changed_objects<K, S>(
-    events: S,
+/// Namespace and name: what a watch's objects are known by.
+type Key = (Option<String>, String);
+
+fn key<K: Resource>(obj: &K) -> Key {
+    (
+        obj.meta().namespace.clone(),
+        obj.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// What of each object of a watch decided last time (its fingerprint): passes on the objects
+/// whose fingerprint changed, and every deletion. A re-list forgets the objects it no longer
+/// finds.
+#[derive(Debug)]
+pub struct Changes<K> {
     fingerprint: fn(&K) -> u64,
-    relisted: mpsc::UnboundedSender<()>,
-) -> impl Stream<Item = Result<K, watcher::Error>>
-where
-    K: Resource + Clone,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut seen: HashMap<(Option<String>, String), u64> = HashMap::new();
-    events.flat_map(move |event| {
-        let out: Vec<Result<K, watcher::Error>> = match event {
-            Err(e) => vec![Err(e)],
-            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                let key = (
-                    obj.meta().namespace.clone(),
-                    obj.meta().name.clone().unwrap_or_default(),
-                );
-                let print = fingerprint(&obj);
-                if seen.insert(key, print) == Some(print) {
-                    Vec::new()
-                } else {
-                    vec![Ok(obj)]
+    seen: HashMap<Key, u64>,
+    relisting: Option<HashMap<Key, u64>>,
+}
+
+impl<K: Resource> Changes<K> {
+    /// Nothing seen yet; `fingerprint` hashes what of an object decides.
+    pub fn new(fingerprint: fn(&K) -> u64) -> Self {
+        Changes {
+            fingerprint,
+            seen: HashMap::new(),
+            relisting: None,
+        }
+    }
+
+    /// The object of `event` if it was deleted or what decides changed.
+    pub fn changed<'e>(&mut self, event: &'e watcher::Event<K>) -> Option<&'e K> {
+        match event {
+            watcher::Event::Init => {
+                self.relisting = Some(HashMap::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                if let Some(found) = self.relisting.take() {
+                    self.seen = found;
                 }
+                None
             }
-            Ok(watcher::Event::Delete(obj)) => {
-                seen.remove(&(
-                    obj.meta().namespace.clone(),
-                    obj.meta().name.clone().unwrap_or_default(),
-                ));
-                vec![Ok(obj)]
+            watcher::Event::InitApply(obj) => {
+                let (key, print) = (key(obj), (self.fingerprint)(obj));
+                let before = self.seen.get(&key).copied();
+                self.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key, print);
+                (before != Some(print)).then_some(obj)
             }
-            Ok(watcher::Event::Init) => Vec::new(),
-            Ok(watcher::Event::InitDone) => {
-                let _ = relisted.send(());
-                Vec::new()
+            watcher::Event::Apply(obj) => {
+                let print = (self.fingerprint)(obj);
+                (self.seen.insert(key(obj), print) != Some(print)).then_some(obj)
             }
-        };
-        futures::stream::iter(out)
-    })
+            watcher::Event::Delete(obj) => {
+                self.seen.remove(&key(obj));
+                Some(obj)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -493,6 +505,49 @@ mod tests {
         assert_ne!(
             namespace_fingerprint(&labelled),
             namespace_fingerprint(&plain)
+        );
+    }
+
+    /// Only a change of what decides passes, and every deletion; a re-list passes what changed
+    /// meanwhile and forgets what it no longer finds.
+    #[test]
+    fn only_changes_of_what_decides_pass() {
+        let ns = |name: &str, label: &str, other: &str| -> Namespace {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+                "labels": {AUTO_GENERATE: label, "team": other}}}))
+            .unwrap()
+        };
+        let mut changes = Changes::new(namespace_fingerprint);
+        let mut passes = |event: watcher::Event<Namespace>| changes.changed(&event).is_some();
+        assert!(passes(watcher::Event::Apply(ns("a", "true", "x"))), "new");
+        assert!(
+            !passes(watcher::Event::Apply(ns("a", "true", "y"))),
+            "not what decides"
+        );
+        assert!(
+            passes(watcher::Event::Apply(ns("a", "false", "y"))),
+            "the label"
+        );
+        assert!(
+            passes(watcher::Event::Delete(ns("a", "false", "y"))),
+            "deleted"
+        );
+        assert!(passes(watcher::Event::Apply(ns("b", "true", "x"))));
+        assert!(passes(watcher::Event::Apply(ns("c", "true", "x"))));
+        assert!(!passes(watcher::Event::Init));
+        assert!(
+            !passes(watcher::Event::InitApply(ns("b", "true", "x"))),
+            "unchanged"
+        );
+        assert!(
+            passes(watcher::Event::InitApply(ns("d", "true", "x"))),
+            "new"
+        );
+        assert!(!passes(watcher::Event::InitDone));
+        assert!(!passes(watcher::Event::Apply(ns("d", "true", "z"))));
+        assert!(
+            passes(watcher::Event::Apply(ns("c", "true", "x"))),
+            "gone during the gap, so new again"
         );
     }
 

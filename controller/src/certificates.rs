@@ -80,7 +80,7 @@ pub async fn keep(client: Client, settings: CertSettings, health: Arc<Health>) {
                 Duration::ZERO
             }
             Err(e) => {
-                warn!(secret = %settings.secret, error = %e, "failed to keep the webhook certificates; retrying in {RETRY_AFTER:?}");
+                warn!(secret = %settings.secret, error = %e, retry_in = ?RETRY_AFTER, "failed to keep the webhook certificates");
                 RETRY_AFTER
             }
         };
@@ -158,7 +158,7 @@ async fn once(
         });
         let found = mutating.await? | validating.await?;
         if !found && !missing_reported.contains(name) {
-            warn!(configuration = %name, "no Mutating- or ValidatingWebhookConfiguration of this name: its caBundle is set once it exists");
+            warn!(configuration = %name, hint = "its caBundle is set once it exists", "no webhook configuration of this name");
             missing_reported.push(name.clone());
         }
     }

@@ -5,17 +5,18 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use ipkeep_api::PersistentPodStateStatus;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::Client;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::mpsc;
+use tracing::warn;
 
 use crate::admission_plan::Plans;
 use crate::caches::Caches;
 use crate::metrics::Metrics;
+use crate::pending;
 
-/// Shared by both controllers.
+/// Shared by every loop.
 pub struct Context {
     /// The API client.
     pub client: Client,
@@ -34,7 +35,7 @@ pub struct Context {
     /// The admission plans the record loop decided ([`crate::admission_plan`]).
     pub plans: Plans,
     /// Namespaces whose admission plan is to be written again.
-    plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
+    plan_namespaces: pending::Sender<ObjectRef<Namespace>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -51,7 +52,7 @@ impl Context {
         caches: Caches,
         recorder: Recorder,
         metrics: std::sync::Arc<Metrics>,
-        plan_namespaces: mpsc::UnboundedSender<ObjectRef<Namespace>>,
+        plan_namespaces: pending::Sender<ObjectRef<Namespace>>,
     ) -> Self {
         Self {
             client,
@@ -66,8 +67,7 @@ impl Context {
 
     /// Asks for the admission plan of `namespace` to be written again.
     pub fn plan_namespace(&self, namespace: &str) {
-        // The receiver goes only when the controller stops.
-        let _ = self.plan_namespaces.send(ObjectRef::new(namespace));
+        self.plan_namespaces.trigger(ObjectRef::new(namespace));
     }
 
     /// The newest status of PPS `uid`: our last write if the cache has not caught up with it.
@@ -81,6 +81,29 @@ impl Context {
             Some(ours) if Some(ours) == cached => written.remove(uid).unwrap_or_default(),
             Some(ours) => ours.clone(),
             None => cached.cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Publishes an Event about `regarding`, its note cut to 1,000 characters; a failure is
+    /// logged, never fails the reconcile. `action` names what the controller did (`Reconcile`,
+    /// `Generate`, `Decode`).
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        action: &str,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            warn!(error = %e, reason, "failed to publish event");
         }
     }
 

@@ -6,8 +6,9 @@
 //! writes their answers back (status by server-side apply, Events, metrics).
 //!
 //! - [`args`]: the command line and the start (logging, API client, health server).
-//! - [`run`]: preflight, leader election, the three loops, shutdown.
-//! - [`watches`]: every watch, its cache and change filter, for the three loops.
+//! - [`run`]: preflight, leader election, the four loops, shutdown.
+//! - [`watches`]: one watch per kind, its cache, and what each of its changes triggers in which
+//!   loop; [`pending`]: those triggers, coalesced per object.
 //! - [`caches`]: what the caches keep of each object, change fingerprints, and the event → PPS
 //!   mapping.
 //! - [`record`]: reconciling a PersistentPodState (recording, pruning, node loss, and deciding
@@ -35,6 +36,7 @@ pub mod http;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod pending;
 pub mod pin_skipped;
 pub mod record;
 pub mod run;

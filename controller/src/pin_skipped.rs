@@ -9,20 +9,21 @@
 //! restart or a failover its Event was published already, and its annotation still says why.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::caches::CachedPod;
+use futures::StreamExt;
 use ipkeep_placement::view::PodView;
 use ipkeep_values::keys::PIN_SKIPPED;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tokio::sync::mpsc;
 use tracing::debug;
 
+use crate::caches::CachedPod;
 use crate::context::Context;
-use crate::record;
+use crate::{pending, record};
 
 /// Pods are announced only this long after their creation.
 pub const ANNOUNCE_WITHIN: Duration = Duration::from_secs(10 * 60);
@@ -60,31 +61,30 @@ fn now_ms() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_millisecond()
 }
 
-/// Passes on the pods worth announcing (called on every changed pod of the pod watch).
-pub fn forward(pod: &CachedPod, to: &mpsc::UnboundedSender<CachedPod>) {
-    if worth_announcing(&PodView::from(pod), now_ms()) {
-        // Closed only when the announcer stopped, with the controllers.
-        let _ = to.send(pod.clone());
-    }
+/// The pod the watch passes on to [`announce`]: one worth announcing now.
+pub fn to_announce(pod: &CachedPod) -> Option<ObjectRef<CachedPod>> {
+    worth_announcing(&PodView::from(pod), now_ms()).then(|| ObjectRef::from_obj(pod))
 }
 
-/// Publishes a `PinSkipped` Event for each pod received that still exists, once per pod UID,
-/// until the sending side closes.
-pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<CachedPod>) {
+/// Publishes a `PinSkipped` Event for each pod received that is still cached (so it exists),
+/// once per pod UID, until `stop` resolves.
+pub async fn announce(
+    ctx: Arc<Context>,
+    pods: pending::Receiver<ObjectRef<CachedPod>>,
+    stop: impl Future<Output = ()>,
+) {
     if ctx.caches.wait_until_ready().await.is_err() {
         return;
     }
+    let mut pods = std::pin::pin!(pods.keys().take_until(stop));
     let mut announced = Announced::default();
-    while let Some(pod) = pods.recv().await {
-        let view = PodView::from(&pod);
-        let namespace = pod.namespace().unwrap_or_default();
-        // Only a pod that exists now, not one deleted since.
-        let exists = ctx
-            .caches
-            .pods
-            .get(&ObjectRef::new(&view.name).within(&namespace))
-            .is_some_and(|p| p.meta().uid.as_deref() == Some(view.uid.as_str()));
-        if !exists || !announced.first_time(&view, now_ms()) {
+    while let Some(reference) = pods.next().await {
+        // Only a pod that exists now, as it is now.
+        let Some(pod) = ctx.caches.pods.get(&reference) else {
+            continue;
+        };
+        let view = PodView::from(pod.as_ref());
+        if !announced.first_time(&view, now_ms()) {
             continue;
         }
         let why = view.annotations.get(PIN_SKIPPED).map_or("", String::as_str);
@@ -94,7 +94,14 @@ pub async fn announce(ctx: Arc<Context>, mut pods: mpsc::UnboundedReceiver<Cache
             };
             debug!(pod = ?view.name, pps = ?pps.name_any(), "announcing a skipped pin");
             let note = format!("pod {} (uid {}) {why}", view.name, view.uid);
-            record::publish(&pps, &ctx, EventType::Warning, "PinSkipped", &note).await;
+            ctx.publish(
+                &pps.object_ref(&()),
+                record::ACTION,
+                EventType::Warning,
+                "PinSkipped",
+                &note,
+            )
+            .await;
         }
     }
 }

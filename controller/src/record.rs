@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, instrument, warn};
@@ -27,6 +27,9 @@ use crate::{Error, FIELD_MANAGER};
 
 /// The metric label of this loop.
 pub const LOOP: &str = "record";
+
+/// The `action` of the Events about PersistentPodStates.
+pub const ACTION: &str = "Reconcile";
 
 /// Reconciles one PersistentPodState: reads the caches, decides the status
 /// ([`status::reconcile`]), writes it, publishes what changed and deletes stranded pods.
@@ -68,7 +71,7 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     });
     match &decided.verdict {
         // The spec's text is anyone's with write access to it: logged escaped (`?`).
-        Verdict::InvalidSpec(e) => warn!(error = ?e.to_string(), "invalid spec"),
+        Verdict::InvalidSpec(e) => warn!(error = %e, "invalid spec"),
         Verdict::TargetNotFound if !previous.pod_states.is_empty() => {
             info!(
                 dropped = previous.pod_states.len(),
@@ -161,19 +164,26 @@ async fn delete_stranded(
         }
     }
     ctx.metrics.stranded_pods_deleted.inc();
-    warn!(pod = ?pod.name, "deleted a pod left Pending by a pin that fell back; its StatefulSet creates it again");
+    warn!(pod = ?pod.name, hint = "it was Pending on a pin that fell back; its StatefulSet creates it again", "deleted a stranded pod");
     let note = format!(
         "deleted pod {} (uid {}): it was Pending, pinned to a lost node before the pin fell back to preferred terms; its StatefulSet creates it again without that pin",
         pod.name, pod.uid
     );
-    publish(pps, ctx, EventType::Warning, "StrandedPodDeleted", &note).await;
+    ctx.publish(
+        &pps.object_ref(&()),
+        ACTION,
+        EventType::Warning,
+        "StrandedPodDeleted",
+        &note,
+    )
+    .await;
     Ok(())
 }
 
 /// What the controller does after a failed reconcile: count it and retry with backoff.
 pub fn error_policy(pps: Arc<PersistentPodState>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
-    warn!(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = ?error.to_string(), kind = error.kind(), "reconcile failed; retrying");
+    warn!(pps = ?pps.name_any(), namespace = pps.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -197,7 +207,14 @@ async fn announce_conditions(
             continue;
         }
         if let Some(c) = status.condition(type_).filter(|c| c.status == bad) {
-            publish(pps, ctx, EventType::Warning, &c.reason, &c.message).await;
+            ctx.publish(
+                &pps.object_ref(&()),
+                ACTION,
+                EventType::Warning,
+                &c.reason,
+                &c.message,
+            )
+            .await;
         }
     }
 }
@@ -235,6 +252,7 @@ async fn write_status(
 }
 
 async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[RecordChange]) {
+    let regarding = pps.object_ref(&());
     let mut pruned = Vec::new();
     for change in changes {
         match change {
@@ -251,7 +269,8 @@ async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[Rec
                 info!(pod, from, to, "pin moved");
                 let note =
                     format!("pod {pod} became Ready on node {to}; its pin moved from node {from}");
-                publish(pps, ctx, EventType::Normal, "PinMoved", &note).await;
+                ctx.publish(&regarding, ACTION, EventType::Normal, "PinMoved", &note)
+                    .await;
             }
             RecordChange::Pruned { pod } => {
                 ctx.metrics.records_pruned.inc();
@@ -262,14 +281,28 @@ async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[Rec
                     "the StatefulSet was re-created (new UID); dropped {dropped} record(s) of the old one"
                 );
                 info!(dropped, "target replaced");
-                publish(pps, ctx, EventType::Normal, "TargetReplaced", &note).await;
+                ctx.publish(
+                    &regarding,
+                    ACTION,
+                    EventType::Normal,
+                    "TargetReplaced",
+                    &note,
+                )
+                .await;
             }
             RecordChange::Adopted { records } => {
                 let note = format!(
                     "the StatefulSet was re-created (new UID) and this PersistentPodState has {ADOPT_PERSISTENT_POD_STATE}: \"true\"; the new StatefulSet adopted {records} record(s), so its pods keep their nodes and held IPs"
                 );
                 info!(records, "records adopted by the re-created StatefulSet");
-                publish(pps, ctx, EventType::Normal, "RecordsAdopted", &note).await;
+                ctx.publish(
+                    &regarding,
+                    ACTION,
+                    EventType::Normal,
+                    "RecordsAdopted",
+                    &note,
+                )
+                .await;
             }
             RecordChange::FellBack { pod, node } => {
                 ctx.metrics.node_loss_fallbacks.inc();
@@ -277,12 +310,26 @@ async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[Rec
                 let note = format!(
                     "node {node} of pod {pod} is lost; the pod is now pinned by preferred terms only and may start elsewhere with a new IP"
                 );
-                publish(pps, ctx, EventType::Warning, "FellBackToPreferred", &note).await;
+                ctx.publish(
+                    &regarding,
+                    ACTION,
+                    EventType::Warning,
+                    "FellBackToPreferred",
+                    &note,
+                )
+                .await;
             }
             RecordChange::NodeRecovered { pod, node } => {
                 info!(pod, node, "node recovered");
                 let note = format!("node {node} of pod {pod} is Ready again; the full pin applies");
-                publish(pps, ctx, EventType::Normal, "NodeRecovered", &note).await;
+                ctx.publish(
+                    &regarding,
+                    ACTION,
+                    EventType::Normal,
+                    "NodeRecovered",
+                    &note,
+                )
+                .await;
             }
         }
     }
@@ -292,26 +339,13 @@ async fn publish_changes(pps: &PersistentPodState, ctx: &Context, changes: &[Rec
             "removed the records of {} (scaled down, pods gone)",
             pruned.join(", ")
         );
-        publish(pps, ctx, EventType::Normal, "RecordsPruned", &note).await;
-    }
-}
-
-/// Publishes an Event about `pps`; a failure is logged, never fails the reconcile.
-pub async fn publish(
-    pps: &PersistentPodState,
-    ctx: &Context,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &pps.object_ref(&())).await {
-        warn!(error = ?e.to_string(), reason, "failed to publish event");
+        ctx.publish(
+            &regarding,
+            ACTION,
+            EventType::Normal,
+            "RecordsPruned",
+            &note,
+        )
+        .await;
     }
 }

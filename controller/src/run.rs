@@ -1,6 +1,6 @@
-//! Running: check that the CRD is installed, wait for the leader lease, run the record and
-//! generate controllers and the lifecycle loop over the watches ([`crate::watches`]), and stop
-//! cleanly on shutdown or lost lease.
+//! Running: check that the CRD is installed, wait for the leader lease, run the watches
+//! ([`crate::watches`]) and the four loops they trigger (record, generate, lifecycle, admission
+//! plan), and stop cleanly on shutdown or lost lease.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,19 +9,17 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use ipkeep_daemon::preflight::PreflightError;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::Client;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::{debug, info, warn};
 
-use crate::caches::CachedPod;
 use crate::context::Context;
 use crate::http::Health;
 use crate::leader::{Election, LeaderError, LeaderSettings};
-use crate::{admission_plan, generate, lifecycle, pin_skipped, record, undecodable, watches};
+use crate::watches::{self, Watches};
+use crate::{admission_plan, generate, lifecycle, pending, pin_skipped, record, undecodable};
 
 /// How long the loops get to finish their reconciles in flight once asked to stop (within the
 /// process's own grace, `ipkeep_daemon::STOP_GRACE`, so the lease is released before it ends).
@@ -116,7 +114,7 @@ pub async fn run(
     };
     tokio::select! {
         () = run_controllers(client, &settings, &health, stopped) => {}
-        () = deadline => warn!(grace = ?LOOPS_GRACE, "reconciles still running {LOOPS_GRACE:?} after the stop; dropping them"),
+        () = deadline => warn!(grace = ?LOOPS_GRACE, "reconciles still running after the stop; dropping them"),
     }
     health.metrics.leader.set(0);
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -137,26 +135,18 @@ async fn run_controllers(
     health: &Arc<Health>,
     stop: impl Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let watches::Watches {
+    let Watches {
         caches,
-        pps,
-        statefulsets,
-        pods,
-        nodes,
-        relisted,
-        namespaces,
-        generate_by_pps,
-        generate: (generate_cache, generate_changes),
-        hooked: (hooked_cache, hooked_changes),
-        triggers,
-        pin_skipped: skipped,
-        plan_namespaces,
-        plan_sender,
-        undecodable,
-        regenerate,
+        record,
+        generate,
+        lifecycle,
+        plan,
+        announce,
+        run: watching,
     } = watches::open(
         &client,
         health.metrics.undecodable.gauge("PersistentPodState"),
+        stop.clone(),
     );
     *health.pps.lock().unwrap_or_else(|e| e.into_inner()) = Some(caches.pps.clone());
     let recorder = Recorder::new(
@@ -171,80 +161,41 @@ async fn run_controllers(
         caches.clone(),
         recorder,
         health.metrics.clone(),
-        plan_sender,
+        plan.sender,
     ));
-    let config = controller::Config::default()
+    let debounced = controller::Config::default()
         .concurrency(settings.concurrency)
         .debounce(settings.debounce);
 
-    let announce = pin_skipped::announce(ctx.clone(), skipped);
-    let announce_undecodable =
-        undecodable::announce(ctx.clone(), undecodable, regenerate, stop.clone());
-
-    let (by_sts, by_pod, by_node) = (caches.clone(), caches.clone(), caches.clone());
-    let record_loop = Controller::for_stream(pps, caches.pps.clone())
-        .watches_stream(statefulsets, move |sts: StatefulSet| {
-            by_sts.pps_targeting(&sts.namespace().unwrap_or_default(), &sts.name_any())
-        })
-        .watches_stream(pods, move |pod: CachedPod| by_pod.pps_for_pod(&pod))
-        .watches_stream(nodes, move |node: Node| by_node.pps_for_node(&node))
-        .reconcile_all_on(relisted)
-        .with_config(config.clone())
+    let record_loop = on(caches.pps.clone(), record.pps)
+        .reconcile_all_on(record.relisted.keys())
+        .with_config(debounced.clone())
         .graceful_shutdown_on(stop.clone())
         .run(record::reconcile, record::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(record::LOOP, result) });
 
-    // A PersistentPodState's change reconciles the StatefulSet that controls it and the one it
-    // targets (one written by hand makes a StatefulSet that only its namespace's label turned
-    // on stand aside); a namespace whose label changed reconciles every StatefulSet in it.
-    let in_namespace = generate_cache.clone();
-    let generate_loop = Controller::for_stream(generate_changes, generate_cache)
-        .reconcile_on(generate_by_pps)
-        .watches_stream(namespaces, move |ns: Namespace| {
-            let namespace = ns.name_any();
-            in_namespace
-                .state()
-                .into_iter()
-                .filter(|sts| sts.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                .map(|sts| ObjectRef::from_obj(sts.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .with_config(config)
+    let generate_loop = on(caches.statefulsets.clone(), generate)
+        .with_config(debounced.clone())
         .graceful_shutdown_on(stop.clone())
         .run(generate::reconcile, generate::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(generate::LOOP, result) });
 
-    // A pod with hooks is re-read when a change of its StatefulSet, its pods, its Node or its
-    // PersistentPodState may change its fate. No debounce: a pod's readiness waits on this
-    // loop, and one pod's events are few.
-    let hooked = hooked_cache.clone();
-    let triggered = triggers
-        .flat_map(move |t| futures::stream::iter(lifecycle::triggers::pods_for(&hooked, &t)));
-    let lifecycle_loop = Controller::for_stream(hooked_changes, hooked_cache)
-        .reconcile_on(triggered)
+    // No debounce: a pod's readiness waits on this loop, and one pod's events are few.
+    let lifecycle_loop = on(lifecycle.pods, lifecycle.changed)
         .with_config(controller::Config::default().concurrency(settings.concurrency))
         .graceful_shutdown_on(stop.clone())
         .run(lifecycle::reconcile, lifecycle::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(lifecycle::LOOP, result) });
 
-    // One namespace's admission plan at a time, coalesced like the record loop's triggers.
-    let plan_loop = Controller::for_stream(
-        futures::stream::empty::<Result<Namespace, kube::runtime::watcher::Error>>(),
-        caches.namespaces.clone(),
-    )
-    .reconcile_on(plan_namespaces)
-    .with_config(
-        controller::Config::default()
-            .concurrency(settings.concurrency)
-            .debounce(settings.debounce),
-    )
-    .graceful_shutdown_on(stop.clone())
-    .run(
-        admission_plan::reconcile,
-        admission_plan::error_policy,
-        ctx.clone(),
-    )
-    .for_each(|result| async move { log_result(admission_plan::LOOP, result) });
+    let plan_loop = on(caches.namespaces.clone(), plan.namespaces)
+        .with_config(debounced)
+        .graceful_shutdown_on(stop.clone())
+        .run(
+            admission_plan::reconcile,
+            admission_plan::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|result| async move { log_result(admission_plan::LOOP, result) });
 
     let mark_ready = {
         let health = health.clone();
@@ -256,14 +207,30 @@ async fn run_controllers(
         }
     };
     tokio::join!(
+        watching,
         record_loop,
         generate_loop,
         lifecycle_loop,
         plan_loop,
         mark_ready,
-        announce,
-        announce_undecodable
+        pin_skipped::announce(ctx.clone(), announce.pin_skipped, stop.clone()),
+        undecodable::announce(ctx.clone(), announce.undecodable, stop),
     );
+}
+
+/// A controller over the objects of `store` (a watch feeds it), reconciling those `triggers`
+/// name ([`watches`]).
+fn on<K>(store: Store<K>, triggers: pending::Receiver<ObjectRef<K>>) -> Controller<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Controller::for_stream(futures::stream::empty(), store).reconcile_on(triggers.keys())
 }
 
 fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
@@ -280,6 +247,6 @@ fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
             debug!(controller = loop_name, object = ?object.to_string(), "object gone before its reconcile")
         }
         Err(controller::Error::ReconcilerFailed(_, _)) => {} // logged by the error policy
-        Err(e) => warn!(controller = loop_name, error = ?e.to_string(), "controller stream error"),
+        Err(e) => warn!(controller = loop_name, error = %e, "controller stream error"),
     }
 }

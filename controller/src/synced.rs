@@ -1,5 +1,6 @@
 //! When the watch caches have their first full list: seen on the watch streams themselves (the
-//! `InitDone` that ends each first list), and told to any number of waiters.
+//! `InitDone` that ends each first list, once the store has it), and told to any number of
+//! waiters.
 //!
 //! kube-runtime's `Store::wait_until_ready` keeps one waker per store: with several futures
 //! waiting on the same store at once (the reconciles of three loops, each waiting for the
@@ -10,8 +11,6 @@
 
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
-use kube::runtime::watcher;
 use tokio::sync::watch;
 
 /// One watch stream whose first full list the caches wait for.
@@ -46,18 +45,10 @@ pub fn tracker() -> (Tracker, Synced) {
 }
 
 impl Tracker {
-    /// Passes `events` through, marking `cache` synced when its first list is done. A relist
-    /// later changes nothing: the store keeps serving the old objects meanwhile.
-    pub fn track<K, S>(&self, cache: Cache, events: S) -> impl Stream<Item = S::Item> + use<K, S>
-    where
-        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    {
-        let tracker = self.clone();
-        events.inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                tracker.0.send_modify(|synced| *synced |= cache as u8);
-            }
-        })
+    /// Marks `cache` synced: its first full list is in its store (call it once the store has
+    /// it). A relist later changes nothing: the store keeps serving the old objects meanwhile.
+    pub fn synced(&self, cache: Cache) {
+        self.0.send_modify(|synced| *synced |= cache as u8);
     }
 }
 
@@ -101,7 +92,7 @@ mod tests {
             Cache::Nodes,
             Cache::Namespaces,
         ] {
-            tracker.0.send_modify(|s| *s |= cache as u8);
+            tracker.synced(cache);
         }
         tokio::task::yield_now().await;
         assert!(!synced.now());
@@ -109,9 +100,7 @@ mod tests {
             synced.wait().now_or_never().is_none(),
             "one cache is missing"
         );
-        tracker
-            .0
-            .send_modify(|s| *s |= Cache::PersistentPodStates as u8);
+        tracker.synced(Cache::PersistentPodStates);
         for w in waiters {
             tokio::time::timeout(std::time::Duration::from_secs(5), w)
                 .await
@@ -128,7 +117,7 @@ mod tests {
     #[tokio::test]
     async fn kube_runtimes_store_readiness_loses_all_but_one_waiter() {
         use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::runtime::reflector;
+        use kube::runtime::{reflector, watcher};
         let (store, mut writer) = reflector::store::<ConfigMap>();
         let waiters: Vec<_> = (0..8)
             .map(|_| {

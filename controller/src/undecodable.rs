@@ -1,23 +1,25 @@
 //! `Undecodable` Events: a Warning on each PersistentPodState that ipkeep cannot decode, once
-//! per resource version (and again after the controller restarts), saying where and why and
-//! what ipkeep does meanwhile. Only the controller may write Events; the node agents and the
+//! per resource version (and again after the controller restarts; a version replaced before its
+//! Event went out gets none, its successor does), saying where and why and what ipkeep does
+//! meanwhile. Only the controller may write Events; the node agents and the
 //! scheduler extension count such objects and log them. Once one is deleted (or decodes
 //! again), the StatefulSet of its name is reconciled for auto-generation: it stood aside for
 //! the object, and nothing else tells it the object went.
 
+use std::future::Future;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
 use ipkeep_daemon::lenient::{Report, Undecodable};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::mpsc;
-use tracing::warn;
 
 use crate::context::Context;
+use crate::pending;
 
 /// The Event's reason.
 pub const REASON: &str = "Undecodable";
@@ -30,28 +32,35 @@ pub fn note(object: &Undecodable) -> String {
     )
 }
 
-/// Publishes an [`REASON`] Event for each object found, and sends the StatefulSet named like
-/// each one gone to `regenerate`, until `stop` resolves.
-pub async fn announce(
-    ctx: Arc<Context>,
-    mut reports: mpsc::UnboundedReceiver<Report>,
-    regenerate: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
-    stop: impl std::future::Future<Output = ()>,
-) {
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let report = tokio::select! {
-            report = reports.recv() => report,
-            () = &mut stop => None,
-        };
-        let object = match report {
-            None => return,
-            Some(Report::Gone(namespace, name)) => {
-                let _ = regenerate.send(ObjectRef::new(&name).within(&namespace));
-                continue;
-            }
-            Some(Report::Found(object)) => *object,
-        };
+/// The objects found undecodable, waiting for [`announce`], by namespace and name: the newest
+/// version found of each.
+pub type Found = pending::Receiver<(String, String), Box<Undecodable>>;
+
+/// Where the PersistentPodState watch's reports go: an object found to [`announce`], the
+/// StatefulSet named like one gone to the generate loop (`regenerate`).
+pub fn route(
+    found: pending::Sender<(String, String), Box<Undecodable>>,
+    regenerate: pending::Sender<ObjectRef<StatefulSet>>,
+) -> impl Fn(Report) + Send + Sync + 'static {
+    move |report| match report {
+        Report::Found(object) => {
+            let meta = &object.meta;
+            let key = (
+                meta.namespace.clone().unwrap_or_default(),
+                meta.name.clone().unwrap_or_default(),
+            );
+            found.send(key, object);
+        }
+        Report::Gone(namespace, name) => {
+            regenerate.trigger(ObjectRef::new(&name).within(&namespace));
+        }
+    }
+}
+
+/// Publishes an [`REASON`] Event for each object found, until `stop` resolves.
+pub async fn announce(ctx: Arc<Context>, found: Found, stop: impl Future<Output = ()>) {
+    let mut found = std::pin::pin!(found.take_until(stop));
+    while let Some((_, object)) = found.next().await {
         let meta = &object.meta;
         let reference = ObjectReference {
             api_version: Some(PersistentPodState::api_version(&()).into_owned()),
@@ -62,15 +71,13 @@ pub async fn announce(
             resource_version: meta.resource_version.clone(),
             ..ObjectReference::default()
         };
-        let event = Event {
-            type_: EventType::Warning,
-            reason: REASON.into(),
-            note: Some(note(&object).chars().take(1000).collect()),
-            action: "Decode".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            warn!(error = ?e.to_string(), reason = REASON, "failed to publish event");
-        }
+        ctx.publish(
+            &reference,
+            "Decode",
+            EventType::Warning,
+            REASON,
+            &note(&object),
+        )
+        .await;
     }
 }

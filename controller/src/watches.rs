@@ -1,84 +1,108 @@
-//! The watch wiring: every watch the controller opens, its reflector (the cache the reconciles
-//! read), its trimming and its change filter, ready for the three loops in [`crate::run`].
+//! The watches: one per kind, each feeding its cache and then, event by event, every loop the
+//! change concerns. What a loop is to reconcile waits in a [`pending`] set of keys: coalesced,
+//! never dropped, and a watch never waits for a loop.
 //!
-//! Eight watch streams over four kinds:
-//! - PersistentPodStates: the record loop's own objects; each change also reaches the generate
-//!   loop (the StatefulSets it concerns) and the lifecycle loop (its hooks);
-//! - StatefulSets, pods and nodes for the record loop, each filtered to changes of what
-//!   recording reads ([`caches`]); a completed re-list of any of them reconciles every
-//!   PersistentPodState again (deletions during the gap are never delivered);
-//! - namespaces, for the generate loop (their auto-generation label);
-//! - StatefulSets again for the generate loop: it needs their annotations, which the record
-//!   loop's cache drops, and a StatefulSet's deletion must reach the record loop through the
-//!   cache that loop reads;
-//! - pods with lifecycle hooks for the lifecycle loop (their labels and the gate's condition,
-//!   which the record loop's pod cache drops).
+//! - PersistentPodStates ([`Caches::pps`], listed in small pages and decoded one by one by
+//!   `ipkeep_daemon::lenient`: one that does not decode is left out of the cache, named in
+//!   [`Caches::undecodable_pps`] and announced, [`crate::undecodable`]). Each one applied is
+//!   recorded; applied or deleted, the StatefulSets it concerns are generated
+//!   ([`caches::statefulsets_of_pps`]); its spec changed, its target's pods with hooks are
+//!   reconciled; deleted, its namespace's admission plan is written again.
+//! - StatefulSets ([`Caches::statefulsets`], trimmed). Each change is generated; a change of what
+//!   recording reads records the PersistentPodStates targeting it; of what the hooks read, its
+//!   pods with hooks are reconciled.
+//! - StatefulSet pods (labelled `statefulset.kubernetes.io/pod-name`, decoded as [`CachedPod`]),
+//!   cached trimmed for recording ([`Caches::pods`]) and, those with a lifecycle state, apart for
+//!   the lifecycle loop ([`lifecycle::hooked`]; every pod with hooks is a StatefulSet pod). A
+//!   change of what recording reads records its StatefulSet's PersistentPodStates and, marked
+//!   `pin-skipped`, is announced ([`pin_skipped`]); a change of what the hooks read reconciles the
+//!   pod and its StatefulSet's pods with hooks.
+//! - Nodes ([`Caches::nodes`], trimmed): a change of labels or readiness records the
+//!   PersistentPodStates with a record or a pod there; cordoned, its pods with hooks are
+//!   reconciled.
+//! - Namespaces ([`Caches::namespaces`], trimmed to the auto-generation label): its label
+//!   changed, its StatefulSets are generated. Each admission plan is a namespace's.
 //!
-//! The four watches of the record loop and the namespaces are tracked ([`synced`]: no
-//! reconcile runs before their first full list) and, but the namespaces, tapped for the
-//! lifecycle loop ([`Tap`]: a change that may change a hooked pod's fate).
-//!
-//! PersistentPodStates are listed in small pages and decoded one by one
-//! (`ipkeep_daemon::lenient`): one that does not decode is left out of the cache (so it is
-//! neither recorded nor generated over), named in [`Caches::undecodable_pps`], and reported
-//! ([`Watches::undecodable`]) for a Warning Event on it.
+//! A completed re-list of the StatefulSets, pods or nodes records every PersistentPodState again
+//! (deletions during the gap are never delivered). No reconcile runs before every watch had its
+//! first full list ([`synced`]), and each loop's controller runtime runs on a store no other
+//! waits for (kube-runtime wakes only one waiter of a store).
 
-use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
+use std::future::Future;
+use std::pin::pin;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
-use ipkeep_daemon::lenient::{self, Lenient, Report, Undecodables};
+use ipkeep_daemon::lenient::{self, Lenient, Undecodables};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::ResourceExt;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector, store::Writer};
+use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::mpsc;
+use tracing::warn;
 
-use crate::caches::{self, CachedPod, Caches};
-use crate::lifecycle::triggers::{Tap, Trigger};
-use crate::{lifecycle, pin_skipped, synced};
+use crate::caches::{self, CachedPod, Caches, Changes};
+use crate::lifecycle::triggers::{self, Tap, Trigger};
+use crate::pending::{self, Receiver, Sender};
+use crate::synced::{Cache, Tracker};
+use crate::{lifecycle, pin_skipped, synced, undecodable};
 
-/// Objects of kind `K` whose decision inputs changed (or that were deleted).
-pub type Changes<K> = BoxStream<'static, Result<K, watcher::Error>>;
-
-/// Every watch, opened (they start with the loops that poll them).
+/// Every watch, opened (they run in [`Watches::run`]), and what each loop is to reconcile.
 pub struct Watches {
     /// The caches the reconciles read.
     pub caches: Caches,
-    /// PersistentPodStates, for the record loop.
-    pub pps: Changes<PersistentPodState>,
-    /// StatefulSets whose recording inputs changed.
-    pub statefulsets: Changes<StatefulSet>,
-    /// Pods whose recording inputs changed.
-    pub pods: Changes<CachedPod>,
-    /// Nodes whose labels or readiness changed.
-    pub nodes: Changes<Node>,
-    /// A completed re-list of the StatefulSets, pods or nodes.
-    pub relisted: BoxStream<'static, ()>,
-    /// Namespaces whose auto-generation label changed.
-    pub namespaces: Changes<Namespace>,
-    /// The StatefulSets a PersistentPodState change concerns for auto-generation, sent once the
-    /// record loop's cache has the change.
-    pub generate_by_pps: BoxStream<'static, ObjectRef<StatefulSet>>,
-    /// The generate loop's StatefulSets (whole annotations) and their cache.
-    pub generate: (Store<StatefulSet>, Changes<StatefulSet>),
-    /// Pods with lifecycle hooks whose hook inputs changed, and their cache.
-    pub hooked: (Store<Pod>, Changes<Pod>),
-    /// Changes of anything a hooked pod's fate reads.
-    pub triggers: BoxStream<'static, Trigger>,
-    /// Pods the webhook marked with a skipped pin, for [`pin_skipped::announce`].
-    pub pin_skipped: mpsc::UnboundedReceiver<CachedPod>,
-    /// Namespaces whose admission plan is to be written again: a PersistentPodState of it was
-    /// deleted, or (through `plan_sender`) a plan of it changed.
-    pub plan_namespaces: BoxStream<'static, ObjectRef<Namespace>>,
-    /// The sender of `plan_namespaces`, for the record loop.
-    pub plan_sender: mpsc::UnboundedSender<ObjectRef<Namespace>>,
-    /// PersistentPodStates found undecodable (once per resource version) or gone from that
-    /// set, for [`crate::undecodable::announce`].
-    pub undecodable: mpsc::UnboundedReceiver<Report>,
-    /// Reconciles a StatefulSet in the generate loop.
-    pub regenerate: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
+    /// The record loop's.
+    pub record: RecordTriggers,
+    /// The generate loop's: StatefulSets.
+    pub generate: Receiver<ObjectRef<StatefulSet>>,
+    /// The lifecycle loop's.
+    pub lifecycle: LifecycleTriggers,
+    /// The admission plan loop's.
+    pub plan: PlanTriggers,
+    /// What to announce in Events.
+    pub announce: Announcements,
+    /// Runs every watch until the stop given to [`open`].
+    pub run: BoxFuture<'static, ()>,
+}
+
+/// What the record loop is to reconcile.
+#[derive(Debug)]
+pub struct RecordTriggers {
+    /// These PersistentPodStates.
+    pub pps: Receiver<ObjectRef<PersistentPodState>>,
+    /// Every PersistentPodState: a watch it reads was re-listed.
+    pub relisted: Receiver<()>,
+}
+
+/// The lifecycle loop's pods and what of them it is to reconcile.
+#[derive(Debug)]
+pub struct LifecycleTriggers {
+    /// Pods with a lifecycle state, trimmed ([`lifecycle::hooked`]).
+    pub pods: Store<Pod>,
+    /// These pods.
+    pub changed: Receiver<ObjectRef<Pod>>,
+}
+
+/// Which namespaces' admission plans are to be written again.
+#[derive(Debug)]
+pub struct PlanTriggers {
+    /// These.
+    pub namespaces: Receiver<ObjectRef<Namespace>>,
+    /// For the record loop, which decides the plans ([`crate::context::Context::plan_namespace`]).
+    pub sender: Sender<ObjectRef<Namespace>>,
+}
+
+/// What to publish Events about.
+#[derive(Debug)]
+pub struct Announcements {
+    /// Pods marked `pin-skipped` ([`pin_skipped::announce`]).
+    pub pin_skipped: Receiver<ObjectRef<CachedPod>>,
+    /// PersistentPodStates that do not decode ([`undecodable::announce`]).
+    pub undecodable: undecodable::Found,
 }
 
 impl std::fmt::Debug for Watches {
@@ -87,179 +111,383 @@ impl std::fmt::Debug for Watches {
     }
 }
 
-/// Opens every watch; `undecodable` counts the PersistentPodStates left out of the cache.
-pub fn open(client: &Client, undecodable: Gauge) -> Watches {
-    let (tracker, synced) = synced::tracker();
-    let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
-    let (relisted_tx, relisted_rx) = mpsc::unbounded_channel();
+/// The sending sides, shared by the watches.
+#[derive(Clone)]
+struct Senders {
+    record: Sender<ObjectRef<PersistentPodState>>,
+    relisted: Sender<()>,
+    generate: Sender<ObjectRef<StatefulSet>>,
+    lifecycle: Sender<ObjectRef<Pod>>,
+    plan: Sender<ObjectRef<Namespace>>,
+    pin_skipped: Sender<ObjectRef<CachedPod>>,
+}
 
-    let (pps_reader, pps_writer) = reflector::store();
-    let (generate_tx, generate_rx) = mpsc::unbounded_channel();
-    let (plan_tx, plan_rx) = mpsc::unbounded_channel();
-    let plan_on_delete = plan_tx.clone();
-    let (undecodable_pps, undecodable_rx) =
-        Undecodables::new("PersistentPodState", undecodable).reported();
-    let pps = tracker
-        .track(
-            synced::Cache::PersistentPodStates,
-            reflector(
-                pps_writer,
-                lenient::sorted(
-                    watcher(
-                        Api::<Lenient<PersistentPodState>>::all(client.clone()),
-                        watcher::Config::default()
-                            .any_semantic()
-                            .page_size(lenient::PAGE_SIZE),
-                    )
-                    .default_backoff(),
-                    pps_reader.clone(),
-                    undecodable_pps.clone(),
-                ),
-            ),
-        )
-        .inspect(Tap::inspector(&trigger_tx))
-        .inspect(caches::statefulsets_of_pps_events(generate_tx.clone()))
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(pps)) = event
-                && let Some(namespace) = pps.metadata.namespace.as_deref()
-            {
-                let _ = plan_on_delete.send(ObjectRef::new(namespace));
-            }
-        })
-        .applied_objects();
-
-    let (sts_reader, sts_writer) = reflector::store();
-    let sts_events = tracker
-        .track(
-            synced::Cache::StatefulSets,
-            reflector(sts_writer, statefulset_watch(client)),
-        )
-        .inspect(Tap::inspector(&trigger_tx));
-    let statefulsets = caches::changed_objects(
-        sts_events,
-        caches::statefulset_fingerprint,
-        relisted_tx.clone(),
-    );
-
-    let (pod_reader, pod_writer) = reflector::store();
-    let pod_events = tracker
-        .track(
-            synced::Cache::Pods,
-            reflector(
-                pod_writer,
-                watcher(
-                    Api::<CachedPod>::all(client.clone()),
-                    caches::pod_watch_config(),
-                )
-                .default_backoff()
-                .modify(caches::trim_pod),
-            ),
-        )
-        .inspect(Tap::inspector(&trigger_tx));
-    let (skipped_tx, skipped_rx) = mpsc::unbounded_channel();
-    let pods = caches::changed_objects(pod_events, caches::pod_fingerprint, relisted_tx.clone())
-        .inspect(move |pod| {
-            if let Ok(pod) = pod {
-                pin_skipped::forward(pod, &skipped_tx);
-            }
-        });
-
-    let (node_reader, node_writer) = reflector::store();
-    let node_events = tracker
-        .track(
-            synced::Cache::Nodes,
-            reflector(
-                node_writer,
-                watcher(
-                    Api::<Node>::all(client.clone()),
-                    watcher::Config::default().any_semantic(),
-                )
-                .default_backoff()
-                .modify(caches::trim_node),
-            ),
-        )
-        .inspect(Tap::inspector(&trigger_tx));
-    let nodes = caches::changed_objects(node_events, caches::node_fingerprint, relisted_tx);
-
-    // A re-list of the namespaces needs no full reconcile: it re-delivers every namespace, and
-    // a changed label passes the filter.
-    let (namespace_reader, namespace_writer) = reflector::store();
-    let (namespaces_relisted, _) = mpsc::unbounded_channel();
-    let namespaces = caches::changed_objects(
-        tracker.track(
-            synced::Cache::Namespaces,
-            reflector(
-                namespace_writer,
-                watcher(
-                    Api::<Namespace>::all(client.clone()),
-                    watcher::Config::default().any_semantic(),
-                )
-                .default_backoff()
-                .modify(caches::trim_namespace),
-            ),
-        ),
-        caches::namespace_fingerprint,
-        namespaces_relisted,
-    );
-    drop(tracker);
-
-    // The generate loop's own cache of trimmed StatefulSets (a StatefulSet as k8s-openapi
-    // decodes it is 2.5 KiB before its pod template's fields).
-    let (generate_reader, generate_writer) = reflector::store();
-    let generate = reflector(generate_writer, statefulset_watch(client)).applied_objects();
-
-    let (hooked_reader, hooked_writer) = reflector::store();
-    let (hooked_relisted, _) = mpsc::unbounded_channel();
-    let hooked = lifecycle::changes(
-        reflector(
-            hooked_writer,
-            watcher(Api::<Pod>::all(client.clone()), lifecycle::watch_config())
-                .default_backoff()
-                .modify(lifecycle::trim),
-        ),
-        hooked_relisted,
-    );
-
-    Watches {
-        caches: Caches {
-            statefulsets: sts_reader,
-            pods: pod_reader,
-            nodes: node_reader,
-            pps: pps_reader,
-            undecodable_pps,
-            namespaces: namespace_reader,
-            synced,
-        },
-        pps: pps.boxed(),
-        statefulsets: statefulsets.boxed(),
-        pods: pods.boxed(),
-        nodes: nodes.boxed(),
-        relisted: receiver(relisted_rx),
-        namespaces: namespaces.boxed(),
-        generate_by_pps: receiver(generate_rx),
-        generate: (generate_reader, generate.boxed()),
-        hooked: (hooked_reader, hooked.boxed()),
-        triggers: receiver(trigger_rx),
-        pin_skipped: skipped_rx,
-        plan_namespaces: receiver(plan_rx),
-        plan_sender: plan_tx,
-        undecodable: undecodable_rx,
-        regenerate: generate_tx,
+impl Senders {
+    /// Reconciles the pods with hooks `trigger` concerns.
+    fn hooked(&self, hooked: &Store<Pod>, trigger: Option<Trigger>) {
+        for pod in trigger.iter().flat_map(|t| triggers::pods_for(hooked, t)) {
+            self.lifecycle.trigger(pod);
+        }
     }
 }
 
-/// Every StatefulSet, trimmed ([`caches::trim_statefulset`]).
-fn statefulset_watch(
+/// Opens every watch, to run until `stop`; `undecodable` counts the PersistentPodStates left
+/// out of the cache.
+pub fn open(
     client: &Client,
-) -> impl Stream<Item = Result<watcher::Event<StatefulSet>, watcher::Error>> + use<> {
-    watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default().any_semantic(),
-    )
-    .default_backoff()
-    .modify(caches::trim_statefulset)
+    undecodable: Gauge,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Watches {
+    let (record, record_rx) = pending::channel();
+    let (relisted, relisted_rx) = pending::channel();
+    let (generate, generate_rx) = pending::channel();
+    let (lifecycle, lifecycle_rx) = pending::channel();
+    let (plan, plan_rx) = pending::channel();
+    let (pin_skipped, pin_skipped_rx) = pending::channel();
+    let (found, found_rx) = pending::channel();
+    let to = Senders {
+        record,
+        relisted,
+        generate,
+        lifecycle,
+        plan,
+        pin_skipped,
+    };
+    let (tracker, synced) = synced::tracker();
+    let (pps, pps_writer) = reflector::store();
+    let (statefulsets, sts_writer) = reflector::store();
+    let (pods, pod_writer) = reflector::store();
+    let (nodes, node_writer) = reflector::store();
+    let (namespaces, namespace_writer) = reflector::store();
+    let (hooked, hooked_writer) = reflector::store();
+    let caches = Caches {
+        pps,
+        statefulsets,
+        pods,
+        nodes,
+        namespaces,
+        undecodable_pps: Undecodables::new("PersistentPodState", undecodable)
+            .reported(undecodable::route(found, to.generate.clone())),
+        synced,
+    };
+    let watching = futures::future::join5(
+        watch_pps(client, pps_writer, &caches, &hooked, &to, &tracker),
+        watch_statefulsets(client, sts_writer, &caches, &hooked, &to, &tracker),
+        watch_pods(client, (pod_writer, hooked_writer), &caches, &to, &tracker),
+        watch_nodes(client, node_writer, &caches, &hooked, &to, &tracker),
+        watch_namespaces(client, namespace_writer, &caches, &to, &tracker),
+    );
+    let run = async move {
+        tokio::select! {
+            _ = watching => {}
+            () = stop => {}
+        }
+    };
+    Watches {
+        caches,
+        record: RecordTriggers {
+            pps: record_rx,
+            relisted: relisted_rx,
+        },
+        generate: generate_rx,
+        lifecycle: LifecycleTriggers {
+            pods: hooked,
+            changed: lifecycle_rx,
+        },
+        plan: PlanTriggers {
+            namespaces: plan_rx,
+            sender: to.plan.clone(),
+        },
+        announce: Announcements {
+            pin_skipped: pin_skipped_rx,
+            undecodable: found_rx,
+        },
+        run: run.boxed(),
+    }
 }
 
-fn receiver<T: Send + 'static>(mut rx: mpsc::UnboundedReceiver<T>) -> BoxStream<'static, T> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+/// Hands every event of `events` to `fan_out` until the stream ends (a watch that fails is
+/// retried with backoff; its errors are logged).
+async fn drive<K>(
+    kind: &'static str,
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+    mut fan_out: impl FnMut(Event<K>),
+) {
+    let mut events = pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => fan_out(event),
+            Err(e) => warn!(kind, error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+fn watch_pps(
+    client: &Client,
+    writer: Writer<PersistentPodState>,
+    caches: &Caches,
+    hooked: &Store<Pod>,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let events = reflector(
+        writer,
+        lenient::sorted(
+            watcher(
+                Api::<Lenient<PersistentPodState>>::all(client.clone()),
+                watcher::Config::default()
+                    .any_semantic()
+                    .page_size(lenient::PAGE_SIZE),
+            )
+            .default_backoff(),
+            caches.pps.clone(),
+            caches.undecodable_pps.clone(),
+        ),
+    );
+    let (hooked, to, tracker) = (hooked.clone(), to.clone(), tracker.clone());
+    let mut tap = Tap::new();
+    drive("PersistentPodState", events, move |event| {
+        match &event {
+            Event::Apply(pps) | Event::InitApply(pps) => {
+                to.record.trigger(ObjectRef::from_obj(pps));
+                caches::statefulsets_of_pps(pps)
+                    .into_iter()
+                    .for_each(|s| to.generate.trigger(s));
+            }
+            Event::Delete(pps) => {
+                caches::statefulsets_of_pps(pps)
+                    .into_iter()
+                    .for_each(|s| to.generate.trigger(s));
+                if let Some(namespace) = pps.metadata.namespace.as_deref() {
+                    to.plan.trigger(ObjectRef::new(namespace));
+                }
+            }
+            Event::InitDone => tracker.synced(Cache::PersistentPodStates),
+            Event::Init => {}
+        }
+        to.hooked(&hooked, tap.trigger(&event));
+    })
+}
+
+fn watch_statefulsets(
+    client: &Client,
+    writer: Writer<StatefulSet>,
+    caches: &Caches,
+    hooked: &Store<Pod>,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let events = reflector(
+        writer,
+        watcher(
+            Api::<StatefulSet>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(caches::trim_statefulset),
+    );
+    let (caches, hooked, to, tracker) =
+        (caches.clone(), hooked.clone(), to.clone(), tracker.clone());
+    let (mut recorded, mut tap) = (Changes::new(caches::statefulset_fingerprint), Tap::new());
+    drive("StatefulSet", events, move |event| {
+        if matches!(event, Event::InitDone) {
+            tracker.synced(Cache::StatefulSets);
+            to.relisted.trigger(());
+        }
+        if let Some(sts) = recorded.changed(&event) {
+            let namespace = sts.namespace().unwrap_or_default();
+            for pps in caches.pps_targeting(&namespace, &sts.name_any()) {
+                to.record.trigger(pps);
+            }
+        }
+        if let Event::Apply(sts) | Event::InitApply(sts) = &event {
+            to.generate.trigger(ObjectRef::from_obj(sts));
+        }
+        to.hooked(&hooked, tap.trigger(&event));
+    })
+}
+
+fn watch_pods(
+    client: &Client,
+    (mut writer, mut hooked_writer): (Writer<CachedPod>, Writer<Pod>),
+    caches: &Caches,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let events = watcher(
+        Api::<CachedPod>::all(client.clone()),
+        caches::pod_watch_config(),
+    )
+    .default_backoff();
+    let (caches, to, tracker) = (caches.clone(), to.clone(), tracker.clone());
+    let hooked = hooked_writer.as_reader();
+    let mut recorded = Changes::new(caches::pod_fingerprint);
+    let mut tap = Tap::new();
+    let mut hooks_read = Changes::new(lifecycle::fingerprint);
+    drive("Pod", events, move |event| {
+        if let Some(event) = hooked_event(&event, &hooked) {
+            hooked_writer.apply_watcher_event(&event);
+            if let Some(pod) = hooks_read.changed(&event) {
+                to.lifecycle.trigger(ObjectRef::from_obj(pod));
+            }
+        }
+        let event = event.modify(caches::trim_pod);
+        writer.apply_watcher_event(&event);
+        if matches!(event, Event::InitDone) {
+            tracker.synced(Cache::Pods);
+            to.relisted.trigger(());
+        }
+        if let Some(pod) = recorded.changed(&event) {
+            for pps in caches.pps_for_pod(pod) {
+                to.record.trigger(pps);
+            }
+            if let Some(pod) = pin_skipped::to_announce(pod) {
+                to.pin_skipped.trigger(pod);
+            }
+        }
+        to.hooked(&hooked, tap.trigger(&event));
+    })
+}
+
+/// What of a pod watch event concerns the lifecycle loop's pods ([`lifecycle::hooked`]): a pod
+/// with a lifecycle state comes and changes, and goes when deleted or its state label goes.
+fn hooked_event(event: &Event<CachedPod>, hooked: &Store<Pod>) -> Option<Event<Pod>> {
+    let cached = |pod: &CachedPod| {
+        let at = ObjectRef::new(&pod.name_any()).within(&pod.namespace().unwrap_or_default());
+        hooked.get(&at).map(|p| Pod::clone(&p))
+    };
+    match event {
+        Event::Init => Some(Event::Init),
+        Event::InitDone => Some(Event::InitDone),
+        Event::InitApply(pod) => lifecycle::hooked(pod).map(Event::InitApply),
+        Event::Apply(pod) => match lifecycle::hooked(pod) {
+            Some(hooked) => Some(Event::Apply(hooked)),
+            None => cached(pod).map(Event::Delete),
+        },
+        Event::Delete(pod) => lifecycle::hooked(pod)
+            .or_else(|| cached(pod))
+            .map(Event::Delete),
+    }
+}
+
+fn watch_nodes(
+    client: &Client,
+    writer: Writer<Node>,
+    caches: &Caches,
+    hooked: &Store<Pod>,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let events = reflector(
+        writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(caches::trim_node),
+    );
+    let (caches, hooked, to, tracker) =
+        (caches.clone(), hooked.clone(), to.clone(), tracker.clone());
+    let (mut recorded, mut tap) = (Changes::new(caches::node_fingerprint), Tap::new());
+    drive("Node", events, move |event| {
+        if matches!(event, Event::InitDone) {
+            tracker.synced(Cache::Nodes);
+            to.relisted.trigger(());
+        }
+        if let Some(node) = recorded.changed(&event) {
+            for pps in caches.pps_for_node(node) {
+                to.record.trigger(pps);
+            }
+        }
+        to.hooked(&hooked, tap.trigger(&event));
+    })
+}
+
+/// A re-list of the namespaces needs no full reconcile: it re-delivers every namespace, and a
+/// changed label passes the filter.
+fn watch_namespaces(
+    client: &Client,
+    writer: Writer<Namespace>,
+    caches: &Caches,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let events = reflector(
+        writer,
+        watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(caches::trim_namespace),
+    );
+    let (caches, to, tracker) = (caches.clone(), to.clone(), tracker.clone());
+    let mut labelled = Changes::new(caches::namespace_fingerprint);
+    drive("Namespace", events, move |event| {
+        if matches!(event, Event::InitDone) {
+            tracker.synced(Cache::Namespaces);
+        }
+        if let Some(namespace) = labelled.changed(&event) {
+            for sts in caches.statefulsets_in(&namespace.name_any()) {
+                to.generate.trigger(sts);
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use ipkeep_values::keys::STATE_LABEL;
+
+    fn pod(name: &str, state: Option<&str>) -> CachedPod {
+        let mut labels = serde_json::json!({"statefulset.kubernetes.io/pod-name": name});
+        if let Some(state) = state {
+            labels[STATE_LABEL] = state.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "prod", "labels": labels},
+        }))
+        .unwrap()
+    }
+
+    /// The lifecycle loop's cache, fed from the one pod watch, holds a pod while it has a
+    /// lifecycle state, as a watch of those pods alone would: a re-list finds only those, and a
+    /// pod that loses the label leaves.
+    #[test]
+    fn a_pod_is_the_lifecycle_loops_while_it_has_a_lifecycle_state() {
+        let (hooked, mut writer) = reflector::store::<Pod>();
+        let mut feed = |event: Event<CachedPod>| {
+            if let Some(event) = hooked_event(&event, &hooked) {
+                writer.apply_watcher_event(&event);
+            }
+        };
+        let names = |store: &Store<Pod>| {
+            let mut names: Vec<String> = store.state().iter().map(|p| p.name_any()).collect();
+            names.sort();
+            names
+        };
+        feed(Event::Init);
+        feed(Event::InitApply(pod("db-0", None)));
+        feed(Event::InitApply(pod("db-1", Some("Normal"))));
+        feed(Event::InitDone);
+        assert_eq!(names(&hooked), ["db-1"]);
+        feed(Event::Apply(pod("db-0", Some("PreparingNormal"))));
+        assert_eq!(names(&hooked), ["db-0", "db-1"]);
+        feed(Event::Apply(pod("db-0", None)));
+        assert_eq!(names(&hooked), ["db-1"], "the label went");
+        feed(Event::Apply(pod("db-2", None)));
+        feed(Event::Delete(pod("db-2", None)));
+        assert_eq!(names(&hooked), ["db-1"]);
+        feed(Event::Delete(pod("db-1", Some("Normal"))));
+        assert!(names(&hooked).is_empty());
+        // A re-list replaces what the cache holds.
+        feed(Event::Apply(pod("db-3", Some("Normal"))));
+        feed(Event::Init);
+        feed(Event::InitApply(pod("db-4", Some("Normal"))));
+        feed(Event::InitDone);
+        assert_eq!(names(&hooked), ["db-4"]);
+    }
 }

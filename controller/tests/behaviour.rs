@@ -618,12 +618,13 @@ async fn object_text_cannot_forge_log_lines() {
     }
     let captured = Captured::default();
     let writer = captured.clone();
-    // The binaries' plain format, without colours. A current-thread runtime: every task the
-    // controller spawns logs through this subscriber.
+    // The binaries' plain format (ipkeep_daemon::init_logging), without colours. A
+    // current-thread runtime: every task the controller spawns logs through this subscriber.
     let _logs = tracing::subscriber::set_default(
         tracing_subscriber::fmt()
             .with_env_filter("warn")
             .with_ansi(false)
+            .fmt_fields(ipkeep_daemon::OneLineFields::default())
             .with_writer(move || writer.clone())
             .finish(),
     );

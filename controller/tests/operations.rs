@@ -79,6 +79,57 @@ async fn two_replicas_taking_a_free_lease_at_once_do_not_both_win() {
     );
 }
 
+/// Watches open on kube-apiserver, by resource (`apiserver_longrunning_requests`).
+fn open_watches(c: &Cluster) -> std::collections::BTreeMap<String, i64> {
+    let metrics = c.server.kubectl().run(&["get", "--raw", "/metrics"]);
+    let mut by_resource = std::collections::BTreeMap::new();
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("apiserver_longrunning_requests{") && l.contains(r#"verb="WATCH""#)
+    }) {
+        let resource = line.split(r#"resource=""#).nth(1).unwrap();
+        let resource = resource.split('"').next().unwrap().to_string();
+        let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *by_resource.entry(resource).or_default() += count as i64;
+    }
+    by_resource
+}
+
+/// However many loops read a kind, the controller watches it once: PersistentPodStates,
+/// StatefulSets, StatefulSet pods, nodes and namespaces.
+#[tokio::test]
+async fn one_watch_per_kind() {
+    let Some(c) = cluster().await else { return };
+    let before = open_watches(&c);
+    let ctl = start_controller(&c.client, None, "c1");
+    let expected: std::collections::BTreeMap<String, i64> = [
+        "namespaces",
+        "nodes",
+        "persistentpodstates",
+        "pods",
+        "statefulsets",
+    ]
+    .into_iter()
+    .map(|r| (r.to_string(), 1))
+    .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let opened: std::collections::BTreeMap<String, i64> = open_watches(&c)
+            .into_iter()
+            .map(|(r, n)| (r.clone(), n - before.get(&r).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n != 0)
+            .collect();
+        if opened == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller's watches by resource: {opened:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    ctl.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn only_the_leader_writes_and_the_standby_takes_over() {
     let Some(c) = cluster().await else { return };

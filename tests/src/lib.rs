@@ -476,3 +476,4 @@ pub mod pki;
 pub mod prometheus;
 pub mod promql;
 pub mod store;
+pub mod workload;

@@ -70,18 +70,18 @@ const CASES: &[Case] = &[
         probes: false,
     },
     Case {
-        name: "140 silent TCP connections",
-        start: |ext| attacks::silent_tcp(ext.https, 140),
+        name: "300 silent TCP connections",
+        start: |ext| attacks::silent_tcp(ext.https, 300),
         probes: false,
     },
     Case {
-        name: "16 HTTP/2 connections x 64 streams declaring 4 MiB",
-        start: |ext| attacks::http2_streams(ext.https, &ext.ca, 16, 64, 4 * MIB),
+        name: "16 HTTP/2 connections x 128 streams declaring 4 MiB",
+        start: |ext| attacks::http2_streams(ext.https, &ext.ca, 16, 128, 4 * MIB),
         probes: false,
     },
     Case {
-        name: "130 idle TLS HTTP/1.1 connections",
-        start: |ext| attacks::idle_tls_http1(ext.https, &ext.ca, 130),
+        name: "260 idle TLS HTTP/1.1 connections",
+        start: |ext| attacks::idle_tls_http1(ext.https, &ext.ca, 260),
         probes: false,
     },
     Case {

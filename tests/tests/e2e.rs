@@ -398,7 +398,7 @@ fn the_nodes_run_the_chosen_kubernetes(state: &std::path::Path) {
 /// missed-DEL grace cut to 5 s, a static pod on node-1 keeps its address through several
 /// sweeps, and removing its manifest frees it (the DEL arrives). Two things protect it here:
 /// the mirror mapping and the sweep's check that the sandbox's network namespace is gone; this
-/// step passes without the mapping (checked), so `controller/tests/agent.rs` isolates it.
+/// step passes without the mapping (checked), so `tests/tests/agent_kubernetes.rs` isolates it.
 fn a_static_pod_keeps_its_address(state: &std::path::Path) {
     use ipkeep_tests::cluster::wait_until;
     use std::time::Duration;

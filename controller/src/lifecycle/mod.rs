@@ -18,9 +18,10 @@
 //!   again and decides again; the deletion has the pod's UID and resource version as
 //!   preconditions, so a pod that changed meanwhile is decided again, not deleted.
 //!
-//! Pods are watched on their own (only those with the label, trimmed to what the decision
-//! reads); a pod event that changes none of it reconciles nothing. Changes of StatefulSets,
-//! their other pods, Nodes and PersistentPodStates reach it through [`triggers`].
+//! Its pods come from the controller's one pod watch (those with the label, [`hooked`], cached
+//! apart and trimmed to what the decision reads); a pod event that changes none of it
+//! reconciles nothing. Changes of StatefulSets, their other pods, Nodes and PersistentPodStates
+//! reach it through [`triggers`].
 
 pub mod fate;
 pub mod triggers;
@@ -28,7 +29,6 @@ pub mod triggers;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::Stream;
 use ipkeep_api::PersistentPodState;
 use ipkeep_placement::ipkeep_lifecycle::{
     self as lifecycle, Fate, Going, Lifecycle, PodFacts, State, Wanted,
@@ -40,30 +40,44 @@ use ipkeep_values::keys::{
     HELD_ANNOTATION, HELD_CONDITION, READINESS_GATE, SINCE_ANNOTATION, STATE_LABEL,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use tracing::{info, warn};
 
-use crate::caches::Caches;
+use crate::caches::{CachedPod, Caches};
 use crate::context::Context;
 use crate::{Error, FIELD_MANAGER};
 
 /// The loop's name in logs and metrics.
 pub const LOOP: &str = "lifecycle";
 
-/// Watch configuration: only pods the webhook gave a lifecycle state.
-pub fn watch_config() -> watcher::Config {
-    watcher::Config::default()
-        .labels(STATE_LABEL)
-        .any_semantic()
-}
-
 /// Keeps what the decision reads (the same trimming as the webhook's pod cache).
 pub use ipkeep_placement::lifecycle::trim_pod as trim;
+
+/// `pod` as this loop caches it, if the webhook gave it a lifecycle state: a StatefulSet pod
+/// (the pod watch's, decoded as [`CachedPod`] and not yet trimmed), trimmed as the decision
+/// reads it ([`trim`]).
+pub fn hooked(pod: &CachedPod) -> Option<Pod> {
+    pod.metadata.labels.as_ref()?.get(STATE_LABEL)?;
+    let mut hooked = Pod {
+        metadata: pod.metadata.clone(),
+        spec: Some(PodSpec {
+            node_name: pod.spec.node_name.clone(),
+            readiness_gates: Some(pod.spec.readiness_gates.clone()).filter(|g| !g.is_empty()),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: pod.status.phase.clone(),
+            conditions: Some(pod.status.conditions.clone()).filter(|c| !c.is_empty()),
+            ..PodStatus::default()
+        }),
+    };
+    trim(&mut hooked);
+    Some(hooked)
+}
 
 /// What of a trimmed pod decides its reconcile.
 pub fn fingerprint(pod: &Pod) -> u64 {
@@ -128,8 +142,8 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error
                 )
             })?;
         if let Some(c) = &condition {
-            info!(namespace = ?namespace, pod = ?name, ready = c.status == "True", reason = ?c.reason,
-                "readiness gate {READINESS_GATE} set");
+            info!(namespace = ?namespace, pod = ?name, gate = READINESS_GATE, ready = c.status == "True",
+                reason = ?c.reason, "readiness gate set");
         }
         if relabel {
             info!(namespace = ?namespace, pod = ?name, from = ?facts.state().map(State::as_str),
@@ -262,8 +276,8 @@ async fn complete_deletion(
             e,
         )
     })?;
-    info!(namespace = ?namespace, pod = ?name, held = why.as_str(),
-        "the preDelete hook let the pod go; deleted it for its StatefulSet ({})", why.describe());
+    info!(namespace = ?namespace, pod = ?name, held = why.as_str(), reason = why.describe(),
+        "deleted the pod its preDelete hook let go");
     Ok(Action::await_change())
 }
 
@@ -380,17 +394,6 @@ fn condition(wanted: &Wanted, ready: bool, hooks: &Lifecycle) -> PodCondition {
     }
 }
 
-/// The pod stream the loop runs on: trimmed, and only pods whose decision inputs changed.
-pub fn changes<S>(
-    events: S,
-    relisted: tokio::sync::mpsc::UnboundedSender<()>,
-) -> impl Stream<Item = Result<Pod, watcher::Error>>
-where
-    S: Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
-{
-    crate::caches::changed_objects(events, fingerprint, relisted)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -457,6 +460,41 @@ mod tests {
         assert!(cleared["metadata"]["annotations"][HELD_ANNOTATION].is_null());
         assert!(cleared["metadata"]["annotations"][SINCE_ANNOTATION].is_null());
         assert_eq!(write(Some("u1".into()), &wanted, &[], false), None);
+    }
+
+    /// The loop's pod, taken from the one pod watch, is the pod as a watch of its own decoded
+    /// and trimmed it; a pod without a lifecycle state is not the loop's.
+    #[test]
+    fn a_hooked_pod_from_the_pod_watch_is_the_pod_its_own_watch_gave() {
+        let json = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "db-1", "namespace": "prod", "uid": "u1", "resourceVersion": "9",
+                "labels": {STATE_LABEL: "PreparingDelete", "registry.example.com/registered": "true",
+                           "statefulset.kubernetes.io/pod-name": "db-1"},
+                "annotations": {SINCE_ANNOTATION: "100", HELD_ANNOTATION: "deletion", "team": "x"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s", "controller": true}],
+                "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "db", "image": "db"}],
+                     "readinessGates": [{"conditionType": READINESS_GATE}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "conditions": [
+                {"type": "Ready", "status": "False"}, {"type": READINESS_GATE, "status": "False"},
+                {"type": HELD_CONDITION, "status": "True", "lastTransitionTime": "1970-01-01T00:01:40Z"}]}
+        });
+        let mut own: Pod = serde_json::from_value(json.clone()).unwrap();
+        trim(&mut own);
+        let watched: CachedPod = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(hooked(&watched), Some(own));
+        let mut plain = json;
+        plain["metadata"]["labels"]
+            .as_object_mut()
+            .unwrap()
+            .remove(STATE_LABEL);
+        plain["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("readinessGates");
+        let plain: CachedPod = serde_json::from_value(plain).unwrap();
+        assert_eq!(hooked(&plain), None);
     }
 
     /// What the decision reads survives trimming (a dropped annotation once made every held

@@ -1,10 +1,9 @@
 //! Which pods with hooks an event elsewhere concerns. A pod's fate changes with its StatefulSet
 //! (replicas, update revision, strategy), with the other pods of that StatefulSet (one becoming
 //! Ready lets the rolling update move on), with its Node (cordoned) and with its
-//! PersistentPodState (the hooks themselves). The watches the record loop already runs are
-//! tapped ([`Tap`]), and only changes of what the decision reads go through.
+//! PersistentPodState (the hooks themselves). The watches of these kinds are tapped ([`Tap`]),
+//! and only changes of what the decision reads go through.
 
-use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use ipkeep_api::PersistentPodState;
@@ -14,9 +13,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use tokio::sync::mpsc;
 
-use crate::caches::CachedPod;
+use crate::caches::{CachedPod, Changes};
 
 /// Something that changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,52 +153,25 @@ impl Concerns for PersistentPodState {
     }
 }
 
-/// Taps a watch stream: every change of what the hooks read of its objects goes to the
-/// lifecycle loop as a [`Trigger`] (deletions always).
+/// Watches a kind for the lifecycle loop: which [`Trigger`] an event is, if it changed what the
+/// hooks read of its object (deletions always).
 #[derive(Debug)]
-pub struct Tap {
-    to: mpsc::UnboundedSender<Trigger>,
-    seen: HashMap<(Option<String>, String), u64>,
+pub struct Tap<K>(Changes<K>);
+
+impl<K: Concerns> Tap<K> {
+    /// Nothing seen yet.
+    pub fn new() -> Self {
+        Tap(Changes::new(K::fingerprint))
+    }
+
+    /// The trigger of `event`, if any.
+    pub fn trigger(&mut self, event: &watcher::Event<K>) -> Option<Trigger> {
+        self.0.changed(event).and_then(Concerns::trigger)
+    }
 }
 
-impl Tap {
-    /// A tap sending to `to`.
-    pub fn new(to: mpsc::UnboundedSender<Trigger>) -> Self {
-        Self {
-            to,
-            seen: HashMap::new(),
-        }
-    }
-
-    /// A tap as a closure for `StreamExt::inspect` on a watch stream of `K`.
-    pub fn inspector<K: Concerns>(
-        to: &mpsc::UnboundedSender<Trigger>,
-    ) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
-        let mut tap = Tap::new(to.clone());
-        move |event| tap.event(event)
-    }
-
-    /// Looks at one event of the stream.
-    pub fn event<K: Concerns>(&mut self, event: &Result<watcher::Event<K>, watcher::Error>) {
-        let (object, deleted) = match event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
-            Ok(watcher::Event::Delete(o)) => (o, true),
-            _ => return,
-        };
-        let key = (
-            object.meta().namespace.clone(),
-            object.meta().name.clone().unwrap_or_default(),
-        );
-        let changed = if deleted {
-            self.seen.remove(&key);
-            true
-        } else {
-            let print = object.fingerprint();
-            self.seen.insert(key, print) != Some(print)
-        };
-        if let Some(trigger) = object.trigger().filter(|_| changed) {
-            // The loop is gone only at shutdown.
-            let _ = self.to.send(trigger);
-        }
+impl<K: Concerns> Default for Tap<K> {
+    fn default() -> Self {
+        Self::new()
     }
 }

@@ -10,7 +10,12 @@ pub mod metrics;
 pub mod preflight;
 pub mod renamed;
 
+use std::fmt;
+
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::{DefaultFields, Writer};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -66,6 +71,15 @@ pub enum LogError {
 
 /// Sends `tracing` events to stderr in `format`, filtered by `filter` (`$RUST_LOG` syntax),
 /// without the response bodies kube-client would log ([`bodies`]).
+///
+/// How the binaries log, so that lines read alike and log queries stay stable:
+/// - the message is a short, stable phrase saying what happened (`deleted a stranded pod`);
+///   the data goes in fields, and what an operator can do about it in a `hint` field;
+/// - an error is the field `error = %e` (its `Display`): the plain format writes it on one line
+///   ([`OneLineFields`]), and JSON escapes it, so an error quoting text from an object cannot
+///   forge a line;
+/// - other text from objects (names, annotation values) goes in as `?value` (`Debug`: quoted
+///   and escaped).
 pub fn init_logging(format: LogFormat, filter: &str) -> Result<(), LogError> {
     let env_filter = EnvFilter::try_new(filter).map_err(|source| LogError::BadFilter {
         filter: filter.to_string(),
@@ -79,10 +93,41 @@ pub fn init_logging(format: LogFormat, filter: &str) -> Result<(), LogError> {
         ))
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Plain => logs.finish().with(bodies::NoResponseBodies).init(),
+        LogFormat::Plain => logs
+            .fmt_fields(OneLineFields::default())
+            .finish()
+            .with(bodies::NoResponseBodies)
+            .init(),
         LogFormat::Json => logs.json().finish().with(bodies::NoResponseBodies).init(),
     }
     Ok(())
+}
+
+/// The plain format's fields, as tracing-subscriber writes them but with line breaks escaped
+/// (`\n`, `\r`): one event, one line, whatever text a field carries.
+#[derive(Debug, Default)]
+pub struct OneLineFields(DefaultFields);
+
+impl<'writer> FormatFields<'writer> for OneLineFields {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut formatted = String::new();
+        self.0.format_fields(Writer::new(&mut formatted), fields)?;
+        let mut rest = formatted.as_str();
+        while let Some(at) = rest.find(['\n', '\r']) {
+            writer.write_str(&rest[..at])?;
+            writer.write_str(if rest[at..].starts_with('\n') {
+                "\\n"
+            } else {
+                "\\r"
+            })?;
+            rest = &rest[at + 1..];
+        }
+        writer.write_str(rest)
+    }
 }
 
 /// Colours only for a person at a terminal: never in a file or a pipe (a container's log), nor
@@ -198,5 +243,49 @@ mod stop_tests {
             .expect("run the child");
         assert_eq!(status.code(), Some(1), "cut at the grace: exit 1");
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use std::sync::{Arc, Mutex};
+
+    /// Text with line breaks, in the message or in a field written with `%`, stays on the
+    /// event's line: nothing it carries can pass for a line of its own.
+    #[test]
+    fn a_plain_event_is_one_line_whatever_its_fields_carry() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .fmt_fields(super::OneLineFields::default())
+            .with_writer(move || writer.clone())
+            .finish();
+        let forged = "x\n1999-01-01T00:00:00Z  WARN forged: true\r";
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(error = %forged, hint = "fix it", "a short message {}", forged);
+        });
+        let logged =
+            String::from_utf8(captured.0.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                .unwrap_or_default();
+        assert_eq!(logged.lines().count(), 1, "{logged}");
+        assert!(
+            logged.contains(r"error=x\n1999-01-01T00:00:00Z  WARN forged: true\r hint="),
+            "{logged}"
+        );
     }
 }

@@ -161,7 +161,7 @@ impl Conn {
             .max_concurrent_streams(l.http2_streams)
             .max_header_list_size(l.http2_header_list)
             .initial_stream_window_size(window)
-            .initial_connection_window_size(window)
+            .initial_connection_window_size(l.http2_connection_window.max(window))
             .max_send_buf_size(l.http2_send_buffer)
             .keep_alive_interval(l.http2_keep_alive)
             .keep_alive_timeout(l.http2_ping_timeout)

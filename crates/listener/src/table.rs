@@ -276,6 +276,26 @@ mod tests {
     }
 
     #[test]
+    fn the_webhook_takes_an_api_servers_cold_burst_from_one_address() {
+        // A fresh API server dials one connection per review waiting; more than 50 were seen
+        // at once in a 1,000-pod burst (each then carries a request).
+        let mut t = ConnectionTable::new(crate::Limits::webhook().shares);
+        let mut requests = Vec::new();
+        for n in 0..100 {
+            let (a, activity) = admit(&mut t, 1);
+            assert!(
+                matches!(a, Admission::Admitted { evicted: None, .. }),
+                "connection {n}: {a:?}"
+            );
+            activity.ready();
+            requests.push(activity.begin());
+        }
+        // And another address is still served.
+        let (other, _) = admit(&mut t, 2);
+        assert_eq!(evicted(&other), None);
+    }
+
+    #[test]
     fn a_full_listener_takes_from_the_source_holding_the_most() {
         let mut t = ConnectionTable::new(SHARES);
         let legit = admit(&mut t, 9);

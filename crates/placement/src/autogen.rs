@@ -1,5 +1,6 @@
 //! The PersistentPodState a StatefulSet asks for (auto-generation): by its own annotations, or
-//! by its namespace's label.
+//! by its namespace's label ([`generated_spec`]), and what to do with the one of its name
+//! ([`decide`]).
 //!
 //! The StatefulSet's annotation `ipkeep.dev/auto-generate-persistent-pod-state` (or OpenKruise's
 //! spelling) decides when it is there: `"true"` turns generation on, any other value (`"false"`)
@@ -7,17 +8,33 @@
 //! namespace so labelled, a StatefulSet whose annotations name no topology key is pinned by
 //! [`keys::HOSTNAME_LABEL`] (its pods come back to the node they were recorded on); everything
 //! else comes from its annotations, with the same defaults either way.
+//!
+//! Whose the PersistentPodState of the StatefulSet's name is decides what may be written:
+//! - the StatefulSet's own (it is the controlling owner): applied to follow the annotations,
+//!   deleted once generation is off;
+//! - another's, or written by hand: never touched, and the StatefulSet gets a Warning, unless it
+//!   is annotated `ipkeep.dev/adopt-persistent-pod-state: "true"` and the PersistentPodState
+//!   targets it with no other controller ([`adoptable`]: orphaned by `--cascade=orphan`, or left
+//!   by an earlier StatefulSet of the name), which it then takes over, records and all;
+//! - generated for an earlier StatefulSet of the name ([`stale_generated`]): deleted (garbage
+//!   collection would), then generated anew;
+//! - one that does not decode: never applied over, whoever wrote it.
+//!
+//! A StatefulSet that only its namespace's label turned on stands aside for a PersistentPodState
+//! someone wrote for it under any name ([`written_for`]): it gets none generated (a generated
+//! one is deleted), and no Warning.
 
 use std::collections::BTreeMap;
 
 use ipkeep_api::{
-    DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodStateSpec,
-    PreferredTopologyTerm, RecordRetention, TargetReference,
+    DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodState,
+    PersistentPodStateSpec, PreferredTopologyTerm, RecordRetention, TargetReference,
 };
 use ipkeep_values::keys::{self, lookup};
 
 use crate::label_syntax::split_keys;
 use crate::spec::{self, SpecError};
+use crate::view::adopts;
 
 /// The weight of the preferred term generated from the preferred-topology annotation.
 pub const GENERATED_PREFERRED_WEIGHT: i32 = 100;
@@ -154,332 +171,306 @@ fn node_loss_policy(
     Ok(policy)
 }
 
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
+/// What the generate loop gathers about one StatefulSet to [`decide`].
+#[derive(Debug, Clone, Copy)]
+pub struct GenerateInput<'a> {
+    /// The StatefulSet's name (and the generated PersistentPodState's).
+    pub name: &'a str,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its UID.
+    pub uid: &'a str,
+    /// Its annotations.
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// Whether it is being deleted.
+    pub deleting: bool,
+    /// Its namespace's labels, if the namespace is known.
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The PersistentPodState of its name.
+    pub existing: Existing<'a>,
+    /// The namespace's PersistentPodStates that target it, under any name.
+    pub targeting: &'a [&'a PersistentPodState],
+}
 
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+/// The PersistentPodState of the StatefulSet's name, as the cache has it.
+#[derive(Debug, Clone, Copy)]
+pub enum Existing<'a> {
+    /// There is none.
+    Absent,
+    /// There is one, and it does not decode: whose it is cannot be read.
+    Undecodable,
+    /// This one.
+    Decoded(&'a PersistentPodState),
+}
 
-    #[test]
-    fn off_unless_exactly_true() {
-        for value in [None, Some("false"), Some("yes"), Some("True")] {
-            let mut a = ann(&[(keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname")]);
-            if let Some(v) = value {
-                a.insert(keys::AUTO_GENERATE.into(), v.into());
+/// What to do with the PersistentPodState of a StatefulSet's name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerateAction {
+    /// Apply `spec` as the PersistentPodState of the name, controlled by the StatefulSet.
+    Apply {
+        /// The spec.
+        spec: Box<PersistentPodStateSpec>,
+        /// Whether it carries the adoption annotation (the StatefulSet's travels to it, where
+        /// it keeps the records through the StatefulSet's deletion for the next one of the name).
+        adopt_marker: bool,
+        /// Created, updated or adopted.
+        verb: Verb,
+        /// What asked for it.
+        by: GeneratedBy,
+    },
+    /// Delete the PersistentPodState this StatefulSet generated (with its UID as a precondition).
+    DeleteOwned {
+        /// Its UID.
+        uid: Option<String>,
+        /// Why.
+        why: Unwanted,
+    },
+    /// Delete the PersistentPodState an earlier StatefulSet of the name generated (garbage
+    /// collection would; this is quicker), then decide again.
+    DeleteStale {
+        /// Its UID.
+        uid: Option<String>,
+    },
+    /// Write nothing, and tell the StatefulSet why in a Warning.
+    Refuse(Refusal),
+    /// Write nothing: the PersistentPodState of the name is not this StatefulSet's business.
+    StandAside(Aside),
+    /// The PersistentPodState is as generated.
+    Unchanged,
+}
+
+/// How an applied PersistentPodState came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// There was none.
+    Created,
+    /// This StatefulSet's own, with another spec or adoption annotation.
+    Updated,
+    /// Left by an earlier StatefulSet of the name, or orphaned; taken over.
+    Adopted,
+}
+
+/// Why a PersistentPodState this StatefulSet generated goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unwanted {
+    /// Auto-generation is off.
+    Off,
+    /// Only the namespace's label asked, and this PersistentPodState (its name) was written for
+    /// the StatefulSet.
+    WrittenFor(String),
+}
+
+/// Why nothing is written, with a Warning.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The annotations ask for generation but give no usable spec.
+    Invalid(AutoGenerateError),
+    /// The PersistentPodState of the name is someone else's.
+    NotOwned(GeneratedBy),
+}
+
+/// Why nothing is written, quietly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Aside {
+    /// The StatefulSet is being deleted (garbage collection removes its PersistentPodState).
+    Deleting,
+    /// The PersistentPodState of the name does not decode (its own Warning says why; fixed, it
+    /// is decided again).
+    Undecodable,
+    /// Auto-generation is off, and the PersistentPodState of the name (if any) is not its own.
+    Off,
+    /// Only the namespace's label asked, and this PersistentPodState (its name) was written for
+    /// the StatefulSet.
+    WrittenFor(String),
+}
+
+/// An Event to publish on the StatefulSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// A Warning, else Normal.
+    pub warning: bool,
+    /// The Event's reason.
+    pub reason: &'static str,
+    /// What it says.
+    pub note: String,
+}
+
+/// What to do with the PersistentPodState of `input`'s StatefulSet's name. Pure: same input,
+/// same answer.
+pub fn decide(input: &GenerateInput) -> GenerateAction {
+    let name = input.name;
+    let existing = match input.existing {
+        _ if input.deleting => return GenerateAction::StandAside(Aside::Deleting),
+        Existing::Undecodable => return GenerateAction::StandAside(Aside::Undecodable),
+        Existing::Decoded(pps) => Some(pps),
+        Existing::Absent => None,
+    };
+    let owned = existing.is_some_and(|p| controller_uid(p) == Some(input.uid));
+    let uid = || existing.and_then(|p| p.metadata.uid.clone());
+    let Generated { spec, by } =
+        match generated_spec(name, input.annotations, input.namespace_labels) {
+            Ok(Some(generated)) => generated,
+            Ok(None) if owned => {
+                return GenerateAction::DeleteOwned {
+                    uid: uid(),
+                    why: Unwanted::Off,
+                };
             }
-            assert_eq!(generated_spec("db", Some(&a), None), Ok(None), "{value:?}");
-        }
-        assert_eq!(generated_spec("db", None, None), Ok(None));
-    }
-
-    #[test]
-    fn builds_trimmed_required_and_weight_100_preferred() {
-        let a = ann(&[
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, " kubernetes.io/hostname "),
-            (
-                keys::PREFERRED_TOPOLOGY,
-                "topology.kubernetes.io/zone, topology.kubernetes.io/region",
-            ),
-            (keys::IP_RETENTION, "2h"),
-        ]);
-        let spec = generated_spec("db", Some(&a), None).unwrap().unwrap().spec;
-        assert_eq!(spec.target_ref.name, "db");
-        assert_eq!(spec.target_ref.kind, "StatefulSet");
-        assert_eq!(
-            spec.required_persistent_topology
-                .unwrap()
-                .node_topology_keys,
-            vec!["kubernetes.io/hostname"]
-        );
-        assert_eq!(spec.preferred_persistent_topology[0].weight, 100);
-        assert_eq!(
-            spec.preferred_persistent_topology[0]
-                .preference
-                .node_topology_keys,
-            vec![
-                "topology.kubernetes.io/zone",
-                "topology.kubernetes.io/region"
-            ]
-        );
-        assert_eq!(spec.ip_retention, "2h");
-    }
-
-    #[test]
-    fn kruise_spellings_work_and_ipkeep_wins() {
-        let a = ann(&[
-            (keys::KRUISE_AUTO_GENERATE, "true"),
-            (keys::KRUISE_PREFERRED_TOPOLOGY, "kubernetes.io/hostname"),
-            (keys::KRUISE_REQUIRED_TOPOLOGY, "zone-a"),
-            (keys::REQUIRED_TOPOLOGY, "topology.kubernetes.io/zone"),
-        ]);
-        let spec = generated_spec("db", Some(&a), None).unwrap().unwrap().spec;
-        assert_eq!(
-            spec.required_persistent_topology
-                .unwrap()
-                .node_topology_keys,
-            vec!["topology.kubernetes.io/zone"]
-        );
-        assert_eq!(spec.ip_retention, DEFAULT_IP_RETENTION);
-    }
-
-    #[test]
-    fn refuses_incomplete_or_invalid_annotations() {
-        let a = ann(&[
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, " , "),
-        ]);
-        assert_eq!(
-            generated_spec("db", Some(&a), None),
-            Err(AutoGenerateError::NoTopology)
-        );
-        let a = ann(&[
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, "Not A Key"),
-        ]);
-        assert!(matches!(
-            generated_spec("db", Some(&a), None),
-            Err(AutoGenerateError::Invalid(SpecError::InvalidKey { .. }))
-        ));
-        let a = ann(&[
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
-            (keys::IP_RETENTION, "a while"),
-        ]);
-        assert!(matches!(
-            generated_spec("db", Some(&a), None),
-            Err(AutoGenerateError::Invalid(SpecError::BadRetention(_)))
-        ));
-    }
-
-    #[test]
-    fn node_loss_policy_from_annotations() {
-        let base = [
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
-        ];
-        let spec = |extra: &[(&str, &str)]| {
-            let mut a = ann(&base);
-            a.extend(ann(extra));
-            generated_spec("db", Some(&a), None)
+            Ok(None) => return GenerateAction::StandAside(Aside::Off),
+            Err(e) => return GenerateAction::Refuse(Refusal::Invalid(e)),
         };
-        assert_eq!(
-            spec(&[]).unwrap().unwrap().spec.node_loss_policy,
-            NodeLossPolicy::default()
-        );
-        let p = spec(&[
-            (keys::NODE_LOSS_ACTION, " Wait "),
-            (keys::NODE_LOSS_AFTER, "30s"),
-        ])
-        .unwrap()
-        .unwrap()
-        .spec
-        .node_loss_policy;
-        assert_eq!((p.action, p.after.as_str()), (NodeLossAction::Wait, "30s"));
-        let err = spec(&[(keys::NODE_LOSS_ACTION, "wait")]).unwrap_err();
-        assert!(
-            err.to_string().contains("FallbackToPreferred or Wait"),
-            "{err}"
-        );
-        assert!(matches!(
-            spec(&[(keys::NODE_LOSS_AFTER, "soon")]),
-            Err(AutoGenerateError::Invalid(_))
-        ));
-    }
-
-    /// The StatefulSet's annotation decides when it is there, whatever the namespace says; the
-    /// namespace's label decides for the others.
-    #[test]
-    fn the_statefulset_annotation_wins_over_the_namespace_label() {
-        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
-        let other_label = ann(&[(keys::AUTO_GENERATE, "false")]);
-        let unrelated = ann(&[("team", "payments")]);
-        let host = (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname");
-        type Case<'a> = (
-            &'a str,
-            Vec<(&'a str, &'a str)>,
-            Option<&'a BTreeMap<String, String>>,
-            Option<GeneratedBy>,
-        );
-        let cases: Vec<Case> = vec![
-            ("no annotation, no label", vec![], None, None),
-            (
-                "no annotation, unrelated labels",
-                vec![],
-                Some(&unrelated),
-                None,
-            ),
-            (
-                "no annotation, label false",
-                vec![],
-                Some(&other_label),
-                None,
-            ),
-            (
-                "no annotation, label true",
-                vec![],
-                Some(&labelled),
-                Some(GeneratedBy::NamespaceLabel),
-            ),
-            (
-                "topology annotations only, label true",
-                vec![host],
-                Some(&labelled),
-                Some(GeneratedBy::NamespaceLabel),
-            ),
-            (
-                "annotation false opts out of the label",
-                vec![(keys::AUTO_GENERATE, "false"), host],
-                Some(&labelled),
-                None,
-            ),
-            (
-                "OpenKruise's spelling false opts out too",
-                vec![(keys::KRUISE_AUTO_GENERATE, "false")],
-                Some(&labelled),
-                None,
-            ),
-            (
-                "any other annotation value opts out",
-                vec![(keys::AUTO_GENERATE, "yes")],
-                Some(&labelled),
-                None,
-            ),
-            (
-                "ipkeep's false beats OpenKruise's true",
-                vec![
-                    (keys::AUTO_GENERATE, "false"),
-                    (keys::KRUISE_AUTO_GENERATE, "true"),
-                ],
-                Some(&labelled),
-                None,
-            ),
-            (
-                "annotation true, no label",
-                vec![(keys::AUTO_GENERATE, "true"), host],
-                None,
-                Some(GeneratedBy::Annotation),
-            ),
-            (
-                "annotation true, label false",
-                vec![(keys::AUTO_GENERATE, " true "), host],
-                Some(&other_label),
-                Some(GeneratedBy::Annotation),
-            ),
-            (
-                "annotation true, label true",
-                vec![(keys::AUTO_GENERATE, "true")],
-                Some(&labelled),
-                Some(GeneratedBy::Annotation),
-            ),
-        ];
-        for (what, annotations, labels, expected) in cases {
-            let got = generated_spec("db", Some(&ann(&annotations)), labels)
-                .unwrap_or_else(|e| panic!("{what}: {e}"))
-                .map(|g| g.by);
-            assert_eq!(got, expected, "{what}");
+    let adopt_marker = adopts(input.annotations);
+    let adopting = !owned && adopt_marker && existing.is_some_and(|p| adoptable(p, name));
+    if by == GeneratedBy::NamespaceLabel && !adopting {
+        let theirs = input
+            .targeting
+            .iter()
+            .filter(|p| written_for(p, name))
+            .filter_map(|p| p.metadata.name.clone())
+            .min();
+        if let Some(theirs) = theirs {
+            return if owned {
+                GenerateAction::DeleteOwned {
+                    uid: uid(),
+                    why: Unwanted::WrittenFor(theirs),
+                }
+            } else {
+                GenerateAction::StandAside(Aside::WrittenFor(theirs))
+            };
         }
-        assert_eq!(
-            generated_spec("db", None, Some(&labelled))
-                .unwrap()
-                .unwrap()
-                .by,
-            GeneratedBy::NamespaceLabel,
-            "a StatefulSet without any annotation"
-        );
     }
-
-    /// What a StatefulSet with no annotation gets from its namespace's label: pinned to its node,
-    /// and every other field as the annotated path defaults it.
-    #[test]
-    fn the_namespace_label_alone_pins_by_hostname_with_the_annotation_defaults() {
-        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
-        let from_label = generated_spec("db", None, Some(&labelled))
-            .unwrap()
-            .unwrap()
-            .spec;
-        let annotated = ann(&[
-            (keys::AUTO_GENERATE, "true"),
-            (keys::REQUIRED_TOPOLOGY, keys::HOSTNAME_LABEL),
-        ]);
-        let from_annotations = generated_spec("db", Some(&annotated), None)
-            .unwrap()
-            .unwrap()
-            .spec;
-        assert_eq!(from_label, from_annotations);
-        assert_eq!(
-            from_label
-                .required_persistent_topology
-                .unwrap()
-                .node_topology_keys,
-            vec!["kubernetes.io/hostname"]
-        );
-        assert!(from_label.preferred_persistent_topology.is_empty());
-        assert_eq!(from_label.ip_retention, DEFAULT_IP_RETENTION);
-        assert_eq!(from_label.node_loss_policy, NodeLossPolicy::default());
-        assert_eq!(
-            from_label.persistent_pod_state_retention_policy,
-            RecordRetention::WhenScaled
-        );
-        assert_eq!(from_label.lifecycle, None);
-    }
-
-    /// In a labelled namespace the StatefulSet's other annotations still shape the spec, and a
-    /// topology annotation replaces the default rather than adding to it.
-    #[test]
-    fn in_a_labelled_namespace_the_annotations_shape_the_spec() {
-        let labelled = ann(&[(keys::AUTO_GENERATE, "true")]);
-        let a = ann(&[
-            (keys::PREFERRED_TOPOLOGY, "topology.kubernetes.io/zone"),
-            (keys::IP_RETENTION, "forever"),
-            (keys::NODE_LOSS_ACTION, "Wait"),
-        ]);
-        let g = generated_spec("db", Some(&a), Some(&labelled))
-            .unwrap()
-            .unwrap();
-        assert_eq!(g.by, GeneratedBy::NamespaceLabel);
-        assert_eq!(
-            g.spec.required_persistent_topology, None,
-            "no default added"
-        );
-        assert_eq!(
-            g.spec.preferred_persistent_topology[0]
-                .preference
-                .node_topology_keys,
-            vec!["topology.kubernetes.io/zone"]
-        );
-        assert_eq!(g.spec.ip_retention, "forever");
-        assert_eq!(g.spec.node_loss_policy.action, NodeLossAction::Wait);
-
-        // An annotated StatefulSet without a topology key is refused outside a labelled
-        // namespace, and pinned by hostname inside one.
-        let bare = ann(&[(keys::AUTO_GENERATE, "true")]);
-        assert_eq!(
-            generated_spec("db", Some(&bare), None),
-            Err(AutoGenerateError::NoTopology)
-        );
-        let g = generated_spec("db", Some(&bare), Some(&labelled))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            g.spec
-                .required_persistent_topology
-                .unwrap()
-                .node_topology_keys,
-            vec![keys::HOSTNAME_LABEL]
-        );
-
-        // Invalid annotations are refused on either path.
-        let bad = ann(&[(keys::IP_RETENTION, "a while")]);
-        assert!(matches!(
-            generated_spec("db", Some(&bad), Some(&labelled)),
-            Err(AutoGenerateError::Invalid(SpecError::BadRetention(_)))
-        ));
+    let apply = |verb| GenerateAction::Apply {
+        spec: Box::new(spec.clone()),
+        adopt_marker,
+        verb,
+        by,
+    };
+    match existing {
+        None => apply(Verb::Created),
+        Some(_) if adopting => apply(Verb::Adopted),
+        Some(p) if !owned && stale_generated(p, name) => GenerateAction::DeleteStale { uid: uid() },
+        Some(_) if !owned => GenerateAction::Refuse(Refusal::NotOwned(by)),
+        Some(p) if p.spec == spec && adopts(p.metadata.annotations.as_ref()) == adopt_marker => {
+            GenerateAction::Unchanged
+        }
+        Some(_) => apply(Verb::Updated),
     }
 }
+
+impl GenerateAction {
+    /// The Event this action publishes on the StatefulSet of `input`, once done.
+    pub fn notice(&self, input: &GenerateInput) -> Option<Notice> {
+        let (name, namespace) = (input.name, input.namespace);
+        let (warning, reason, note) = match self {
+            GenerateAction::Apply { verb, by, .. } => {
+                let (reason, verb) = match verb {
+                    Verb::Created => ("PersistentPodStateCreated", "created"),
+                    Verb::Updated => ("PersistentPodStateUpdated", "updated"),
+                    Verb::Adopted => ("PersistentPodStateAdopted", "adopted"),
+                };
+                let note = match by {
+                    GeneratedBy::Annotation => {
+                        format!("{verb} PersistentPodState {name} from the annotations")
+                    }
+                    GeneratedBy::NamespaceLabel => format!(
+                        "{verb} PersistentPodState {name}: namespace {namespace} is labelled {}=true",
+                        keys::AUTO_GENERATE
+                    ),
+                };
+                (false, reason, note)
+            }
+            GenerateAction::DeleteOwned { why, .. } => {
+                let note = match why {
+                    Unwanted::Off => format!(
+                        "auto-generation is off; deleted the generated PersistentPodState {name}"
+                    ),
+                    Unwanted::WrittenFor(theirs) => format!(
+                        "PersistentPodState {theirs} was written for this StatefulSet and manages it; deleted the one generated for the namespace's label, {name}"
+                    ),
+                };
+                (false, "PersistentPodStateDeleted", note)
+            }
+            GenerateAction::Refuse(Refusal::Invalid(e)) => (
+                true,
+                "InvalidPersistentPodStateAnnotations",
+                format!("{e}; the existing PersistentPodState (if any) is left as it is"),
+            ),
+            GenerateAction::Refuse(Refusal::NotOwned(by)) => {
+                let opt_out = match by {
+                    GeneratedBy::Annotation => "remove the auto-generate annotation".to_string(),
+                    GeneratedBy::NamespaceLabel => {
+                        format!("annotate the StatefulSet {}=\"false\"", keys::AUTO_GENERATE)
+                    }
+                };
+                let note = format!(
+                    "PersistentPodState {name} exists and is not owned by this StatefulSet; it is not overwritten. To take it over with its records and held IPs, annotate the StatefulSet {}=\"true\" (it must target this StatefulSet and have no other owner); to start afresh, delete it; or {opt_out}",
+                    keys::ADOPT_PERSISTENT_POD_STATE
+                );
+                (true, "PersistentPodStateNotOwned", note)
+            }
+            GenerateAction::DeleteStale { .. }
+            | GenerateAction::StandAside(_)
+            | GenerateAction::Unchanged => return None,
+        };
+        Some(Notice {
+            warning,
+            reason,
+            note,
+        })
+    }
+}
+
+/// The UID of `pps`'s controlling owner.
+fn controller_uid(pps: &PersistentPodState) -> Option<&str> {
+    pps.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// Whether a StatefulSet named `name` that asks to adopt may take `pps` over: it targets a
+/// StatefulSet of that name, and no controller owns it but (if any) an earlier StatefulSet of
+/// that name (names are unique, so one with another UID was deleted).
+pub fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
+    let target = &pps.spec.target_ref;
+    let controller = pps
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    target.kind == "StatefulSet"
+        && target.name == name
+        && controller.is_none_or(|o| o.kind == "StatefulSet" && o.name == name)
+}
+
+/// Whether `pps` was written for StatefulSet `name` rather than generated: it targets it and no
+/// StatefulSet controls it (a generated one, even one left by an earlier StatefulSet of the
+/// name, is controlled by the StatefulSet it was generated for).
+pub fn written_for(pps: &PersistentPodState, name: &str) -> bool {
+    let target = &pps.spec.target_ref;
+    target.kind == "StatefulSet"
+        && target.name == name
+        && !pps
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "StatefulSet")
+}
+
+/// Whether `pps` is controlled by a StatefulSet named `name`: for one that does not own it, a
+/// PersistentPodState left over from an earlier StatefulSet of the name.
+pub fn stale_generated(pps: &PersistentPodState, name: &str) -> bool {
+    pps.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "StatefulSet" && o.name == name)
+}
+
+#[cfg(test)]
+#[path = "autogen_tests.rs"]
+mod tests;

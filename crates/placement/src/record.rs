@@ -153,33 +153,66 @@ pub fn candidate_pod_names(
 }
 
 /// Computes the records and changes. Pure: same input, same plan.
+///
+/// Four phases, each over what the one before left: the records carried over from the previous
+/// status (`carried_over`: all of them, none when the StatefulSet was replaced, or all when
+/// the new one adopts them), the Ready pods recorded (`record_ready`), the records the
+/// retention policy prunes (`prune`), and the node-loss policy on the pins whose pod is not
+/// Ready (`node_loss`).
 pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
     let mut changes = Vec::new();
+    let mut records = carried_over(input, &mut changes);
+    let ready = record_ready(input, &mut records, &mut changes);
+    prune(input, &mut records, &mut changes);
+    let (lost, requeue_after) = node_loss(input, &mut records, &ready, &mut changes);
+    changes.sort_by(|a, b| change_pod(a).cmp(change_pod(b)));
+    RecordPlan {
+        pod_states: records,
+        changes,
+        lost,
+        requeue_after,
+    }
+}
+
+/// The previous records this plan starts from: all of them for the same StatefulSet (by UID),
+/// or for a new one of the name that adopts them; none for a new one that does not.
+fn carried_over(
+    input: &RecordInput<'_>,
+    changes: &mut Vec<RecordChange>,
+) -> BTreeMap<String, PodState> {
+    let previous = &input.previous.pod_states;
     let same_target = input
         .previous
         .target_uid
         .as_deref()
         .is_none_or(|uid| uid == input.target.uid);
-    let adopt = !same_target && input.target.adopts_records;
-    let mut records = if same_target {
-        input.previous.pod_states.clone()
-    } else if adopt {
-        if !input.previous.pod_states.is_empty() {
+    if same_target {
+        return previous.clone();
+    }
+    if input.target.adopts_records {
+        if !previous.is_empty() {
             changes.push(RecordChange::Adopted {
-                records: input.previous.pod_states.len(),
+                records: previous.len(),
             });
         }
-        input.previous.pod_states.clone()
-    } else {
-        if !input.previous.pod_states.is_empty() {
-            changes.push(RecordChange::TargetReplaced {
-                dropped: input.previous.pod_states.len(),
-            });
-        }
-        BTreeMap::new()
-    };
+        return previous.clone();
+    }
+    if !previous.is_empty() {
+        changes.push(RecordChange::TargetReplaced {
+            dropped: previous.len(),
+        });
+    }
+    BTreeMap::new()
+}
 
-    let mut seen_ready: BTreeSet<String> = BTreeSet::new();
+/// Records each recordable pod of the StatefulSet whose node is known (first record, moved,
+/// refreshed, or a lost node that recovered); returns the names of the pods recorded.
+fn record_ready(
+    input: &RecordInput<'_>,
+    records: &mut BTreeMap<String, PodState>,
+    changes: &mut Vec<RecordChange>,
+) -> BTreeSet<String> {
+    let mut ready = BTreeSet::new();
     for pod in input.pods.values() {
         if pod.controller_uid.as_deref() != Some(input.target.uid.as_str()) || !pod.is_recordable()
         {
@@ -191,71 +224,96 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
         let Some(node) = input.nodes.get(node_name) else {
             continue; // its labels arrive with the node; the node's event triggers us again
         };
-        seen_ready.insert(pod.name.clone());
-        let fresh = PodState {
-            node_name: node_name.to_string(),
-            node_topology_labels: pick(&node.labels, &input.config.topology_keys),
-            annotations: pick(&pod.annotations, &input.config.annotation_keys)
-                .into_iter()
-                // The schema's bound: a longer value (any pod author's) is not recorded.
-                .filter(|(_, v)| v.chars().count() <= MAX_RECORDED_ANNOTATION_LENGTH)
-                .collect(),
-            pod_ips: pod.ips.clone(),
-            pod_uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
-            recorded_at: Some(input.now.clone()),
-            node_lost_at: None,
-            preferred_only: false,
-        };
-        match records.get_mut(&pod.name) {
+        ready.insert(pod.name.clone());
+        let fresh = fresh_record(input, pod, node_name, node);
+        let (pod, node) = (pod.name.clone(), node_name.to_string());
+        match records.get_mut(&pod) {
             Some(old) if same_place(old, &fresh) => {
                 if old.node_lost_at.is_some() || old.preferred_only {
-                    changes.push(RecordChange::NodeRecovered {
-                        pod: pod.name.clone(),
-                        node: node_name.to_string(),
-                    });
+                    changes.push(RecordChange::NodeRecovered { pod, node });
                     old.node_lost_at = None;
                     old.preferred_only = false;
                 }
             }
             Some(old) => {
                 changes.push(if old.node_name == fresh.node_name {
-                    RecordChange::Refreshed {
-                        pod: pod.name.clone(),
-                        node: node_name.to_string(),
-                    }
+                    RecordChange::Refreshed { pod, node }
                 } else {
                     RecordChange::Moved {
-                        pod: pod.name.clone(),
+                        pod,
                         from: old.node_name.clone(),
-                        to: node_name.to_string(),
+                        to: node,
                     }
                 });
                 *old = fresh;
             }
             None => {
                 changes.push(RecordChange::Recorded {
-                    pod: pod.name.clone(),
-                    node: node_name.to_string(),
+                    pod: pod.clone(),
+                    node,
                 });
-                records.insert(pod.name.clone(), fresh);
+                records.insert(pod, fresh);
             }
         }
     }
+    ready
+}
 
-    if input.config.retention_policy == RecordRetention::WhenScaled {
-        records.retain(|name, _| {
-            let keep = input.target.wants(name) || input.pods.contains_key(name);
-            if !keep {
-                changes.push(RecordChange::Pruned { pod: name.clone() });
-            }
-            keep
-        });
+/// The record of Ready `pod` on `node` (named `node_name`), taken now.
+fn fresh_record(
+    input: &RecordInput<'_>,
+    pod: &PodView,
+    node_name: &str,
+    node: &NodeView,
+) -> PodState {
+    PodState {
+        node_name: node_name.to_string(),
+        node_topology_labels: pick(&node.labels, &input.config.topology_keys),
+        annotations: pick(&pod.annotations, &input.config.annotation_keys)
+            .into_iter()
+            // The schema's bound: a longer value (any pod author's) is not recorded.
+            .filter(|(_, v)| v.chars().count() <= MAX_RECORDED_ANNOTATION_LENGTH)
+            .collect(),
+        pod_ips: pod.ips.clone(),
+        pod_uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+        recorded_at: Some(input.now.clone()),
+        node_lost_at: None,
+        preferred_only: false,
     }
+}
 
+/// `WhenScaled`: removes the records whose ordinal is out of range and whose pod is gone.
+fn prune(
+    input: &RecordInput<'_>,
+    records: &mut BTreeMap<String, PodState>,
+    changes: &mut Vec<RecordChange>,
+) {
+    if input.config.retention_policy != RecordRetention::WhenScaled {
+        return;
+    }
+    records.retain(|name, _| {
+        let keep = input.target.wants(name) || input.pods.contains_key(name);
+        if !keep {
+            changes.push(RecordChange::Pruned { pod: name.clone() });
+        }
+        keep
+    });
+}
+
+/// The node-loss policy on each record whose pod is not `ready`: a Ready node clears a loss; a
+/// missing or NotReady one starts (or continues) it, and once `nodeLossPolicy.after` has passed
+/// the pin waits or falls back to preferred terms. Returns the lost pins and when the nearest
+/// grace period ends.
+fn node_loss(
+    input: &RecordInput<'_>,
+    records: &mut BTreeMap<String, PodState>,
+    ready: &BTreeSet<String>,
+    changes: &mut Vec<RecordChange>,
+) -> (Vec<LostPin>, Option<Duration>) {
     let mut lost = Vec::new();
     let mut requeue_after: Option<Duration> = None;
     for (name, record) in records.iter_mut() {
-        if seen_ready.contains(name) {
+        if ready.contains(name) {
             continue;
         }
         let node = input.nodes.get(&record.node_name);
@@ -303,13 +361,7 @@ pub fn plan(input: &RecordInput<'_>) -> RecordPlan {
             state,
         });
     }
-    changes.sort_by(|a, b| change_pod(a).cmp(change_pod(b)));
-    RecordPlan {
-        pod_states: records,
-        changes,
-        lost,
-        requeue_after,
-    }
+    (lost, requeue_after)
 }
 
 /// Pods left Pending by a pin the node-loss policy has since released.

@@ -1,5 +1,8 @@
 #![allow(clippy::unwrap_used)]
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
 use kube::core::{ObjectList, WatchEvent};
@@ -190,8 +193,12 @@ fn event(kind: &str, object: Value) -> Result<Event<Lenient<PersistentPodState>>
 async fn the_store_holds_what_decodes_and_the_set_what_does_not() {
     let (store, writer) = reflector::store::<PersistentPodState>();
     let gauge = Gauge::default();
-    let (undecodables, mut reports) =
-        Undecodables::new("PersistentPodState", gauge.clone()).reported();
+    let reported = Arc::new(Mutex::new(VecDeque::new()));
+    let undecodables = Undecodables::new("PersistentPodState", gauge.clone()).reported({
+        let reported = reported.clone();
+        move |r| reported.lock().unwrap().push_back(r)
+    });
+    let next_report = || reported.lock().unwrap().pop_front();
     let (tx, rx) = mpsc::unbounded_channel();
     let stream = reflector(
         writer,
@@ -248,14 +255,14 @@ async fn the_store_holds_what_decodes_and_the_set_what_does_not() {
         Report::Found(u) => u.meta.name.unwrap(),
         other => panic!("{other:?}"),
     };
-    assert_eq!(found(reports.try_recv().unwrap()), "x");
+    assert_eq!(found(next_report().unwrap()), "x");
 
     // A decoded object that turns undecodable leaves the store.
     feed(vec![event("Apply", bad_int("prod", "db", "5"))]).await;
     assert_eq!(names(&store), ["marker"]);
     assert_eq!(undecodables.namespaces().len(), 2);
     assert_eq!(gauge.get(), 2);
-    assert_eq!(found(reports.try_recv().unwrap()), "db");
+    assert_eq!(found(next_report().unwrap()), "db");
 
     // A relist that finds the same versions reports nothing again.
     feed(vec![
@@ -265,7 +272,7 @@ async fn the_store_holds_what_decodes_and_the_set_what_does_not() {
         event("InitDone", json!(null)),
     ])
     .await;
-    assert!(reports.try_recv().is_err());
+    assert_eq!(next_report(), None);
     assert_eq!(undecodables.len(), 2);
 
     // Fixed, it decodes and returns; deleted, it is no longer undecodable.
@@ -280,11 +287,11 @@ async fn the_store_holds_what_decodes_and_the_set_what_does_not() {
     assert_eq!(gauge.get(), 0);
     assert!(undecodables.generation() > before);
     assert_eq!(
-        reports.try_recv().unwrap(),
+        next_report().unwrap(),
         Report::Gone("prod".into(), "db".into())
     );
     assert_eq!(
-        reports.try_recv().unwrap(),
+        next_report().unwrap(),
         Report::Gone("tenant-b".into(), "x".into())
     );
 }

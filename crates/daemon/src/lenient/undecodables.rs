@@ -14,7 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use super::{Key, Lenient, Undecodable};
 
@@ -55,7 +55,7 @@ pub struct Undecodables {
     kind: &'static str,
     state: Arc<Mutex<State>>,
     gauge: Gauge,
-    reports: Option<mpsc::UnboundedSender<Report>>,
+    reports: Option<Arc<dyn Fn(Report) + Send + Sync>>,
     changed: Option<Arc<Notify>>,
 }
 
@@ -97,12 +97,12 @@ impl Undecodables {
         }
     }
 
-    /// Also sends each object once per resource version that it is found undecodable (e.g. for
-    /// a Warning Event on it), and once it is gone from the set.
-    pub fn reported(mut self) -> (Self, mpsc::UnboundedReceiver<Report>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.reports = Some(tx);
-        (self, rx)
+    /// Also hands `to` each object once per resource version that it is found undecodable (e.g.
+    /// for a Warning Event on it), and once it is gone from the set. `to` runs with the set
+    /// locked: it must not call back into it, nor block.
+    pub fn reported(mut self, to: impl Fn(Report) + Send + Sync + 'static) -> Self {
+        self.reports = Some(Arc::new(to));
+        self
     }
 
     /// Also wakes `changed` on every change.
@@ -165,9 +165,8 @@ impl Undecodables {
     }
 
     fn report(&self, report: Report) {
-        if let Some(tx) = &self.reports {
-            // Closed only when the receiver stopped (at shutdown).
-            let _ = tx.send(report);
+        if let Some(to) = &self.reports {
+            to(report);
         }
     }
 

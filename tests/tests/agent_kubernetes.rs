@@ -4,15 +4,53 @@
 //! record stays keeps its address; pods on other nodes do not count as on this node.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ipkeep_tests::agent::{Agent, AgentOptions};
+use ipkeep_tests::workload::*;
 use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
 use serde_json::json;
-use support::*;
+
+/// The `ipkeep-controller` binary on the test's namespace, without leader election, logging to
+/// `controller.log` in its directory; killed when dropped.
+struct Controller {
+    process: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Controller {
+    fn start(c: &Cluster) -> Controller {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = ipkeep_tests::workspace_bin(
+            "ipkeep-controller",
+            "IPKEEP_CONTROLLER_BIN",
+            &["ipkeep-controller"],
+        );
+        let log = std::fs::File::create(dir.path().join("controller.log")).unwrap();
+        let child = Command::new(bin)
+            .args(["--no-leader-election", "--listen=127.0.0.1:0"])
+            .args(["--concurrency=4", "--debounce=20ms", "--log=info"])
+            .env("KUBECONFIG", c.kubeconfig_file(dir.path()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Controller {
+            process: child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
 
 fn conf(data: &Path, socket: &Path) -> String {
     conf_with(
@@ -65,7 +103,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
     let Some(c) = cluster_with_gc().await else {
         return;
     };
-    let controller = start_controller(&c.client, None, "c1");
+    let controller = Controller::start(&c);
     let data = tempfile::tempdir().unwrap();
     let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1", "2s");
     let agent = Agent::start(data.path(), options);
@@ -182,7 +220,7 @@ async fn agent_releases_what_kubernetes_says_nobody_will_use() {
         "{metrics}"
     );
     drop(agent);
-    controller.stop().await.unwrap();
+    drop(controller);
 }
 
 /// Found by review: a static pod's mirror Pod has another UID than the one the runtime passes
@@ -277,7 +315,7 @@ async fn a_wrong_node_name_releases_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
     let Some(c) = cluster().await else { return };
-    let controller = start_controller(&c.client, None, "c1");
+    let controller = Controller::start(&c);
     let data = tempfile::tempdir().unwrap();
     let options = AgentOptions::kubernetes(&c.kubeconfig_file(data.path()), "n1", "1s");
     let agent = Agent::start(data.path(), options);
@@ -333,11 +371,14 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
             agent.log().join("\n")
         );
         remove_pod(&c.client, &pod).await;
+        // The rebuilt pod exists before the kubelet sets up its sandbox: a held address goes
+        // only to a pod of the StatefulSet the agent can see.
+        create_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1").await;
         assert_eq!(
             cni(&c.ns, "ADD", &format!("{cid}b"), &pod, &plain),
             vec![ip.clone()]
         );
-        run_pod(&c.client, &late, i32::try_from(i).unwrap(), "n1", ip).await;
+        set_pod_ready(&c.client, &pod, ip, true).await;
     }
 
     cni(&c.ns, "DEL", "w0", "web-0", &forged);
@@ -347,5 +388,5 @@ async fn a_pod_created_before_its_persistent_pod_state_keeps_its_address() {
         "web-0's forged link holds nothing: {now:?}"
     );
     drop(agent);
-    controller.stop().await.unwrap();
+    drop(controller);
 }

@@ -3,15 +3,13 @@
 //! network namespaces in (real ones, bind-mounted on files). Needs root; skips loudly without.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
 use ipkeep_tests::agent::{Agent, AgentOptions};
 use ipkeep_tests::mountns::{MountNs, SandboxNetns};
+use ipkeep_tests::workload::cluster;
 use ipkeep_tests::{Invocation, ipkeep_bin, with_agent_socket};
-use support::*;
 
 fn conf(data: &Path, socket: &Path) -> String {
     let base = format!(
