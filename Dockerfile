@@ -5,7 +5,7 @@
 # ipkeep-scheduler-ext. Every manifest in deploy/ uses it as ghcr.io/ipkeep/ipkeep:<version>
 # and picks the binary with `command`.
 #
-#   docker build -t ghcr.io/ipkeep/ipkeep:0.2.0 .
+#   docker build -t ghcr.io/ipkeep/ipkeep:0.3.0 .
 #
 # The runtime stage is Debian slim, not distroless, on purpose: the agent's init container
 # (deploy/agent/daemonset.yaml) runs /bin/sh, cp, chmod and mv, and the scheduler extension's
@@ -13,10 +13,13 @@
 # DaemonSet runs it as root (the node's IPAM store belongs to root).
 #
 # The ipkeep plugin binary runs on the host, not in this image (the agent's init container
-# copies it to /opt/cni/bin), so it is linked statically (scripts/build-plugin.sh): it runs on
-# any Linux host, whatever its C library. The other binaries run in this image, with its glibc.
+# copies it to the node's CNI plugin directory), so it is linked statically
+# (scripts/build-plugin.sh): it runs on any Linux host, whatever its C library. So do the
+# reference plugins in /opt/cni/bin (Go, static). The other binaries run in this image, with its
+# glibc. scripts/images.py builds the same image without Docker (scripts/release-bundle.sh).
 
 ARG RUST_IMAGE=rust:1-bookworm
+ARG GO_IMAGE=golang:1.26-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS build
@@ -35,6 +38,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
       install -m 0755 "target/release/$bin" "/out/$bin"; \
     done
 
+# The reference CNI plugins the chart's cni.installPlugins copies onto the nodes (the conflist
+# the agent writes names bridge and portmap; every runtime runs loopback), as upstream releases
+# them: static, the version stamped in. The version is the one the real-node tests run
+# (tests/k8s/tools/cni-plugins/go.mod; scripts/images.py checks that the two agree).
+FROM ${GO_IMAGE} AS cni-plugins
+ARG CNI_PLUGINS_VERSION=v1.10.0
+RUN CGO_ENABLED=0 GOBIN=/out go install -trimpath \
+      -ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=${CNI_PLUGINS_VERSION}" \
+      github.com/containernetworking/plugins/plugins/main/bridge@${CNI_PLUGINS_VERSION} \
+      github.com/containernetworking/plugins/plugins/meta/portmap@${CNI_PLUGINS_VERSION} \
+      github.com/containernetworking/plugins/plugins/main/loopback@${CNI_PLUGINS_VERSION}
+
 FROM ${RUNTIME_IMAGE}
 # ca-certificates: for a kubeconfig that points at an API server with a public certificate
 # (in a cluster, the service account's CA is used).
@@ -45,6 +60,7 @@ RUN apt-get update \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin nonroot
 COPY --from=build /out/ /usr/local/bin/
+COPY --from=cni-plugins /out/ /opt/cni/bin/
 USER 65532:65532
 # No ENTRYPOINT: each workload names its binary (command: ["ipkeep-controller"], ...).
 CMD ["ipkeep-controller", "--help"]

@@ -6,7 +6,7 @@
 #                         [--upstream-node-timeouts] [--pin-cpus CPUS:CPUS]
 #                         [--webhook-client-auth] [--node-runtime built|debian]
 #                         [--cni-data-size SIZE]
-#                         [--network bridge|flannel]
+#                         [--network bridge|flannel] [--node-layout kubeadm|k3s|kind]
 #                         [--ip-family ipv4|dual] [--admission auto|policy|webhook]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
@@ -34,14 +34,25 @@
 # --ip-family dual (default ipv4) makes the cluster dual-stack, IPv4 first: Service and pod ranges
 # of both families, IPv6 on the nodes' underlay and routes to their IPv6 pod CIDRs, and the CNI
 # configuration with a second (IPv6) range set (scripts/lib/dualstack.sh says what exactly).
-# ipkeep is then installed as a user installs it: its image (and a busybox and a pause image)
-# built by scripts/images.py from the release build and imported into every node (there is no
-# registry), `helm install` of charts/ipkeep (--dry-run=server first) with the values an
-# operator of this cluster sets (DIR/ipkeep-values.yaml: the image, the Service's cluster IP,
-# the agent writing each node's CNI configuration), the webhook's certificates made by
-# ipkeep-controller, kube-scheduler restarted with deploy/scheduler-ext/scheduler-config.yaml's
-# extender (at the Service's cluster IP, the CA from the Secret), then `helm test`. A
-# kube-proxy on the host gives kube-apiserver and kube-scheduler the Service IPs.
+# ipkeep is then installed as a user installs it, from the release bundle
+# (scripts/release-bundle.sh of the release build, into DIR/bundle; or the one
+# $IPKEEP_BUNDLE names, checked against its SHA256SUMS): the bundle's image (and a busybox and a
+# pause image from scripts/images.py) imported into every node (there is no registry),
+# the bundle's namespace.yaml, `helm install` of the bundle's packaged chart (--dry-run=server
+# first) with the values an operator of this cluster sets (DIR/ipkeep-values.yaml: the
+# Service's cluster IP, the agent writing each node's CNI configuration, the layout's values),
+# the webhook's certificates made by ipkeep-controller, kube-scheduler restarted with
+# deploy/scheduler-ext/scheduler-config.yaml's extender (at the Service's cluster IP, the CA
+# from the Secret), then `helm test`. A kube-proxy on the host gives kube-apiserver and
+# kube-scheduler the Service IPs.
+#
+# --node-layout (real nodes; default $IPKEEP_NODE_LAYOUT, else kubeadm) lays the nodes out as a
+# distribution does, and installs ipkeep with that distribution's values from
+# docs/distributions.md (charts/ipkeep/ci/LAYOUT-values.yaml): kubeadm, the CNI configuration in
+# /etc/cni/net.d and the plugins in /opt/cni/bin; k3s, containerd's CNI directories at k3s's
+# paths (/var/lib/rancher/k3s/agent/etc/cni/net.d, /var/lib/rancher/k3s/data/cni), /etc/cni/net.d
+# and /opt/cni/bin empty; kind, kubeadm's paths without the bridge plugin (which the chart's
+# cni.installPlugins brings). Written to DIR/node-layout (the name and the two directories).
 #
 # --cni-data-size SIZE (default $IPKEEP_CNI_DATA_SIZE, else none) gives each real node's
 # /var/lib/cni/ipkeep (ipkeep's stores) a file system of its own of SIZE (a tmpfs, e.g. 64m,
@@ -78,7 +89,8 @@
 # DIR/pids, the nodes' disks in DIR/nodes) is in DIR, default $IPKEEP_CLUSTER_STATE or
 # /tmp/ipkeep-cluster. --without-ipkeep leaves ipkeep out (real nodes then run Debian's bridge
 # with host-local: the baseline); --without-extender leaves the extender out of kube-scheduler's
-# configuration (the webhook alone); --release runs ipkeep's optimised build as local processes
+# configuration (the webhook or the admission policy alone; default: $IPKEEP_WITHOUT_EXTENDER=1
+# does the same; written to DIR/extender, 1 or 0); --release runs ipkeep's optimised build as local processes
 # (real nodes always run the release build, in the image). Node loss is detected in seconds by
 # default (tests need it); --upstream-node-timeouts restores upstream's timeouts (node grace 50
 # s, leases 40 s, eviction after 300 s), so that on a loaded machine a late heartbeat neither
@@ -113,6 +125,8 @@ k8s_version=${IPKEEP_K8S_VERSION:-v1.37.2}
 feature_gates=MaxUnavailableStatefulSet=true
 ipkeep=1
 extender=1
+[ "${IPKEEP_WITHOUT_EXTENDER:-}" = 1 ] && extender=0
+node_layout=${IPKEEP_NODE_LAYOUT:-kubeadm}
 profile=debug
 keep_logs=0
 pin_cpus=
@@ -156,6 +170,7 @@ while [ $# -gt 0 ]; do
     --network) network=${2:?--network needs bridge or flannel}; shift 2 ;;
     --ip-family) ip_family=${2:?--ip-family needs ipv4 or dual}; shift 2 ;;
     --admission) admission=${2:?--admission needs auto, policy or webhook}; shift 2 ;;
+    --node-layout) node_layout=${2:?--node-layout needs kubeadm, k3s or kind}; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -168,6 +183,10 @@ done
 [[ $node_runtime =~ ^(built|debian)$ ]] || die "--node-runtime takes built or debian"
 [ -z "$cni_data_size" ] || [[ $cni_data_size =~ ^[0-9]+[kmg]$ ]] || die "--cni-data-size takes a size such as 64m, got '$cni_data_size'"
 [[ $network =~ ^(bridge|flannel)$ ]] || die "--network takes bridge or flannel"
+[[ $node_layout =~ ^(kubeadm|k3s|kind)$ ]] || die "--node-layout takes kubeadm, k3s or kind, got '$node_layout'"
+if [ "$node_layout" != kubeadm ] && { [ "$nodes" -eq 0 ] || [ "$ipkeep" = 0 ] || [ "$network" = flannel ]; }; then
+  die "--node-layout $node_layout needs real nodes, ipkeep and --network bridge"
+fi
 if [ "$network" = flannel ] && { [ "$nodes" -eq 0 ] || [ "$ipkeep" = 0 ]; }; then
   die "--network flannel needs real nodes (--nodes 1 or more) and ipkeep"
 fi
@@ -193,7 +212,7 @@ image_tag=dev
 ext_cluster_ip=10.96.0.50
 up_done=
 # Set by `up` (or read from DIR by the other commands).
-bin='' kubectl=()
+bin='' kubectl=() bundle=
 
 # --- certificates ----------------------------------------------------------------------------
 
@@ -242,6 +261,7 @@ up() {
   if [ "$nodes" -gt 0 ]; then
     ib=$(ipkeep_build release ipkeep-agent ipkeep-controller ipkeep-scheduler-ext)
     plugin=$(ipkeep_plugin)
+    [ "$ipkeep" = 1 ] && bundle=$(ipkeep_bundle "$ib" "$plugin")
   elif [ "$ipkeep" = 1 ]; then
     ib=$(ipkeep_build "$profile" ipkeep-controller ipkeep-scheduler-ext)
   fi
@@ -255,10 +275,16 @@ up() {
   runtime_save
   echo "$k8s_version" >"$state/k8s-version"
   echo "$ip_family" >"$state/ip-family"
+  echo "$extender" >"$state/extender"
   if [ "$nodes" -gt 0 ]; then
-    say "building the images for the nodes (scripts/images.py)"
-    python3 "$repo/scripts/images.py" --release-dir "$ib" --plugin "$plugin" --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
+    node_layout_save
+    say "building the images for the nodes (scripts/images.py: busybox and pause; ipkeep's is the bundle's)"
+    python3 "$repo/scripts/images.py" --only busybox,pause --out "$state/images" --tag "$image_tag" >"$state/images.txt" ||
       die "building the images failed"
+    if [ -n "$bundle" ]; then
+      cp "$bundle/ipkeep-image.tar" "$state/images/ipkeep.tar"
+      echo "$state/images/ipkeep.tar $(sed -n 's/^image: \(\S*\) (\(\S*\),.*/\1 \2/p' "$bundle/RELEASE")" >>"$state/images.txt"
+    fi
     underlay_up
     dual_underlay_up
   fi
@@ -451,6 +477,7 @@ status() {
 teardown() {
   [ -f "$state/bin" ] && bin=$(cat "$state/bin")
   ip_family_load
+  node_layout_load
   nodes_down
   stop_all
   rm -rf "$state/pids"
@@ -483,6 +510,7 @@ node() {
   [ -d "$state/pids" ] || die "no cluster in $state"
   bin=$(cat "$state/bin")
   runtime_load
+  node_layout_load
   ip_family_load
   kubectl=(env KUBECONFIG="$state/admin.kubeconfig" "$bin/kubectl")
   [ -d "$(node_dir "$node_name")" ] || die "no real node $node_name in $state (nodes: $(node_names | tr '\n' ' '))"
@@ -493,8 +521,9 @@ node() {
     exec)
       [ ${#node_argv[@]} -gt 0 ] || die "usage: $0 node exec NAME [--state DIR] -- CMD..."
       alive "$node_name-holder" || die "$node_name is powered off"
-      # The runtime's ctr and runc first, as on a node that ships them.
-      node_exec "$node_name" env PATH="$rt_path$PATH" "${node_argv[@]}" ;;
+      # The runtime's ctr and runc first, as on a node that ships them, and the node's CNI
+      # plugins (`ipkeep list`).
+      node_exec "$node_name" env PATH="$rt_path$cni_bin_dir:$PATH" "${node_argv[@]}" ;;
   esac
 }
 
@@ -524,6 +553,7 @@ images() {
 # shellcheck source=scripts/lib/dualstack.sh
 . "$repo/scripts/lib/dualstack.sh"
 ip_family_use "$ip_family"
+node_layout_use "$node_layout"
 
 case $cmd in
   up) up ;;

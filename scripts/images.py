@@ -3,15 +3,24 @@
 without a registry or a Docker daemon (scripts/cluster.sh imports them into each node's
 containerd, in scripts/lib/nodes.sh).
 
-  scripts/images.py --release-dir target/release --plugin PATH --out DIR [--tag TAG]
+  scripts/images.py --release-dir target/release --plugin PATH --cni-plugins DIR --out DIR
+                    [--tag TAG] [--only NAME,...] [--ipkeep-ref REF] [--label KEY=VALUE ...]
 
-Writes DIR/<name>.tar for three images and prints one line per image: `<file> <reference>`.
+Writes DIR/<name>.tar for three images (or those --only names) and prints one line per image:
+`<file> <reference> <manifest digest>`.
 
   localhost/ipkeep/ipkeep:TAG   what the repository's Dockerfile builds: the release binaries it
-                                names and the static plugin (scripts/build-plugin.sh; read from
-                                the Dockerfile, so the two cannot drift apart) in /usr/local/bin, the C library they link against, /bin/sh and
-                                the tools the manifests' commands use (busybox), the user 65532
-                                and the Dockerfile's USER and CMD.
+                                names and the static plugin (scripts/build-plugin.sh) in
+                                /usr/local/bin, the reference CNI plugins of its plugin stage
+                                (bridge, portmap, loopback: --cni-plugins, the directory
+                                scripts/runtime-build.sh builds them into, at the version the
+                                Dockerfile names) in /opt/cni/bin, all read from the
+                                Dockerfile, so the two cannot drift apart; the C library the
+                                binaries link against, /bin/sh and the tools the manifests'
+                                commands use (busybox), the user 65532 and the Dockerfile's
+                                USER and CMD. --ipkeep-ref names it otherwise
+                                (scripts/release-bundle.sh: ghcr.io/ipkeep/ipkeep:VERSION, the
+                                chart's default); --label adds OCI labels to its config.
   localhost/ipkeep/busybox:TAG  a workload image: busybox with every applet (sh, sleep, ping, ip,
                                 nc, wget, ...).
   localhost/ipkeep/pause:TAG    the pod sandbox image: tests/images/pause.c, statically linked.
@@ -172,7 +181,8 @@ def shared_libraries(binaries):
 
 def dockerfile():
     """What the Dockerfile's image holds: its binaries from target/release, whether it adds the
-    static plugin (scripts/build-plugin.sh) as /usr/local/bin/ipkeep, its USER and CMD."""
+    static plugin (scripts/build-plugin.sh) as /usr/local/bin/ipkeep, the reference CNI plugins
+    of its plugin stage and their version, its USER and CMD."""
     text = open(os.path.join(REPO, "Dockerfile")).read()
     m = re.search(r"for bin in ([\w\s-]+?); do", text)
     plugin = '"$(scripts/build-plugin.sh)" /out/ipkeep' in text
@@ -180,11 +190,23 @@ def dockerfile():
     cmd = re.search(r"^CMD\s+(\[.*\])", text, re.M)
     if not (m and user and cmd):
         die("the Dockerfile no longer has the `for bin in ...; do`, USER and CMD lines read here")
-    return m.group(1).split(), plugin, user.group(1), json.loads(cmd.group(1))
+    cni = re.findall(r"containernetworking/plugins/plugins/\w+/(\w+)@\$\{CNI_PLUGINS_VERSION\}", text)
+    version = re.search(r"^ARG CNI_PLUGINS_VERSION=(\S+)", text, re.M)
+    if cni and not (version and "COPY --from=cni-plugins /out/ /opt/cni/bin/" in text):
+        die("the Dockerfile's plugin stage no longer has the ARG CNI_PLUGINS_VERSION and COPY lines read here")
+    return (m.group(1).split(), plugin, cni, version.group(1) if version else None,
+            user.group(1), json.loads(cmd.group(1)))
 
 
-def ipkeep_image(release_dir, plugin_path):
-    binaries, static_plugin, user, cmd = dockerfile()
+def cni_plugin_version(path):
+    """The version a reference CNI plugin prints when run without CNI_COMMAND."""
+    out = subprocess.run([path], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    m = re.search(r"\bv\d+\.\d+\.\d+\S*", out.stdout + out.stderr)
+    return m.group(0) if m else None
+
+
+def ipkeep_image(release_dir, plugin_path, cni_dir, labels):
+    binaries, static_plugin, cni, cni_version, user, cmd = dockerfile()
     layer = Layer()
     paths = []
     sources = [(name, os.path.join(release_dir, name)) for name in binaries]
@@ -197,6 +219,17 @@ def ipkeep_image(release_dir, plugin_path):
             die(f"{src} is missing: build it first (cargo build --release; scripts/build-plugin.sh)")
         layer.copy(src, f"/usr/local/bin/{name}", 0o755)
         paths.append(src)
+    if cni and not cni_dir:
+        die("the Dockerfile adds the reference CNI plugins: pass --cni-plugins (scripts/runtime-build.sh --print-dir, then /cni)")
+    for name in cni:
+        src = os.path.join(cni_dir, name)
+        if not os.access(src, os.X_OK):
+            die(f"{src} is missing: scripts/runtime-build.sh builds the reference CNI plugins")
+        got = cni_plugin_version(src)
+        if got != cni_version:
+            die(f"{src} is {got or 'of no version it tells'}; the Dockerfile's plugin stage builds {cni_version} "
+                "(tests/k8s/tools/cni-plugins/go.mod and the Dockerfile's CNI_PLUGINS_VERSION must agree)")
+        layer.copy(src, f"/opt/cni/bin/{name}", 0o755)
     # The chart's `helm test` pod runs bash (its /dev/tcp), as the Dockerfile's Debian base has it.
     bash = shutil.which("bash") or die("bash is missing")
     layer.copy(bash, "/bin/bash", 0o755)
@@ -213,7 +246,10 @@ def ipkeep_image(release_dir, plugin_path):
     if os.path.exists(certs):
         layer.copy(certs, certs, 0o644)
     layer.dir("/tmp", 0o1777)
-    return layer, {"User": user, "Cmd": cmd, "Env": [PATH_ENV]}
+    config = {"User": user, "Cmd": cmd, "Env": [PATH_ENV]}
+    if labels:
+        config["Labels"] = labels
+    return layer, config
 
 
 def busybox_image():
@@ -240,20 +276,36 @@ def pause_image(work):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--release-dir", required=True, help="where the release binaries are")
+    p.add_argument("--release-dir", help="where the release binaries are (for the ipkeep image)")
     p.add_argument("--plugin", help="the static ipkeep plugin (scripts/build-plugin.sh prints its path)")
+    p.add_argument("--cni-plugins", help="the reference CNI plugins' directory (scripts/runtime-build.sh's DIR/cni)")
     p.add_argument("--out", required=True, help="directory for the tarballs")
     p.add_argument("--tag", default="dev", help="the images' tag (default: dev)")
+    p.add_argument("--only", default="ipkeep,busybox,pause", help="the images to build (comma-separated)")
+    p.add_argument("--ipkeep-ref", help="the ipkeep image's reference (default: localhost/ipkeep/ipkeep:TAG)")
+    p.add_argument("--label", action="append", default=[], help="KEY=VALUE, an OCI label of the ipkeep image")
     a = p.parse_args()
+    only = [n for n in a.only.split(",") if n]
+    unknown = sorted(set(only) - {"ipkeep", "busybox", "pause"})
+    if unknown:
+        die(f"--only: no image {', '.join(unknown)} (ipkeep, busybox, pause)")
+    if "ipkeep" in only and not a.release_dir:
+        die("the ipkeep image needs --release-dir (where cargo build --release put the binaries)")
+    labels = dict(kv.split("=", 1) for kv in a.label if "=" in kv)
+    if len(labels) != len(a.label):
+        die("--label takes KEY=VALUE")
     os.makedirs(a.out, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
-        images = [("ipkeep", ipkeep_image(a.release_dir, a.plugin)), ("busybox", busybox_image()),
-                  ("pause", pause_image(work))]
+        build = {"ipkeep": lambda: ipkeep_image(a.release_dir, a.plugin, a.cni_plugins, labels),
+                 "busybox": busybox_image, "pause": lambda: pause_image(work)}
+        images = [(name, build[name]()) for name in ("ipkeep", "busybox", "pause") if name in only]
         for name, (layer, config) in images:
             ref = f"localhost/ipkeep/{name}:{a.tag}"
+            if name == "ipkeep" and a.ipkeep_ref:
+                ref = a.ipkeep_ref
             path = os.path.join(a.out, f"{name}.tar")
-            write_image(path, ref, layer, config)
-            print(f"{path} {ref}")
+            digest = write_image(path, ref, layer, config)
+            print(f"{path} {ref} {digest}")
 
 
 if __name__ == "__main__":

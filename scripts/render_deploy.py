@@ -55,7 +55,7 @@ CERT_MANAGER_SOURCES = ["templates/scheduler-ext/certificate.yaml",
 
 def target(source):
     """deploy/ path of a chart file, or None."""
-    if source == "crds/persistentpodstates.yaml":
+    if source == "templates/crd.yaml":
         return "crd.yaml"
     if source.startswith("templates/tests/") or source.startswith("templates/cni/"):
         return None
@@ -155,7 +155,7 @@ def patch_header(source, what):
 def render(helm, chart):
     """{deploy/ path: text} of every rendered file."""
     files = {}
-    for sets, extra in ((BASE_SETS, ["--include-crds"]),
+    for sets, extra in ((BASE_SETS, []),
                         (NETWORK_POLICY_SETS, ["--skip-schema-validation", "--show-only",
                                                "templates/network-policy/network-policy.yaml"]),
                         (DASHBOARD_SETS, ["--show-only",

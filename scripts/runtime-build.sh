@@ -3,7 +3,7 @@
 # ctr; runc; the reference CNI plugins, cnitool and our libcni driver) from their published Go modules, into a cache
 # outside the repository, and skips whatever is already cached.
 #
-#   scripts/runtime-build.sh [--cache DIR] [--print-dir]
+#   scripts/runtime-build.sh [--cache DIR] [--print-dir] [--only cni-plugins]
 #
 # The versions are those pinned by the wrapper modules tests/k8s/tools/containerd, runc and
 # cni-plugins (go.mod + go.sum, committed; nothing of their source is in this repository). The
@@ -13,6 +13,8 @@
 # cnitool and libcni-driver, DIR/cni the CNI plugins. --print-dir prints DIR (last line).
 # Go (>= 1.26), gcc, pkg-config and libseccomp's headers (runc uses cgo; Debian: libseccomp-dev)
 # are needed; a cold build takes about 5 minutes on two cores, a warm one (all cached) a second.
+# --only cni-plugins builds DIR/cni alone (scripts/release-bundle.sh: the plugins ipkeep's image
+# carries), with Go only; a later full build reuses it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,6 +23,13 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
+only=
+tool_option() {
+  case $1 in
+    --only) [ "$2" = cni-plugins ] || die "--only takes cni-plugins"; only=$2 ;;
+    *) return 1 ;;
+  esac
+}
 cached_build_args IPKEEP_RUNTIME_CACHE /var/cache/ipkeep-runtime "$@"
 go_require "the node runtime from its modules"
 containerd=$(version_of github.com/containerd/containerd/v2 containerd)
@@ -35,6 +44,21 @@ cached_build_dir "$cache/containerd$containerd-runc$runc-plugins$plugins-cni$cni
 cpkg=github.com/containerd/containerd/v2
 cldf="-s -w -X $cpkg/version.Version=$containerd -X $cpkg/version.Revision=module -X $cpkg/version.Package=$cpkg"
 ctags=urfave_cli_no_docs,no_btrfs,no_devmapper,no_zfs
+# The reference CNI plugins the nodes and the tests use (static, as upstream releases them); the
+# Dockerfile's plugin stage builds bridge, portmap and loopback the same way.
+ppkg=github.com/containernetworking/plugins/plugins
+pldf="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$plugins"
+pkgs=()
+for p in main/bridge ipam/host-local main/loopback meta/portmap; do
+  [ -x "$dir/cni/${p#*/}" ] || pkgs+=("$ppkg/$p")
+done
+if [ ${#pkgs[@]} -gt 0 ]; then
+  go_build "CNI plugins $plugins" cni-plugins CGO_ENABLED=0 -ldflags "$pldf" -o "$dir/cni/" "${pkgs[@]}"
+fi
+if [ "$only" = cni-plugins ]; then
+  cached_build_ready "$dir/cni (CNI plugins $plugins, $gover)"
+  exit 0
+fi
 missing=()
 for b in containerd ctr; do [ -x "$dir/bin/$b" ] || missing+=("$cpkg/cmd/$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -52,16 +76,6 @@ if [ ! -x "$dir/bin/runc" ]; then
     die "libseccomp's headers are missing (runc's seccomp support): apt-get install libseccomp-dev pkg-config (or scripts/install-deps.sh)"
   go_build "runc $runc" runc CGO_ENABLED=1 -tags=seccomp,urfave_cli_no_docs -ldflags "-s -w -X main.gitCommit=module" \
     -o "$dir/bin/runc" github.com/opencontainers/runc
-fi
-# The reference CNI plugins the nodes and the tests use (static, as upstream releases them).
-ppkg=github.com/containernetworking/plugins/plugins
-pldf="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$plugins"
-pkgs=()
-for p in main/bridge ipam/host-local main/loopback meta/portmap; do
-  [ -x "$dir/cni/${p#*/}" ] || pkgs+=("$ppkg/$p")
-done
-if [ ${#pkgs[@]} -gt 0 ]; then
-  go_build "CNI plugins $plugins" cni-plugins CGO_ENABLED=0 -ldflags "$pldf" -o "$dir/cni/" "${pkgs[@]}"
 fi
 if [ ! -x "$dir/bin/cnitool" ]; then
   go_build "cnitool $cni" cni-plugins CGO_ENABLED=0 -ldflags "-s -w" -o "$dir/bin/cnitool" github.com/containernetworking/cni/cnitool

@@ -6,8 +6,10 @@
 # scripts/cargo-deny-build.sh), and all tests, including the network-namespace tests (which
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
-# tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
-# images; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM). The
+# tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from the release
+# bundle; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM), and the
+# upgrade from 0.2.0 on real nodes (scripts/upgrade-test.sh; $IPKEEP_UPGRADE_FROM, default
+# 0.2.0: "0.1.0 0.2.0" adds the adoption of 0.1.0's kubectl apply -k install, empty skips). The
 # Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
 # from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
 # ipkeep's release build.
@@ -18,7 +20,10 @@
 # tested. IPKEEP_K8S_ALSO= (empty) skips that second run. New StatefulSet pods get their pin from
 # the admission policy on v1.37.2 and from the webhook on v1.35.4 (scripts/cluster.sh
 # --admission auto): the control-plane suite covers both, and tests/tests/e2e.rs runs the story
-# on real nodes with the policy (v1.37.2) and with the webhook (v1.35.4).
+# on real nodes with the policy (v1.37.2; kind's node layout, no extender) and with the webhook
+# (v1.35.4; k3s's node layout). The release bundle (scripts/release-bundle.sh: the packaged
+# chart, the image, the plugin, the CRD, SBOMs, SHA256SUMS) is made once, from the clean checkout
+# under CI, and every real-node cluster installs from it (IPKEEP_BUNDLE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,9 +65,17 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 "$(scripts/cargo-deny-build.sh --print-dir | tail -1)/bin/cargo-deny" deny --locked check bans licenses sources
 cargo build --workspace --locked --bins
 if [ "$(id -u)" -eq 0 ]; then
-  # The images the real nodes run are built from the release binaries and the static plugin.
-  cargo build --release --locked -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext --bins
-  scripts/build-plugin.sh >/dev/null
+  # The release bundle every real-node cluster installs from: the release binaries, the static
+  # plugin, the image built from them. Under CI from the clean checkout, as a release is made.
+  cargo build --release --locked -p ipkeep-agent --bin ipkeep-agent -p ipkeep-controller \
+    --bin ipkeep-controller -p ipkeep-scheduler-ext --bin ipkeep-scheduler-ext
+  plugin=$(scripts/build-plugin.sh | tail -1)
+  dirty=(--allow-dirty); [ -n "${CI:-}" ] && dirty=()
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  rm -rf "$target_dir/bundle"
+  IPKEEP_BUNDLE=$(scripts/release-bundle.sh "$target_dir/bundle" "${dirty[@]}" \
+    --release-dir "$target_dir/release" --plugin "$plugin" | tail -1)
+  export IPKEEP_BUNDLE
 fi
 cargo test --workspace --locked
 if [ -n "$runtime_dir" ]; then
@@ -74,3 +87,15 @@ for v in $also; do
   echo "test.sh: the control-plane suite on Kubernetes $v" >&2
   IPKEEP_K8S_VERSION=$v cargo test --locked -p ipkeep-tests --test cluster
 done
+if [ -n "$runtime_dir" ]; then
+  # Upgrades that leave nothing behind, under load (the old version's release build shares
+  # target/): from 0.2.0 (Helm) on v1.35.4 by default. Each run compiles its old version's
+  # release binaries (6 to 12 min on two shared cores) before a few minutes of test, so CI runs
+  # the one from the previous release; IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" adds the adoption of
+  # 0.1.0's kubectl apply -k install on v1.37.2 (policy mode; the hook that deletes its webhook
+  # configuration is also tested on a real kube-apiserver by tests/tests/helm_release.rs).
+  for from in ${IPKEEP_UPGRADE_FROM-0.2.0}; do
+    echo "test.sh: scripts/upgrade-test.sh --from $from" >&2
+    scripts/upgrade-test.sh --from "$from" --replicas 2
+  done
+fi

@@ -1,56 +1,69 @@
 #!/usr/bin/env bash
-# Upgrade, rollback and uninstall of ipkeep under load, on a real-node cluster (root).
+# Upgrade, rollback and uninstall of ipkeep under load, on a real-node cluster (root): from an
+# older version, installed the way its own docs said, to this tree's, installed from its release
+# bundle (scripts/release-bundle.sh), as docs/install.md, "Upgrade", tells an operator.
 #
-#   scripts/upgrade-test.sh [--old-tree DIR] [--old-commit C] [--state DIR] [--port-base P]
-#                           [--replicas N] [--every S] [--keep]
+#   scripts/upgrade-test.sh [--from 0.1.0|0.2.0] [--k8s-version V] [--old-tree DIR] [--state DIR]
+#                           [--port-base P] [--replicas N] [--every S] [--keep]
 #
-# 1. The old version: a checkout of --old-commit (default f67c38b, the last commit before the
-#    Helm chart's release line; a `git worktree` at --old-tree, default /tmp/ipkeep-upgrade-old,
-#    made if missing) brings up 2 real nodes with its own scripts/cluster.sh, which installs it
-#    the way its docs/install.md said: `kubectl apply -k` of an overlay of its deploy/ (with the
-#    deploy/cni component), deploy/scheduler-ext/make-certificate.sh, kube-scheduler with the
-#    extender. Its release build goes to the old tree's target/ (built once, then reused).
+# 1. The old version: a checkout of its commit (a `git worktree` at --old-tree, default
+#    /tmp/ipkeep-upgrade-VERSION, made if missing) brings up 2 real nodes with its own
+#    scripts/cluster.sh, which installs it as its docs said, on --k8s-version (default: v1.37.2
+#    from 0.1.0, v1.35.4 from 0.2.0, so that CI covers both ends of the supported window):
+#    - 0.1.0 (f67c38b, the last commit before the Helm chart): `kubectl apply -k` of an overlay
+#      of its deploy/ (with the deploy/cni component) and deploy/scheduler-ext/make-certificate.sh;
+#    - 0.2.0 (d62b71e): `helm install` of its chart (release 1; the CRD from the chart's crds/).
+#    Its release build shares this tree's cargo target directory (and compiler), so only
+#    ipkeep's own crates are compiled for it.
 # 2. Load: two StatefulSets of N pods (--replicas, default 3) annotated as README says
 #    (auto-generate-persistent-pod-state, required-persistent-topology=kubernetes.io/hostname),
 #    and a loop that deletes one of their pods every S seconds (--every, default 3) and records
-#    its node and IP before and after, its creation→Running time and whether the webhook
-#    pinned it. On each node a loop runs /opt/cni/bin/ipkeep's VERSION command every 0.2 s and
+#    its node and IP before and after, its creation→Running time and whether it was pinned at
+#    admission. On each node a loop runs /opt/cni/bin/ipkeep's VERSION command every 0.2 s and
 #    notes which binary answered (its sha256).
-# 3. Adopt: `kubectl apply --server-side -f deploy/crd.yaml`, then
-#      helm upgrade --install ipkeep charts/ipkeep -n ipkeep-system --take-ownership \
-#        --force-conflicts --wait=watcher -f VALUES (image tag OLD)
-#    Helm release 1: this chart, the old version's image. The ConfigMap kustomize's generator
-#    named ipkeep-cni-config-<hash> is then deleted (the chart's is ipkeep-cni-config).
-# 4. Upgrade: `helm upgrade` to the image of this tree (release 2).
-# 5. Rollback: `helm rollback ipkeep 1 --wait=watcher` (release 3, the old image again). A
-#    kustomize install is not a Helm release, so there is nothing to roll back to before step 3:
-#    release 1 is the old version under the chart, and rolling back to it is rolling back to
-#    the old version.
-#    After each of 3 to 5 the test audits: no address has two owners, each node's store holds
-#    exactly its running pods' addresses, the PersistentPodState records match the pods and are
-#    the ones recorded before the step, kube-apiserver logged no failed webhook call.
-# 6. Uninstall (docs/install.md, "Uninstall"): `helm uninstall ipkeep -n ipkeep-system --wait`;
+# 3. The Helm steps, with this tree's bundle (its image imported into the nodes, its packaged
+#    chart), each under load:
+#    - from 0.1.0: adopt (`helm upgrade --install --take-ownership --force-conflicts` with the
+#      0.1.0 image and admission.mode=webhook, 0.1.0 writes no admission plan: release 1), then
+#      the kustomize generator's ConfigMap ipkeep-cni-config-<hash> deleted; upgrade (this
+#      version's image, admission.mode auto: release 2); rollback (`helm rollback ipkeep 1`:
+#      release 3); again (the upgrade once more: release 4);
+#    - from 0.2.0: upgrade (`helm upgrade --take-ownership --force-conflicts`: the CRD 0.2.0's
+#      crds/ made is no release object; release 2); rollback (release 3); again (release 4).
+#    After each step the test audits: no address has two owners, each node's store holds
+#    exactly its running pods' addresses, the PersistentPodState records match the pods and
+#    are the ones recorded before the step, kube-apiserver logged no failed webhook call, the
+#    pinning path is the one the release asks for (the admission policy ipkeep-pin and no
+#    mutating webhook configuration, or the webhook configuration and no policy), and once
+#    this version runs, the CRD is this chart's.
+# 4. Uninstall (docs/install.md, "Uninstall"): `helm uninstall ipkeep -n ipkeep-system --wait`;
 #    the running pods keep running, their IPs and their reachability (ping from a pod on the
-#    other node); new pods start (the plugin serves without the agent). Then the CNI switch back,
-#    node by node: drain, replace 10-ipkeep.conflist with the same bridge configuration with
-#    host-local IPAM, remove ipkeep's node files, uncordon; new pods start again; the CRD and the
-#    namespace are deleted last, and nothing named ipkeep is left: no webhook configuration,
-#    ClusterRole(Binding), CRD, namespace; on the nodes no /opt/cni/bin/ipkeep, no conflist
-#    naming ipkeep, no /var/lib/cni/ipkeep, /run/ipkeep or /var/log/ipkeep.log.
+#    other node); new pods start (the plugin serves without the agent); Helm kept the CRD and,
+#    where the admission policy ran, the anchor ipkeep-configmap-parameters-anchor (on purpose:
+#    docs/scheduler-ext.md). Then the CNI switch back, node by node: drain, replace
+#    10-ipkeep.conflist with the same bridge configuration with host-local IPAM, remove ipkeep's
+#    node files, uncordon; new pods start again; the admission plans, the anchor, the CRD and the
+#    namespace are deleted by hand as the docs say, and nothing named ipkeep is left: no webhook
+#    configuration, admission policy or binding, ClusterRole(Binding), CRD, namespace, admission
+#    plan ConfigMap; on the nodes no /opt/cni/bin/ipkeep, no conflist naming ipkeep, no
+#    /var/lib/cni/ipkeep, /run/ipkeep or /var/log/ipkeep.log.
 #
-# The new version's images are built from this tree's release build (scripts/images.py, tag the
-# workspace version) and imported into the nodes; the old ones by the old tree's scripts/images.py
-# (tag the old workspace version; the old cluster.sh imports them as :dev too). --state (default
-# /tmp/ipkeep-upgrade) and --port-base (default 16540) are the cluster's (scripts/cluster.sh);
-# the test's own files go in STATE-test (rebuilds.tsv, the audits, helm's output). The cluster
-# is torn down at the end, pass or fail (--keep leaves it running; then
+# This version's bundle is $IPKEEP_BUNDLE (scripts/test.sh makes one per run) or made by
+# scripts/release-bundle.sh from this tree's release build; the old version's images by the old
+# tree's scripts/images.py (tag the old version; its cluster.sh imports them as :dev too).
+# --state (default /tmp/ipkeep-upgrade) and --port-base (default 16540) are the cluster's
+# (scripts/cluster.sh); the test's own files go in STATE-test (rebuilds.tsv, the audits, helm's
+# output). The cluster is torn down at the end, pass or fail (--keep leaves it running; then
 # OLD_TREE/scripts/cluster.sh down --state STATE). Exits 0 only if every expectation held; the
-# last lines are the figures. Run it under the locks of docs/cluster.md (real nodes, heavy).
+# last lines are the figures. scripts/test.sh runs it in CI from 0.2.0 on v1.35.4 with 2
+# replicas ($IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" there adds the run from 0.1.0 on v1.37.2). Run it
+# under the locks of docs/cluster.md (real nodes, heavy).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-old_commit=f67c38b
-old_tree=${IPKEEP_UPGRADE_OLD_TREE:-/tmp/ipkeep-upgrade-old}
+from=0.1.0
+old_tree=
+k8s_version=
 state=/tmp/ipkeep-upgrade
 port_base=16540
 replicas=3
@@ -65,8 +78,9 @@ die() { printf 'upgrade-test: error: %s\n' "$*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
   case $1 in
+    --from) from=${2:?--from needs 0.1.0 or 0.2.0}; shift 2 ;;
+    --k8s-version) k8s_version=${2:?--k8s-version needs a release such as v1.37.2}; shift 2 ;;
     --old-tree) old_tree=${2:?--old-tree needs a directory}; shift 2 ;;
-    --old-commit) old_commit=${2:?--old-commit needs a commit}; shift 2 ;;
     --state) state=${2:?--state needs a directory}; shift 2 ;;
     --port-base) port_base=${2:?--port-base needs a port}; shift 2 ;;
     --replicas) replicas=${2:?--replicas needs a number}; shift 2 ;;
@@ -79,6 +93,15 @@ done
 [[ $replicas =~ ^[1-9][0-9]*$ ]] || die "--replicas takes a positive number, got '$replicas'"
 [[ $every =~ ^[0-9]+$ ]] || die "--every takes whole seconds, got '$every'"
 [ "$(id -u)" = 0 ] || die "real nodes need root (scripts/cluster.sh up --nodes 2)"
+# The old versions: their commit, and the Kubernetes release CI runs each on.
+case $from in
+  0.1.0) old_commit=f67c38b default_k8s=v1.37.2 ;;
+  0.2.0) old_commit=d62b71e default_k8s=v1.35.4 ;;
+  *) die "--from takes 0.1.0 or 0.2.0, got '$from'" ;;
+esac
+k8s_version=${k8s_version:-$default_k8s}
+default_tree=/tmp/ipkeep-upgrade-$from
+old_tree=${old_tree:-$default_tree}
 state=$(realpath -m "$state")
 work=$state-test
 check=(python3 "$repo/scripts/upgrade_check.py")
@@ -88,6 +111,14 @@ check=(python3 "$repo/scripts/upgrade_check.py")
 version_of() { sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$1/Cargo.toml" | head -1; }
 
 old_tree_ready() {
+  # A worktree of another clone (the checkout of an earlier CI run, since deleted) cannot be
+  # used: the default one is made again.
+  if [ "$old_tree" = "$default_tree" ] && [ -e "$old_tree/.git" ] &&
+    [ "$(git -C "$old_tree" rev-parse HEAD 2>/dev/null)" != "$(git -C "$repo" rev-parse "$old_commit^{commit}")" ]; then
+    say "removing $old_tree (not a worktree of $old_commit in this clone)"
+    rm -rf "$old_tree"
+    git -C "$repo" worktree prune
+  fi
   if [ ! -e "$old_tree/.git" ]; then
     say "making the old tree: git worktree add --detach $old_tree $old_commit"
     git -C "$repo" worktree add --detach "$old_tree" "$old_commit" >&2 || die "git worktree add $old_tree $old_commit failed"
@@ -97,21 +128,58 @@ old_tree_ready() {
   [ "$head" = "$want" ] || die "$old_tree is at $head, not $old_commit: remove it (git worktree remove) or pass --old-tree"
 }
 
-# triple_dir TREE: where build-plugin.sh puts the static plugin.
-plugin_path() { echo "$1/target/$(rustc -vV | sed -n 's/^host: //p')/release/ipkeep"; }
+# Both trees build into this tree's cargo target directory with this tree's compiler, so the old
+# version compiles only ipkeep's own crates (the dependencies are shared where their versions
+# are). The top-level binaries there are then the old version's: the new version's are in its
+# bundle, made before, and build_new_again puts them back at the end.
+target=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' "$repo/rust-toolchain.toml")
+triple=$(rustc -vV | sed -n 's/^host: //p')
 
-build_new() {
-  say "building this tree's release binaries and static plugin (reused when built)"
-  (cd "$repo" && . scripts/lib/cargo-env.sh && drop_test_cargo_env &&
-    cargo build -q --locked --release -p ipkeep-agent -p ipkeep-controller -p ipkeep-scheduler-ext --bins) ||
-    die "cargo build --release failed in $repo"
-  "$repo/scripts/build-plugin.sh" >/dev/null || die "scripts/build-plugin.sh failed in $repo"
+# old_env CMD...: CMD as the old tree runs it: the shared target directory and compiler, and
+# none of the variables that point scripts/cluster.sh at this tree's builds.
+old_env() {
+  env -u IPKEEP_RELEASE_DIR -u IPKEEP_PLUGIN -u IPKEEP_BUNDLE -u IPKEEP_NODE_LAYOUT \
+    -u IPKEEP_WITHOUT_EXTENDER -u IPKEEP_K8S_VERSION -u IPKEEP_CLUSTER_STATE -u IPKEEP_CNI_DATA_SIZE \
+    CARGO_TARGET_DIR="$target" RUSTUP_TOOLCHAIN="$toolchain" "$@"
 }
 
-images() {
-  local tree=$1 tag=$2 out=$3
-  python3 "$tree/scripts/images.py" --release-dir "$tree/target/release" --plugin "$(plugin_path "$tree")" \
-    --out "$out" --tag "$tag" >"$out.txt" || die "$tree/scripts/images.py failed"
+build_new() {
+  (cd "$repo" && . scripts/lib/cargo-env.sh && drop_test_cargo_env &&
+    cargo build -q --locked --release -p ipkeep-agent --bin ipkeep-agent -p ipkeep-controller \
+      --bin ipkeep-controller -p ipkeep-scheduler-ext --bin ipkeep-scheduler-ext) ||
+    die "cargo build --release failed in $repo"
+  "$repo/scripts/build-plugin.sh" | tail -1 || die "scripts/build-plugin.sh failed in $repo"
+}
+
+# bundle_new: this version's release bundle: $IPKEEP_BUNDLE (checked against its SHA256SUMS), or
+# scripts/release-bundle.sh of this tree's release build into STATE-test/bundle.
+bundle_new() {
+  if [ -n "${IPKEEP_BUNDLE:-}" ]; then
+    (cd "$IPKEEP_BUNDLE" && sha256sum --quiet -c SHA256SUMS) || die "IPKEEP_BUNDLE=$IPKEEP_BUNDLE does not match its SHA256SUMS"
+    bundle=$IPKEEP_BUNDLE
+    say "this version: the release bundle $bundle (IPKEEP_BUNDLE)"
+    return
+  fi
+  say "building this tree's release binaries and static plugin, and its release bundle"
+  local plugin
+  plugin=$(build_new)
+  bundle=$work/bundle
+  "$repo/scripts/release-bundle.sh" "$bundle" --allow-dirty --release-dir "$target/release" --plugin "$plugin" >/dev/null ||
+    die "scripts/release-bundle.sh failed"
+}
+
+# build_new_again: the shared target directory's top-level binaries back to this tree's (cargo
+# copies them out again even when nothing is rebuilt).
+build_new_again() {
+  [ -n "${old_built:-}" ] || return 0
+  build_new >/dev/null
+}
+
+images_old() {
+  local out=$1
+  python3 "$old_tree/scripts/images.py" --release-dir "$target/release" --plugin "$target/$triple/release/ipkeep" \
+    --out "$out" --tag "$old_version" >"$out.txt" || die "$old_tree/scripts/images.py failed"
 }
 
 # --- the cluster ------------------------------------------------------------------------------
@@ -132,6 +200,7 @@ teardown() {
     say "tearing down the cluster"
     "$old_tree/scripts/cluster.sh" down --state "$state" --keep-logs >&2 || say "cluster.sh down failed"
   fi
+  build_new_again || say "building this tree again failed: its release binaries in $target are the old version's"
 }
 
 import_images() {
@@ -305,9 +374,33 @@ images_running() {
   k -n "$sys_ns" get pods -o jsonpath='{range .items[*]}{.spec.containers[0].image}{"\n"}{end}' | sort | uniq -c | tr '\n' ';'
 }
 
-# step NAME CMD...: a Helm step under load, timed, then audited.
+# pinning MODE: the admission objects are those of MODE (policy: the MutatingAdmissionPolicy
+# ipkeep-pin and its binding, no mutating webhook configuration ipkeep-scheduler-ext; webhook:
+# that configuration with its pinning webhook, no policy). On Kubernetes without the policy's
+# API there is none to find.
+pinning() {
+  local mode=$1 mwc map
+  mwc=$(k get mutatingwebhookconfiguration ipkeep-scheduler-ext -o jsonpath='{range .webhooks[*]}{.name} {end}' 2>/dev/null || echo none)
+  map=$(k get mutatingadmissionpolicy ipkeep-pin -o name 2>/dev/null || echo none)
+  if [ "$mode" = policy ]; then
+    [ "$mwc" = none ] && [ "$map" != none ]
+  else
+    [[ "$mwc" == *pin.ipkeep.dev* ]] && [[ "$map" == none* ]]
+  fi
+}
+
+# crd_is_this_charts: the served CRD's versions and schema are this chart's (crds.manage).
+crd_is_this_charts() {
+  k get crd persistentpodstates.ipkeep.dev -o json >"$work/crd.json" &&
+    k create --dry-run=client -o json -f "$bundle/crd.yaml" >"$work/crd-want.json" &&
+    "${check[@]}" crd --got "$work/crd.json" --want "$work/crd-want.json" >&2
+}
+
+# step NAME MODE CMD...: a Helm step under load, timed, then audited; MODE is the pinning path
+# the release it makes asks for (policy or webhook), "new" in MODE (policy+new) when it runs
+# this version.
 step() {
-  local name=$1 t0 t1 wf0 wf1 rc=0; shift
+  local name=$1 mode=$2 t0 t1 wf0 wf1 rc=0; shift 2
   phase "$name"
   wf0=$(webhook_failures)
   cp "$work/$prev.records" "$work/before-$name.records"
@@ -324,7 +417,15 @@ step() {
   expect_lines "$work/$name.carried"
   wf1=$(webhook_failures)
   expect $((wf1 != wf0)) "$name: kube-apiserver logged no failed webhook call ($((wf1 - wf0)) new)"
+  check_that "$name: pods are pinned by the ${mode%+new} (the objects of admission.mode: $(admission_objects))" pinning "${mode%+new}"
+  if [[ $mode == *+new ]]; then
+    check_that "$name: the CRD is this chart's (crds.manage)" crd_is_this_charts
+  fi
   prev=$name
+}
+
+admission_objects() {
+  { k get mutatingwebhookconfiguration,mutatingadmissionpolicy -o name 2>/dev/null || true; } | grep ipkeep | tr '\n' ' '
 }
 
 main() {
@@ -332,24 +433,29 @@ main() {
   echo old >"$work/phase"
   : >"$work/rebuilds.tsv"; : >"$work/results"; : >"$work/times"
   old_tree_ready
-  local old_version new_version t_start
+  local new_version t_start
   old_version=$(version_of "$old_tree") new_version=$(version_of "$repo")
+  [ "$old_version" = "$from" ] || die "$old_tree ($old_commit) is version $old_version, not $from"
   [ "$old_version" != "$new_version" ] || die "the old and new trees have the same version $new_version: bump [workspace.package] version"
-  say "old: $old_commit ($old_version) in $old_tree; new: $(git -C "$repo" rev-parse --short HEAD) ($new_version)"
+  say "old: $old_commit ($old_version) in $old_tree; new: $(git -C "$repo" rev-parse --short HEAD) ($new_version); Kubernetes $k8s_version"
   helm_bin=$("$repo/scripts/helm-build.sh" --print-dir | tail -1)/bin/helm
-  build_new
+  bundle_new
+  chart=$bundle/ipkeep-$new_version.tgz
+  [ -f "$chart" ] || die "the bundle $bundle has no ipkeep-$new_version.tgz"
+  image_new=$(sed -n 's/^image: \(\S*\).*/\1/p' "$bundle/RELEASE")
   t_start=$(date +%s)
 
-  say "starting 2 real nodes with the old version installed by its own scripts/cluster.sh (its kubectl apply -k)"
+  say "starting 2 real nodes with $old_version installed by its own scripts/cluster.sh"
   watch_pids=()
   trap teardown EXIT
   trap 'exit 130' INT TERM
-  "$old_tree/scripts/cluster.sh" up --nodes 2 --state "$state" --port-base "$port_base" >&2 ||
-    die "the old tree's cluster.sh up failed (logs: $state/logs)"
-  say "building and importing the images: localhost/ipkeep/ipkeep:$old_version (old tree), :$new_version (this tree)"
-  images "$old_tree" "$old_version" "$work/images-old"
-  images "$repo" "$new_version" "$work/images-new"
-  import_images "$work/images-old/ipkeep.tar" "$work/images-new/ipkeep.tar"
+  old_built=1
+  old_env "$old_tree/scripts/cluster.sh" up --nodes 2 --state "$state" --port-base "$port_base" \
+    --k8s-version "$k8s_version" >&2 || die "the old tree's cluster.sh up failed (logs: $state/logs)"
+  echo "$(( $(date +%s) - t_start ))" >"$work/up-seconds"
+  say "importing the images: localhost/ipkeep/ipkeep:$old_version (old tree), $image_new (the bundle)"
+  images_old "$work/images-old"
+  import_images "$work/images-old/ipkeep.tar" "$bundle/ipkeep-image.tar"
 
   say "load: 2 StatefulSets of $replicas pods in $ns, one pod deleted every $every s"
   k create namespace "$ns" >/dev/null
@@ -368,30 +474,50 @@ main() {
   audit old
   prev=old
 
-  # What a user of the old version passes to the chart: its image, the Service's fixed cluster IP
-  # of the kube-scheduler stanza, the CA make-certificate.sh put in the webhook configurations.
-  local ca
-  ca=$(k get mutatingwebhookconfiguration ipkeep-scheduler-ext -o jsonpath='{.webhooks[0].clientConfig.caBundle}')
-  [ -n "$ca" ] || die "the old install's webhook configuration has no caBundle"
-  cat >"$work/values.yaml" <<EOF
+  # The pinning path this version takes with admission.mode auto.
+  local auto=webhook
+  k api-resources --api-group=admissionregistration.k8s.io -o name >"$work/api-resources" 2>/dev/null || true
+  grep -q '^mutatingadmissionpolicies\.' "$work/api-resources" && auto=policy
+  local new_image=(--set image.repository="${image_new%:*}" --set image.tag="${image_new##*:}")
+  if [ "$from" = 0.1.0 ]; then
+    # What a user of 0.1.0 passes to the chart: its image, the Service's fixed cluster IP of the
+    # kube-scheduler stanza, the CA make-certificate.sh put in the webhook configurations, and
+    # the webhook: 0.1.0's controller writes no admission plan for the policy to read.
+    local ca
+    ca=$(k get mutatingwebhookconfiguration ipkeep-scheduler-ext -o jsonpath='{.webhooks[0].clientConfig.caBundle}')
+    [ -n "$ca" ] || die "the old install's webhook configuration has no caBundle"
+    cat >"$work/values.yaml" <<EOF
 image: {repository: localhost/ipkeep/ipkeep, tag: "$old_version"}
 schedulerExt: {service: {clusterIP: "$(k -n "$sys_ns" get service ipkeep-scheduler-ext -o jsonpath='{.spec.clusterIP}')"}}
 webhook: {caBundle: "$ca"}
 selfManagedCertificates: {enabled: false}
 cni: {enabled: true}
+admission: {mode: webhook}
 EOF
-  check_that "kubectl apply --server-side -f deploy/crd.yaml (the new CRD first)" \
-    k apply --server-side -f "$repo/deploy/crd.yaml" -o name >"$work/crd.log" 2>&1
-  step adopt helm upgrade --install ipkeep "$repo/charts/ipkeep" -n "$sys_ns" --take-ownership --force-conflicts \
-    --wait=watcher --timeout 5m -f "$work/values.yaml"
-  local stale
-  stale=$(k -n "$sys_ns" get configmap -l app.kubernetes.io/part-of=ipkeep -o name | grep -E '/ipkeep-cni-config-[a-z0-9]+$' || true)
-  local cm
-  for cm in $stale; do k -n "$sys_ns" delete "$cm" >/dev/null; done
-  say "deleted kustomize's generated ConfigMap(s): ${stale:-none}"
-  step upgrade helm upgrade ipkeep "$repo/charts/ipkeep" -n "$sys_ns" --wait=watcher --timeout 5m \
-    -f "$work/values.yaml" --set image.tag="$new_version"
-  step rollback helm rollback ipkeep 1 -n "$sys_ns" --wait=watcher --timeout 5m
+    step adopt webhook helm upgrade --install ipkeep "$chart" -n "$sys_ns" --take-ownership --force-conflicts \
+      --wait=watcher --timeout 5m -f "$work/values.yaml"
+    local stale cm
+    stale=$(k -n "$sys_ns" get configmap -l app.kubernetes.io/part-of=ipkeep -o name | grep -E '/ipkeep-cni-config-[a-z0-9]+$' || true)
+    for cm in $stale; do k -n "$sys_ns" delete "$cm" >/dev/null; done
+    say "deleted kustomize's generated ConfigMap(s): ${stale:-none}"
+    step upgrade "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --wait=watcher --timeout 5m \
+      -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
+    step rollback webhook helm rollback ipkeep 1 -n "$sys_ns" --wait=watcher --timeout 5m
+    step again "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --wait=watcher --timeout 5m \
+      -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
+  else
+    # 0.2.0's cluster.sh installed it with these values (its image as :dev); the CRD came from
+    # its chart's crds/, outside the release: --take-ownership --force-conflicts
+    # (docs/install.md, "Upgrade").
+    local old_mode
+    old_mode=$(cat "$state/admission")
+    cp "$state/ipkeep-values.yaml" "$work/values.yaml"
+    step upgrade "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --take-ownership --force-conflicts \
+      --wait=watcher --timeout 5m -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
+    step rollback "$old_mode" helm rollback ipkeep 1 -n "$sys_ns" --wait=watcher --timeout 5m
+    step again "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --wait=watcher --timeout 5m \
+      -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
+  fi
   helm history ipkeep -n "$sys_ns" >"$work/history" 2>&1 || true
 
   say "stopping the load"
@@ -406,12 +532,12 @@ EOF
   grep '^ok \|^FAIL ' "$work/rebuilds.summary" >"$work/rebuilds.check" || true
   expect_lines "$work/rebuilds.check"
 
-  uninstall
+  uninstall "$auto"
   local total=$(( $(date +%s) - t_start ))
   say "figures:"
   cat "$work/rebuilds.summary" >&2
   cat "$work/history" >&2
-  say "step times (s): $(tr '\n' ';' <"$work/times")  whole run after the build: $total s"
+  say "step times (s): $(tr '\n' ';' <"$work/times")  cluster up (the old version's build included): $(cat "$work/up-seconds") s; whole run after this version's build: $total s"
   say "$(grep -c '^ok ' "$work/results") expectations held, $fails failed (results: $work/results)"
   [ "$fails" = 0 ] || exit 1
 }
@@ -440,7 +566,19 @@ new_pods() {
   check_that "$name: the new pods on the two nodes reach each other" both_reach "$name-node-0" "$name-node-1"
 }
 
+# ipkeep_objects KIND...: the objects of these kinds whose name says ipkeep, cluster-wide and in
+# every namespace (a kind the server does not serve has none).
+ipkeep_objects() {
+  local kind
+  for kind in "$@"; do
+    k get "$kind" -A -o name 2>/dev/null | grep -i ipkeep || true
+  done | tr '\n' ' ' | sed 's/ $//'
+}
+
+# uninstall AUTO: the uninstall of docs/install.md; AUTO is the pinning path the release had
+# (with the admission policy, Helm keeps its anchor on purpose).
 uninstall() {
+  local auto=$1
   phase uninstall
   local a b before wf0 rc n root left
   a=$(first_pod_on node-0) b=$(first_pod_on node-1)
@@ -450,8 +588,14 @@ uninstall() {
   k -n "$sys_ns" wait --for=delete pod --all --timeout=120s >/dev/null 2>&1 || true
   check_that "uninstall: the running pods kept running with their IPs ($(wc -l <<<"$before") pods)" test "$before" = "$(pods_line)"
   check_that "uninstall: $a (node-0) and $b (node-1) still reach each other" both_reach "$a" "$b"
-  left=$(k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name | grep ipkeep || true)
-  check_that "uninstall: no ipkeep webhook configuration is left (${left:-none})" test -z "$left"
+  left=$(ipkeep_objects mutatingwebhookconfiguration validatingwebhookconfiguration mutatingadmissionpolicy \
+    mutatingadmissionpolicybinding validatingadmissionpolicy validatingadmissionpolicybinding)
+  local kept=""
+  [ "$auto" = policy ] &&
+    kept="validatingadmissionpolicy.admissionregistration.k8s.io/ipkeep-configmap-parameters-anchor validatingadmissionpolicybinding.admissionregistration.k8s.io/ipkeep-configmap-parameters-anchor"
+  check_that "uninstall: no ipkeep webhook configuration or admission policy is left but the anchor Helm keeps on purpose (${left:-none})" \
+    test "$left" = "$kept"
+  check_that "uninstall: Helm kept the CRD (helm.sh/resource-policy: keep)" k get crd persistentpodstates.ipkeep.dev -o name
   new_pods after-uninstall $((replicas + 1))
   check_that "uninstall: kube-apiserver logged no failed webhook call" test "$(webhook_failures)" = "$wf0"
   audit uninstalled
@@ -477,10 +621,19 @@ uninstall() {
   "${check[@]}" audit --pods "$work/host-local.pods.json" >"$work/host-local.audit" || true
   expect_lines "$work/host-local.audit"
 
-  check_that "kubectl delete -f deploy/crd.yaml (asked for: every PersistentPodState goes with it)" \
-    k delete -f "$repo/deploy/crd.yaml" --wait=true >/dev/null 2>&1
+  # What the docs have the operator delete by hand once ipkeep is gone for good.
+  check_that "kubectl delete configmap -A -l ipkeep.dev/admission-plan=true (the admission plans; $(k get configmap -A -l ipkeep.dev/admission-plan=true -o name 2>/dev/null | wc -l) found)" \
+    k delete configmap -A -l ipkeep.dev/admission-plan=true --wait=true >/dev/null 2>&1
+  if [ "$auto" = policy ]; then
+    check_that "kubectl delete validatingadmissionpolicybinding,validatingadmissionpolicy ipkeep-configmap-parameters-anchor" \
+      k delete validatingadmissionpolicybinding,validatingadmissionpolicy ipkeep-configmap-parameters-anchor >/dev/null 2>&1
+  fi
+  check_that "kubectl delete crd persistentpodstates.ipkeep.dev (asked for: every PersistentPodState goes with it)" \
+    k delete crd persistentpodstates.ipkeep.dev --wait=true >/dev/null 2>&1
   check_that "kubectl delete namespace $sys_ns" k delete namespace "$sys_ns" --wait=true --timeout=120s >/dev/null 2>&1
-  left=$(k get mutatingwebhookconfiguration,validatingwebhookconfiguration,clusterrole,clusterrolebinding,crd,namespace -o name | grep -i ipkeep || true)
+  left=$(ipkeep_objects mutatingwebhookconfiguration validatingwebhookconfiguration mutatingadmissionpolicy \
+    mutatingadmissionpolicybinding validatingadmissionpolicy validatingadmissionpolicybinding clusterrole \
+    clusterrolebinding crd namespace configmap)
   check_that "nothing of ipkeep is left in the API: ${left:-none}" test -z "$left"
   for n in "${nodes[@]}"; do
     root=$(node_root "$n")

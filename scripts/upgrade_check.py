@@ -7,6 +7,7 @@
   upgrade_check.py rebuilds --tsv REBUILDS.tsv
   upgrade_check.py plugin --log NODE=WATCH.log ...
   upgrade_check.py conflist --in IPKEEP.conflist
+  upgrade_check.py crd --got CRD.json --want CRD.json
 
 audit prints one line per expectation, `ok <text>` or `FAIL <text>`: no address has two owners
 (every pod on the pod network, all namespaces); each node's store (`ipkeep list --json`) holds
@@ -15,8 +16,9 @@ record matches its pod (node and IP). records prints `pod node ip` per record; c
 two such lists (every record of a pod still there says the same node and IP). rebuilds and
 plugin print the figures of the load and of the node-side watch of /opt/cni/bin/ipkeep.
 conflist prints the host-local configuration that replaces ipkeep's (docs/install.md,
-"Uninstall"): the same main plugin and ranges, IPAM host-local.
-Only the standard library is used.
+"Uninstall"): the same main plugin and ranges, IPAM host-local. crd says whether the CRD the API
+server serves (kubectl get -o json) has the versions and schemas of another (the chart's, as
+`kubectl create --dry-run=client -o json` reads it). Only the standard library is used.
 """
 
 import argparse
@@ -139,19 +141,24 @@ def rebuilds(args):
         fmt = lambda xs: f"{statistics.median(xs):.1f}/{max(xs):.1f}" if xs else "-"
         print(f"{ph:<10} {len(rs):>7}  {kept:>7}  {node_kept:>9}  {len(rs) - len(done):>8}  "
               f"{unpinned:>8}  {fmt(c2r):>30}  {fmt(d2r):>30}")
-        bad += (len(rs) - len(done)) + (len(done) - kept) + unpinned
+        # What an upgrade guarantees is the node and the IP. A pod rebuilt while the admission
+        # policy waits for the new controller's first plan is not pinned at admission; the
+        # extender still puts it on its node (CHANGELOG.md, 0.3.0): counted, not a failure.
+        bad += (len(rs) - len(done)) + (len(done) - kept) + (len(done) - node_kept)
         slow = [r for r in done if float(r[6]) > args.slow]
         bad += len(slow)
         for r in slow:
             print(f"  slow: {r[1]} took {r[6]} s from creation to Running")
         for r in rs:
-            if r[5] == "timeout" or r[3] != r[5] or r[8] != "pinned":
+            if r[5] == "timeout" or r[3] != r[5] or r[2] != r[4] or r[8] != "pinned":
                 print(f"  {r[1]}: {r[2]} {r[3]} -> {r[4]} {r[5]} ({r[8]})")
     total = len(rows)
     kept = sum(1 for r in rows if r[3] == r[5])
     print(f"total: {total} pods rebuilt, {kept} kept their IP")
+    pinned = sum(1 for r in rows if r[8] == "pinned")
+    print(f"pinned at admission: {pinned} of {total}")
     print(("ok " if bad == 0 and total > 0 else "FAIL ")
-          + f"every rebuilt pod came back on its node with its IP, pinned, within {args.slow} s "
+          + f"every rebuilt pod came back on its node with its IP within {args.slow} s "
           f"({total - kept} did not keep the IP, {bad} findings)")
     return 0 if bad == 0 and total > 0 else 1
 
@@ -196,6 +203,26 @@ def conflist(args):
     return 0
 
 
+def crd(args):
+    got, want = load(args.got), load(args.want)
+
+    def norm(v):
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        return v
+    served = {v["name"]: norm(v.get("schema")) for v in got["spec"]["versions"]}
+    wanted = {v["name"]: norm(v.get("schema")) for v in want["spec"]["versions"]}
+    ok = served == wanted
+    differ = sorted(n for n in set(served) | set(wanted) if served.get(n) != wanted.get(n))
+    print(("ok " if ok else "FAIL ") + f"the served CRD's versions {sorted(served)} "
+          + ("have the chart's schemas" if ok else f"differ from the chart's in {differ}"))
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -215,9 +242,12 @@ def main():
     p.add_argument("--log", action="append", required=True)
     k = sub.add_parser("conflist")
     k.add_argument("--in", dest="input", required=True)
+    d = sub.add_parser("crd")
+    d.add_argument("--got", required=True)
+    d.add_argument("--want", required=True)
     args = ap.parse_args()
     return {"audit": audit, "records": records, "carried": carried, "rebuilds": rebuilds,
-            "plugin": plugin, "conflist": conflist}[args.cmd](args)
+            "plugin": plugin, "conflist": conflist, "crd": crd}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -115,13 +115,13 @@ else
   rendered=$(mktemp -d)
   trap 'rm -rf "$rendered"' EXIT
   "$helm_bin" lint --strict "$chart" --namespace ipkeep-system
-  "$helm_bin" template ipkeep "$chart" --namespace ipkeep-system --include-crds \
+  "$helm_bin" template ipkeep "$chart" --namespace ipkeep-system \
     >"$rendered/chart-default-values.yaml"
   ci_values=0
   for values in "$chart"/ci/*.yaml; do
     ci_values=$((ci_values + 1))
     "$helm_bin" lint --strict "$chart" --namespace ipkeep-other -f "$values"
-    "$helm_bin" template ipkeep "$chart" --namespace ipkeep-other --include-crds -f "$values" \
+    "$helm_bin" template ipkeep "$chart" --namespace ipkeep-other -f "$values" \
       >"$rendered/chart-$(basename "$values")"
   done
   # The schema refuses bad values, saying which key and why.

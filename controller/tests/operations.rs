@@ -13,13 +13,13 @@ use support::*;
 fn committed_crd_yaml_is_current() {
     let committed = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../charts/ipkeep/crds/persistentpodstates.yaml"
+        "/../charts/ipkeep/files/crd.yaml"
     ))
     .unwrap();
     assert!(
         committed == ipkeep_controller::crd_yaml().unwrap(),
-        "charts/ipkeep/crds/persistentpodstates.yaml is stale: run `cargo run -p ipkeep-controller \
-         --bin crdgen > charts/ipkeep/crds/persistentpodstates.yaml && scripts/render-deploy.sh`"
+        "charts/ipkeep/files/crd.yaml is stale: run `cargo run -p ipkeep-controller \
+         --bin crdgen > charts/ipkeep/files/crd.yaml && scripts/render-deploy.sh`"
     );
 }
 

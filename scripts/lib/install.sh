@@ -1,18 +1,21 @@
 # Installing ipkeep for scripts/cluster.sh (sourced after lib/controlplane.sh; uses nodes.sh's
 # cni_version, dualstack.sh's cni_values_for_cluster and flannel.sh's flannel_enabled).
 #
-# - ipkeep_install: real nodes: as a user installs it (docs/install.md, "Install with Helm"):
-#   deploy/namespace.yaml, then `helm install` of charts/ipkeep (`--dry-run=server` first) with
-#   the values an operator of this cluster would set (the image, the scheduler extension's
+# - ipkeep_bundle: the release bundle real nodes install from (scripts/release-bundle.sh).
+# - ipkeep_install: real nodes: as a user installs it (docs/install.md): from the release
+#   bundle, its namespace.yaml, then `helm install` of its packaged chart (`--dry-run=server`
+#   first) with the values an operator of this cluster would set (the scheduler extension's
 #   Service at a fixed cluster IP so that kube-scheduler on the host can call it, the agent
-#   writing each node's CNI configuration); the controller makes the webhook's certificates
-#   (the chart's default), and kube-scheduler starts with the extender and the CA read from
-#   the Secret, as NOTES.txt tells the operator.
+#   writing each node's CNI configuration, the node layout's values from docs/distributions.md);
+#   the image is the chart's default, imported into the nodes from the bundle; the controller
+#   makes the webhook's certificates (the chart's default), and kube-scheduler starts with the
+#   extender and the CA read from the Secret, as NOTES.txt tells the operator (unless
+#   --without-extender).
 # - ipkeep_up: kwok nodes only: the controller (two replicas) and scheduler-ext as local
 #   processes, each with its own ServiceAccount's token; the webhooks with a url on loopback.
 # shellcheck source=scripts/lib/require.sh
 . "${BASH_SOURCE[0]%/*}/require.sh"
-require_vars repo state say die start stop_one wait_for crd_established kubeconfig kubectl nodes extender admission client_auth image_tag ext_cluster_ip p_ext p_ext_probe p_ctl0 p_ctl1 scheduler_start
+require_vars repo state say die start stop_one wait_for crd_established kubeconfig kubectl nodes extender admission client_auth ext_cluster_ip p_ext p_ext_probe p_ctl0 p_ctl1 scheduler_start node_layout
 
 # shellcheck source=scripts/lib/cargo-env.sh
 . "$repo/scripts/lib/cargo-env.sh"
@@ -56,6 +59,29 @@ ipkeep_plugin() {
   "$repo/scripts/build-plugin.sh" | tail -1 || die "building the static plugin failed"
 }
 
+# ipkeep_bundle RELEASE-DIR PLUGIN: the directory of the release bundle ipkeep is installed
+# from: the one IPKEEP_BUNDLE names (scripts/test.sh makes one for all the clusters of a run),
+# checked against its SHA256SUMS and this tree's version; else scripts/release-bundle.sh of
+# these binaries into DIR/bundle.
+ipkeep_bundle() {
+  local version
+  version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$repo/Cargo.toml" | head -1)
+  if [ -n "${IPKEEP_BUNDLE:-}" ]; then
+    (cd "$IPKEEP_BUNDLE" && sha256sum --quiet -c SHA256SUMS) >&2 ||
+      die "IPKEEP_BUNDLE=$IPKEEP_BUNDLE: its files do not match its SHA256SUMS (make it again: scripts/release-bundle.sh)"
+    [ -f "$IPKEEP_BUNDLE/ipkeep-$version.tgz" ] ||
+      die "IPKEEP_BUNDLE=$IPKEEP_BUNDLE holds no ipkeep-$version.tgz: a bundle of another version"
+    say "installing from the release bundle $IPKEEP_BUNDLE (IPKEEP_BUNDLE): $(head -2 "$IPKEEP_BUNDLE/RELEASE" | tr '\n' ' ')"
+    echo "$IPKEEP_BUNDLE"
+    return
+  fi
+  say "making the release bundle (scripts/release-bundle.sh) into $state/bundle"
+  rm -rf "$state/bundle"
+  "$repo/scripts/release-bundle.sh" "$state/bundle" --allow-dirty --release-dir "$1" --plugin "$2" >/dev/null ||
+    die "scripts/release-bundle.sh failed"
+  echo "$state/bundle"
+}
+
 # admission_resolve: the pinning path (--admission): auto becomes policy where kube-apiserver
 # serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, else webhook; written to
 # DIR/admission for the tests and benchmarks to read.
@@ -85,14 +111,17 @@ helm_cmd() {
 
 ipkeep_install() {
   local values=$state/ipkeep-values.yaml log=$state/logs/helm.log
-  local dir
+  local dir chart layout_values=()
   dir=$("$repo/scripts/helm-build.sh" --print-dir | tail -1) || die "scripts/helm-build.sh failed"
   echo "$dir/bin/helm" >"$state/helm"
   admission_resolve
-  say "installing ipkeep: helm install charts/ipkeep (values: $values)"
+  chart=$(ls "$bundle"/ipkeep-*.tgz)
+  # The distribution's values (docs/distributions.md) first; this cluster's own after them.
+  [ "$node_layout" = kubeadm ] || layout_values=(--values "$repo/charts/ipkeep/ci/$node_layout-values.yaml")
+  say "installing ipkeep: helm install $chart (values: ${layout_values[*]:+${layout_values[1]}, }$values)"
   {
-    echo "# Made by scripts/cluster.sh: what an operator of this cluster would set."
-    printf 'image:\n  repository: localhost/ipkeep/ipkeep\n  tag: "%s"\n' "$image_tag"
+    echo "# Made by scripts/cluster.sh: what an operator of this cluster would set. The image is"
+    echo "# the chart's default, imported into the nodes from the release bundle."
     echo "# kube-scheduler runs on the host, which cannot resolve *.svc: a fixed cluster IP for the"
     echo "# extender's urlPrefix (docs/install.md, step 4)."
     printf 'schedulerExt:\n  service:\n    clusterIP: %s\n' "$ext_cluster_ip"
@@ -100,9 +129,9 @@ ipkeep_install() {
     # With flannel, flannel's configuration is the node's (scripts/lib/flannel.sh).
     flannel_enabled || cni_values_for_cluster "$cni_version"
   } >"$values"
-  "${kubectl[@]}" apply -f "$repo/deploy/namespace.yaml" >"$log" 2>&1 ||
-    { tail -20 "$log" >&2; die "kubectl apply -f deploy/namespace.yaml failed (log: $log)"; }
-  local install=(install ipkeep "$repo/charts/ipkeep" --namespace ipkeep-system --values "$values")
+  "${kubectl[@]}" apply -f "$bundle/namespace.yaml" >"$log" 2>&1 ||
+    { tail -20 "$log" >&2; die "kubectl apply -f $bundle/namespace.yaml failed (log: $log)"; }
+  local install=(install ipkeep "$chart" --namespace ipkeep-system "${layout_values[@]}" --values "$values")
   helm_cmd "${install[@]}" --dry-run=server >>"$log" 2>&1 ||
     { tail -20 "$log" >&2; die "helm install --dry-run=server failed (log: $log)"; }
   helm_cmd "${install[@]}" >>"$log" 2>&1 ||

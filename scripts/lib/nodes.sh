@@ -10,11 +10,13 @@
 #   each other;
 # - its own mount namespace, held by a `sleep` process (the node's "holder"), with a fresh tmpfs
 #   on /run (gone when the node powers off, as on a real machine) and its own /var/lib/kubelet,
-#   /var/lib/containerd, /var/lib/cni, /var/log, /etc/cni/net.d and /opt/cni/bin, bound from
-#   $state/nodes/<node>/root (kept across node stops and power-offs, like a disk). Everything else
-#   (/usr, /etc, /proc, /sys) is the host's. /opt/cni/bin starts with the runtime's reference
-#   plugins, as a node image would ship them; ipkeep's agent DaemonSet installs `ipkeep` there and
-#   writes the CNI configuration, as on any cluster;
+#   /var/lib/containerd, /var/lib/cni, /var/log, /etc/cni/net.d and /opt/cni/bin (and with the
+#   k3s layout /var/lib/rancher), bound from $state/nodes/<node>/root (kept across node stops and
+#   power-offs, like a disk). Everything else (/usr, /etc, /proc, /sys) is the host's. The
+#   container runtime's CNI plugin directory starts with the runtime's reference plugins, as a
+#   node image would ship them; ipkeep's agent DaemonSet installs `ipkeep` there and writes the
+#   CNI configuration, as on any cluster. Where those two directories are is the node layout
+#   (node_layout_use: kubeadm's, k3s's or kind's);
 # - its own cgroup /ipkeep-nodes/<node> in every cgroup v1 hierarchy: the holder, the node's
 #   daemons and (kubelet's cgroupRoot) every pod, so powering the node off is killing the cgroup;
 # - containerd with runc, kubelet and kube-proxy from the cluster's build, all inside the node's
@@ -31,6 +33,48 @@ require_vars state bin say die start alive stop_one wait_for cert kubeconfig kub
 underlay=ipkeep-br0
 underlay_ip=10.200.0.1
 cgroup_base=ipkeep-nodes
+
+# node_layout_use LAYOUT: where the nodes' container runtime keeps its CNI configuration
+# (cni_conf_dir) and plugins (cni_bin_dir), and which reference plugins a node starts with
+# (node_plugins), as each distribution lays a node out (docs/distributions.md):
+# - kubeadm: /etc/cni/net.d and /opt/cni/bin, every reference plugin there;
+# - k3s: k3s's own directories, /var/lib/rancher/k3s/agent/etc/cni/net.d and
+#   /var/lib/rancher/k3s/data/cni (k3s 1.28.15 and later), every reference plugin (k3s ships
+#   them); nothing in /etc/cni/net.d or /opt/cni/bin, which must stay empty;
+# - kind: kubeadm's directories, but without the bridge plugin (kind's node image ships
+#   host-local, loopback, portmap and ptp: kind#1575), which the chart's cni.installPlugins brings.
+node_layout_use() {
+  node_layout=$1
+  case $node_layout in
+    kubeadm) cni_conf_dir=/etc/cni/net.d cni_bin_dir=/opt/cni/bin node_plugins=all ;;
+    k3s) cni_conf_dir=/var/lib/rancher/k3s/agent/etc/cni/net.d cni_bin_dir=/var/lib/rancher/k3s/data/cni node_plugins=all ;;
+    kind) cni_conf_dir=/etc/cni/net.d cni_bin_dir=/opt/cni/bin node_plugins="host-local loopback portmap" ;;
+    *) die "unknown node layout '$node_layout' (kubeadm, k3s or kind)" ;;
+  esac
+}
+
+# node_layout_save / node_layout_load: the layout of the cluster in DIR (DIR/node-layout, which
+# the tests read too: the layout's name and its two directories).
+node_layout_save() {
+  printf 'layout=%s\ncni_conf_dir=%s\ncni_bin_dir=%s\n' "$node_layout" "$cni_conf_dir" "$cni_bin_dir" >"$state/node-layout"
+  # The nodes' mount points are made on the host's file system; nodes_down removes this one if
+  # it made it (and it is still empty).
+  if [ "$node_layout" = k3s ] && [ ! -e /var/lib/rancher ]; then
+    echo /var/lib/rancher >"$state/host-dirs-made"
+  fi
+}
+node_layout_load() {
+  local layout=kubeadm
+  [ -f "$state/node-layout" ] && layout=$(sed -n 's/^layout=//p' "$state/node-layout")
+  node_layout_use "$layout"
+}
+
+# node_mounts: the node's own directories, bound from its disk (relative to /).
+node_mounts() {
+  echo "var/lib/kubelet var/lib/containerd var/lib/cni var/log etc/cni/net.d opt/cni/bin"
+  [ "$node_layout" = k3s ] && echo "var/lib/rancher"
+  return 0
+}
 
 node_ip() { echo "10.200.0.$((10 + ${1#node-}))"; }
 node_ns() { echo "ipkeep-$1"; }
@@ -127,7 +171,12 @@ node_create() {
   dir=$(node_dir "$node") ip=$(node_ip "$node") ns=$(node_ns "$node")
   say "  $node: namespaces, $ip, cgroup /$cgroup_base/$node"
   mkdir -p "$dir/manifests" "$dir"/root/{var/lib/kubelet,var/lib/containerd,var/lib/cni,var/log,etc/cni/net.d,opt/cni/bin}
-  for c in "$rt_cni"/*; do ln -sfn "$c" "$dir/root/opt/cni/bin/"; done
+  mkdir -p "$dir/root$cni_conf_dir" "$dir/root$cni_bin_dir"
+  for c in "$rt_cni"/*; do
+    if [ "$node_plugins" = all ] || [[ " $node_plugins " == *" $(basename "$c") "* ]]; then
+      ln -sfn "$c" "$dir/root$cni_bin_dir/"
+    fi
+  done
   ip netns add "$ns"
   ip link add "ipkv-$node" type veth peer name eth0 netns "$ns"
   ip link set "ipkv-$node" master "$underlay" up
@@ -178,7 +227,7 @@ node_power_on() {
     exec nsenter --net=/run/netns/'"$ns"' unshare --mount --propagation private bash -c "
       set -e
       mount -t tmpfs -o mode=0755 tmpfs /run
-      for d in var/lib/kubelet var/lib/containerd var/lib/cni var/log etc/cni/net.d opt/cni/bin; do
+      for d in '"$(node_mounts | tr '\n' ' ')"'; do
         mkdir -p /\$d; mount --rbind '"$root"'/\$d /\$d
       done
       mount --make-rshared /
@@ -269,8 +318,8 @@ state = "/run/containerd"
         BinaryName = "$rt_runc"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/opt/cni/bin"]
-    conf_dir = "/etc/cni/net.d"
+    bin_dirs = ["$cni_bin_dir"]
+    conf_dir = "$cni_conf_dir"
     max_conf_num = 1
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
@@ -302,8 +351,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
+    bin_dir = "$cni_bin_dir"
+    conf_dir = "$cni_conf_dir"
     max_conf_num = 1
 EOF
 }
@@ -400,7 +449,7 @@ node_route() {
 nodes_host_local_conf() {
   local node
   for node in $(node_names); do
-    cat >"$(node_dir "$node")/root/etc/cni/net.d/10-host-local.conflist" <<EOF
+    cat >"$(node_dir "$node")/root$cni_conf_dir/10-host-local.conflist" <<EOF
 {"cniVersion": "$cni_version", "name": "k8s-pod-network", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": $(host_local_ipam "$node")},
@@ -471,6 +520,9 @@ nodes_down() {
     done
   done
   for h in $(cgroup_hierarchies); do rmdir "/sys/fs/cgroup/$h/$cgroup_base" 2>/dev/null || true; done
+  if [ -f "$state/host-dirs-made" ]; then
+    xargs -r rmdir <"$state/host-dirs-made" 2>/dev/null || true
+  fi
   if [ -f "$state/pids/kube-proxy-host" ]; then
     stop_one kube-proxy-host
     [ -x "$bin/kube-proxy" ] && "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true

@@ -75,6 +75,48 @@ pub fn admission_of(state: &Path) -> Admission {
     }
 }
 
+/// Where the real nodes of a cluster keep their CNI configuration and plugins, as the
+/// distribution it imitates lays a node out (`scripts/cluster.sh --node-layout`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLayout {
+    /// `kubeadm`, `k3s` or `kind`.
+    pub name: String,
+    /// The container runtime's CNI configuration directory on the nodes.
+    pub cni_conf_dir: String,
+    /// The container runtime's CNI plugin directory on the nodes (where `ipkeep` is).
+    pub cni_bin_dir: String,
+}
+
+impl NodeLayout {
+    /// The `ipkeep` binary on the nodes.
+    pub fn ipkeep(&self) -> String {
+        format!("{}/ipkeep", self.cni_bin_dir)
+    }
+}
+
+/// The node layout of the cluster whose state is in `state` (`DIR/node-layout`; kubeadm's
+/// directories when the cluster has none written).
+pub fn node_layout_of(state: &Path) -> NodeLayout {
+    let text = std::fs::read_to_string(state.join("node-layout")).unwrap_or_default();
+    let field = |key: &str, default: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or(default)
+            .to_string()
+    };
+    NodeLayout {
+        name: field("layout", "kubeadm"),
+        cni_conf_dir: field("cni_conf_dir", "/etc/cni/net.d"),
+        cni_bin_dir: field("cni_bin_dir", "/opt/cni/bin"),
+    }
+}
+
+/// Whether kube-scheduler of the cluster whose state is in `state` calls ipkeep's extender
+/// (`DIR/extender`; `scripts/cluster.sh --without-extender` writes 0).
+pub fn extender_of(state: &Path) -> bool {
+    std::fs::read_to_string(state.join("extender")).map_or(true, |e| e.trim() != "0")
+}
+
 /// What requires `pod` (JSON) onto nodes: its required node affinity and its node selector,
 /// as text (a pin shows there as the recorded node's name, whichever path wrote it).
 pub fn required_placement(pod: &serde_json::Value) -> String {

@@ -468,6 +468,7 @@ pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod faults;
+pub mod helm;
 pub mod kubectl;
 pub mod loose_crd;
 pub mod mountns;

@@ -20,6 +20,8 @@ mod alerts;
 mod certificates;
 #[path = "deploy/chart.rs"]
 mod chart;
+#[path = "deploy/chart_lifecycle.rs"]
+mod chart_lifecycle;
 #[path = "deploy/cli.rs"]
 mod cli;
 #[path = "deploy/consistency.rs"]
@@ -28,6 +30,8 @@ mod consistency;
 mod links;
 #[path = "deploy/manifests.rs"]
 mod manifests;
+#[path = "deploy/node_paths.rs"]
+mod node_paths;
 #[path = "deploy/security.rs"]
 mod security;
 

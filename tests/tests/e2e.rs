@@ -3,7 +3,9 @@
 //!
 //! - `story_on_real_nodes`: the default, on a real dual-stack cluster with real nodes on this
 //!   machine (`scripts/cluster.sh --ip-family dual`: kubelet, containerd, ipkeep installed from
-//!   deploy/ as images), then
+//!   the release bundle), laid out as kind lays its nodes out (no `bridge` plugin: the chart's
+//!   `cni.installPlugins` brings it) and without ipkeep's kube-scheduler extender (pins come
+//!   from the admission policy alone), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
 //!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
 //!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), pods created and pinned
@@ -91,15 +93,14 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn demo(args: &[&str]) -> String {
-    demo_on(None, args)
+    demo_with(&[], args)
 }
 
-/// [`demo`] on Kubernetes `release` (`IPKEEP_K8S_VERSION`), else the default one.
-fn demo_on(release: Option<&str>, args: &[&str]) -> String {
+/// [`demo`] with `env` for `scripts/cluster.sh` (`IPKEEP_K8S_VERSION`, `IPKEEP_NODE_LAYOUT`,
+/// `IPKEEP_WITHOUT_EXTENDER`).
+fn demo_with(env: &[(&str, &str)], args: &[&str]) -> String {
     let mut cmd = Command::new(demo_bin());
-    if let Some(release) = release {
-        cmd.env("IPKEEP_K8S_VERSION", release);
-    }
+    cmd.envs(env.iter().copied());
     let Output {
         status,
         stdout,
@@ -145,16 +146,23 @@ fn story_on_real_nodes() {
     let port_base = (21000 + (std::process::id() % 900) * 10).to_string();
     let down = Down(state.clone());
     // Dual-stack: every step below then runs with pods of two families, the audit checks both,
-    // and the retention steps add a rebuilt pod keeping both (e2e/dual_stack.rs).
-    let out = demo(&[
-        "--keep-running",
-        "--ip-family",
-        "dual",
-        "--port-base",
-        &port_base,
-        "--work-dir",
-        work.path().to_str().unwrap(),
-    ]);
+    // and the retention steps add a rebuilt pod keeping both (e2e/dual_stack.rs). kind's node
+    // layout and no extender: what a user of kind without scheduler surgery runs.
+    let out = demo_with(
+        &[
+            ("IPKEEP_NODE_LAYOUT", "kind"),
+            ("IPKEEP_WITHOUT_EXTENDER", "1"),
+        ],
+        &[
+            "--keep-running",
+            "--ip-family",
+            "dual",
+            "--port-base",
+            &port_base,
+            "--work-dir",
+            work.path().to_str().unwrap(),
+        ],
+    );
     assert!(
         out.contains("ipkeep end to end on a real Kubernetes cluster"),
         "{out}"
@@ -203,6 +211,11 @@ fn story_on_real_nodes() {
     assert!(expectations_held(&api) >= 8, "{api}");
     assert!(api.contains("deleted namespace ipkeep-demo-"), "{api}");
     the_nodes_run_the_chosen_kubernetes(&state);
+    assert!(
+        !ipkeep_tests::cluster::extender_of(&state),
+        "the story ran with the extender"
+    );
+    the_nodes_are_laid_out_as(&state, "kind");
     a_static_pod_keeps_its_address(&state);
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
@@ -219,7 +232,9 @@ const OLDEST: &str = "v1.35.4";
 
 /// The webhook path on real nodes: the story (IPv4) on the oldest supported release, where
 /// the webhook pins (the story above runs the admission policy), then the lifecycle steps and
-/// the first rebuild of an annotated StatefulSet.
+/// the first rebuild of an annotated StatefulSet; with kube-scheduler's extender, and the nodes
+/// laid out as k3s lays them out (ipkeep installed with the k3s values of
+/// docs/distributions.md).
 #[test]
 fn story_with_the_webhook_on_the_oldest_release() {
     let _turn = one_at_a_time();
@@ -232,8 +247,11 @@ fn story_with_the_webhook_on_the_oldest_release() {
     let state = work.path().join("cluster");
     let port_base = (21000 + (std::process::id() % 900) * 10 + 5).to_string();
     let down = Down(state.clone());
-    let out = demo_on(
-        Some(OLDEST),
+    let out = demo_with(
+        &[
+            ("IPKEEP_K8S_VERSION", OLDEST),
+            ("IPKEEP_NODE_LAYOUT", "k3s"),
+        ],
         &[
             "--keep-running",
             "--port-base",
@@ -249,6 +267,8 @@ fn story_with_the_webhook_on_the_oldest_release() {
         ipkeep_tests::cluster::Admission::Webhook,
         "Kubernetes {OLDEST} was given the admission policy"
     );
+    assert!(ipkeep_tests::cluster::extender_of(&state));
+    the_nodes_are_laid_out_as(&state, "k3s");
     lifecycle::on_real_nodes(&state);
     retention::first_rebuilds_on_real_nodes(&state);
     drop(down);
@@ -293,6 +313,52 @@ fn retention_steps_on_a_running_cluster() {
     if steps == "monitoring" {
         monitoring::prometheus_sees_the_cluster(state);
     }
+}
+
+/// The real nodes are laid out as `layout` lays them out (`scripts/cluster.sh --node-layout`),
+/// and ipkeep is where that layout's container runtime looks: the agent installed the plugin
+/// into the runtime's plugin directory and wrote the configuration into its configuration
+/// directory, and, where those are not kubeadm's, wrote nothing into kubeadm's; with kind's
+/// layout, the `bridge` plugin the node lacked came from ipkeep's image (`cni.installPlugins`).
+fn the_nodes_are_laid_out_as(state: &std::path::Path, layout: &str) {
+    let dirs = ipkeep_tests::cluster::node_layout_of(state);
+    assert_eq!(dirs.name, layout);
+    for node in ["node-0", "node-1"] {
+        let root = state.join("nodes").join(node).join("root");
+        let on_node = |dir: &str| root.join(dir.trim_start_matches('/'));
+        assert!(
+            on_node(&dirs.cni_bin_dir).join("ipkeep").is_file(),
+            "{node}: no ipkeep in {}",
+            dirs.cni_bin_dir
+        );
+        assert!(
+            on_node(&dirs.cni_conf_dir)
+                .join("10-ipkeep.conflist")
+                .is_file(),
+            "{node}: no 10-ipkeep.conflist in {}",
+            dirs.cni_conf_dir
+        );
+        if layout == "k3s" {
+            for kubeadm in ["/etc/cni/net.d", "/opt/cni/bin"] {
+                let left: Vec<_> = std::fs::read_dir(on_node(kubeadm))
+                    .map(|d| d.flatten().map(|e| e.file_name()).collect())
+                    .unwrap_or_default();
+                assert!(left.is_empty(), "{node}: {kubeadm} holds {left:?}");
+            }
+        }
+        if layout == "kind" {
+            let bridge = on_node(&dirs.cni_bin_dir).join("bridge");
+            let meta = std::fs::symlink_metadata(&bridge).expect("bridge installed");
+            assert!(
+                meta.file_type().is_file(),
+                "{node}: bridge is not the file the agent installed"
+            );
+        }
+    }
+    eprintln!(
+        "the nodes are laid out as {layout}: ipkeep in {}, its configuration in {}",
+        dirs.cni_bin_dir, dirs.cni_conf_dir
+    );
 }
 
 /// Every real node's kubelet is the release asked for (`IPKEEP_K8S_VERSION`,

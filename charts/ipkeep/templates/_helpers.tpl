@@ -109,7 +109,10 @@ by hand rather than with toPrettyJson, to keep the keys in the order people read
           {{- end }}
         ],
         "routes": [{{ range $i, $r := .Values.cni.routes }}{{ if $i }}, {{ end }}{{ $r | toJson }}{{ end }}],
-        "dataDir": "/var/lib/cni/ipkeep",
+        "dataDir": {{ .Values.agent.dataDir | toJson }},
+        {{- if ne .Values.agent.socketDir "/run/ipkeep" }}
+        "agentSocket": {{ printf "%s/agent.sock" .Values.agent.socketDir | toJson }},
+        {{- end }}
         "retention": {{ $ipam.retention | toJson }},
         {{- with $ipam.reuseCooldown }}
         "reuseCooldown": {{ . | toJson }},

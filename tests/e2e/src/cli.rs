@@ -16,7 +16,8 @@ use clap::Parser;
 /// By default it starts a real Kubernetes cluster on this machine (scripts/cluster.sh up: etcd,
 /// kube-apiserver, kube-controller-manager and kube-scheduler built from upstream, and --nodes
 /// real nodes, each with its own containerd, kubelet and kube-proxy) and installs ipkeep there as
-/// a user would (images, helm install charts/ipkeep). Then a 3-replica StatefulSet: restart every
+/// a user would (from the release bundle: its image imported into the nodes, helm install of
+/// its chart). Then a 3-replica StatefulSet: restart every
 /// ipkeep component and a node's kubelet and containerd, delete a pod (same node, same IP,
 /// reachable from the other node), stop a node (the pod falls back and moves), scale down and
 /// up, and audit every node's store against the pods. It prints a timeline and a before/after
@@ -168,15 +169,20 @@ async fn this_machine(cli: &Cli) -> Result<bool> {
         }
     };
     let seconds = started.elapsed().as_secs_f64();
+    let scheduler = if cluster.extender() {
+        "kube-scheduler (with ipkeep's extender)"
+    } else {
+        "kube-scheduler (without ipkeep's extender)"
+    };
     report.note(&if kwok {
         format!(
-            "running after {seconds:.0} s: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (with ipkeep's extender), kwok;\n\
+            "running after {seconds:.0} s: etcd, kube-apiserver, kube-controller-manager, {scheduler}, kwok;\n\
              \x20        {nodes} kwok nodes; ipkeep's controller x2 and scheduler-ext as local processes with deploy/'s RBAC"
         )
     } else {
         format!(
-            "running after {seconds:.0} s: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (with ipkeep's extender), kube-proxy;\n\
-             \x20        {nodes} nodes, each with containerd, kubelet, kube-proxy; ipkeep with helm install (charts/ipkeep): controller x2, scheduler-ext x2, an agent per node"
+            "running after {seconds:.0} s: etcd, kube-apiserver, kube-controller-manager, {scheduler}, kube-proxy;\n\
+             \x20        {nodes} nodes, each with containerd, kubelet, kube-proxy; ipkeep with helm install of the release bundle's chart: controller x2, scheduler-ext x2, an agent per node"
         )
     });
     report.note(&format!("state and logs: {}", setup.state.display()));

@@ -30,6 +30,10 @@ pub struct RealCluster {
     keep: bool,
     keep_logs: bool,
     dual_stack: bool,
+    /// The nodes' CNI plugin directory (`scripts/cluster.sh --node-layout`), where `ipkeep` is.
+    cni_bin_dir: String,
+    /// Whether kube-scheduler calls ipkeep's extender (`scripts/cluster.sh --without-extender`).
+    extender: bool,
 }
 
 impl std::fmt::Debug for RealCluster {
@@ -123,6 +127,15 @@ impl RealCluster {
             keep_logs: false,
             dual_stack: std::fs::read_to_string(state.join("ip-family"))
                 .is_ok_and(|f| f.trim() == "dual"),
+            cni_bin_dir: std::fs::read_to_string(state.join("node-layout"))
+                .ok()
+                .and_then(|l| {
+                    l.lines()
+                        .find_map(|l| l.strip_prefix("cni_bin_dir=").map(str::to_string))
+                })
+                .unwrap_or_else(|| "/opt/cni/bin".into()),
+            extender: std::fs::read_to_string(state.join("extender"))
+                .map_or(true, |e| e.trim() != "0"),
         })
     }
 
@@ -145,6 +158,12 @@ impl RealCluster {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> PathBuf {
         self.state.join("admin.kubeconfig")
+    }
+
+    /// Whether kube-scheduler calls ipkeep's extender (`scripts/cluster.sh --without-extender`
+    /// leaves it out: the admission policy or the webhook alone pins pods).
+    pub fn extender(&self) -> bool {
+        self.extender
     }
 
     /// Whether the cluster is dual-stack (`scripts/cluster.sh --ip-family dual`): every pod on
@@ -211,17 +230,9 @@ impl RealCluster {
     /// The node store's leases as (IP, pod name, "active" | "held"), from `ipkeep list` run on
     /// the node (through its agent, as an operator would).
     pub async fn leases(&self, node: &str) -> Result<Vec<(String, String, String)>> {
+        let ipkeep = format!("{}/ipkeep", self.cni_bin_dir);
         let out = self
-            .on_node(
-                node,
-                &[
-                    "/opt/cni/bin/ipkeep",
-                    "list",
-                    "--json",
-                    "--network",
-                    NETWORK,
-                ],
-            )
+            .on_node(node, &[&ipkeep, "list", "--json", "--network", NETWORK])
             .await;
         let text = match out {
             Ok(text) => text,

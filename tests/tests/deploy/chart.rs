@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -13,32 +12,7 @@ use super::manifests::repo_root;
 
 /// The helm binary, or `None` (said once) when there is none to build it with.
 fn helm() -> Option<&'static PathBuf> {
-    static HELM: OnceLock<Option<PathBuf>> = OnceLock::new();
-    HELM.get_or_init(|| {
-        if let Some(h) = std::env::var_os("IPKEEP_HELM").filter(|h| !h.is_empty()) {
-            return Some(PathBuf::from(h));
-        }
-        if !ipkeep_tests::cluster::require_go("the chart's template tests (helm)") {
-            return None;
-        }
-        let out = Command::new(repo_root().join("scripts/helm-build.sh"))
-            .arg("--print-dir")
-            .output()
-            .expect("run scripts/helm-build.sh");
-        assert!(
-            out.status.success(),
-            "scripts/helm-build.sh: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dir = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .expect("helm-build.sh prints the directory")
-            .trim()
-            .to_string();
-        Some(PathBuf::from(dir).join("bin/helm"))
-    })
-    .as_ref()
+    ipkeep_tests::helm::binary("the chart's template tests (helm)")
 }
 
 /// `helm template` of the chart into `ipkeep-system` with `args` (`--set`, `-f`, ...): its
@@ -48,7 +22,7 @@ pub fn try_render(args: &[&str]) -> Option<Result<Vec<Value>, String>> {
     let out = Command::new(helm)
         .args(["template", "ipkeep"])
         .arg(repo_root().join("charts/ipkeep"))
-        .args(["--namespace", "ipkeep-system", "--include-crds"])
+        .args(["--namespace", "ipkeep-system"])
         .args(args)
         .output()
         .expect("run helm");
@@ -149,7 +123,7 @@ fn scheduler_ext_mounts_the_client_ca_only_when_given_and_only_its_certificate()
 }
 
 /// The pod spec of a workload's template.
-fn pod(workload: &Value) -> &Value {
+pub fn pod(workload: &Value) -> &Value {
     &workload["spec"]["template"]["spec"]
 }
 
@@ -185,9 +159,6 @@ fn every_object_carries_the_standard_and_common_labels() {
     let Some(r) = render(&sets) else { return };
     let version = env!("CARGO_PKG_VERSION");
     for doc in &r.0 {
-        if doc["kind"] == "CustomResourceDefinition" {
-            continue; // crds/ are not templates
-        }
         let labels = &doc["metadata"]["labels"];
         let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
         assert_eq!(labels["app.kubernetes.io/part-of"], "ipkeep", "{what}");

@@ -6,7 +6,8 @@
 //! third of its lifetime is left; the kubelet brings each new Secret into the running
 //! ipkeep-scheduler-ext pods, which reload it. Meanwhile a StatefulSet's pods are rebuilt one
 //! after another: each comes back through the webhook (stamped by it) with its IP, and
-//! kube-scheduler's extender (which trusts the CA read once at install) keeps answering.
+//! kube-scheduler's extender, where the cluster has one (it trusts the CA read once at
+//! install), keeps answering.
 //! Finally the release is upgraded back to the chart's defaults.
 
 use std::path::Path;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ipkeep_tests::cluster::{repo_root, wait_until};
+use ipkeep_tests::cluster::{NodeLayout, node_layout_of, repo_root, wait_until};
 use ipkeep_tests::kubectl::Kubectl;
 use serde_json::Value;
 
@@ -29,6 +29,8 @@ pub struct Real {
     pub kubectl: Kubectl,
     /// The CNI network whose leases [`Real::leases`] lists (it names the store).
     pub network: &'static str,
+    /// Where the nodes keep their CNI configuration and plugins.
+    pub layout: NodeLayout,
 }
 
 impl Real {
@@ -41,6 +43,7 @@ impl Real {
                 &state.join("admin.kubeconfig"),
             ),
             network: "k8s-pod-network",
+            layout: node_layout_of(state),
         }
     }
 
@@ -78,13 +81,8 @@ impl Real {
 
     /// The node's leases: `ipkeep list --json` of [`Real::network`].
     pub fn leases(&self, node: &str) -> Vec<Value> {
-        let list = [
-            "/opt/cni/bin/ipkeep",
-            "list",
-            "--json",
-            "--network",
-            self.network,
-        ];
+        let ipkeep = self.layout.ipkeep();
+        let list = [ipkeep.as_str(), "list", "--json", "--network", self.network];
         let text = self.on_node(node, &list);
         let list: Value = serde_json::from_str(&text).unwrap();
         list["leases"].as_array().cloned().unwrap_or_default()
@@ -419,7 +417,7 @@ fn ordinal_stable_across_scale_down_and_up(real: &Real, kv: &Places) {
     let listing = real.on_node(
         &kv["kv-1"].0,
         &[
-            "/opt/cni/bin/ipkeep",
+            &real.layout.ipkeep(),
             "list",
             "--network",
             "k8s-pod-network",
@@ -703,7 +701,7 @@ fn a_new_pod_cidr(real: &Real) {
                 .then_some(())
         },
     );
-    let conflist = "/etc/cni/net.d/10-ipkeep.conflist";
+    let conflist = format!("{}/10-ipkeep.conflist", real.layout.cni_conf_dir);
     wait_until(
         "the agent removed the deleted Node's CNI configuration",
         Duration::from_secs(60),
