@@ -88,12 +88,12 @@ for v in $also; do
   IPKEEP_K8S_VERSION=$v cargo test --locked -p ipkeep-tests --test cluster
 done
 if [ -n "$runtime_dir" ]; then
-  # Upgrades that leave nothing behind, under load (the old version's release build shares
-  # target/): from 0.2.0 (Helm) on v1.35.4 by default. Each run compiles its old version's
-  # release binaries (6 to 12 min on two shared cores) before a few minutes of test, so CI runs
-  # the one from the previous release; IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" adds the adoption of
-  # 0.1.0's kubectl apply -k install on v1.37.2 (policy mode; the hook that deletes its webhook
-  # configuration is also tested on a real kube-apiserver by tests/tests/helm_release.rs).
+  # Upgrades that leave nothing behind, under load: from 0.2.0 (Helm) on v1.35.4 by default.
+  # The old version's release build is kept in /var/cache/ipkeep-upgrade (the first run
+  # compiles it: about 10 min on two shared cores; then about 3.5 min a run);
+  # IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" adds the adoption of 0.1.0's kubectl apply -k install on
+  # v1.37.2 (policy mode; the hook that deletes its webhook configuration is also tested on a
+  # real kube-apiserver by tests/tests/helm_release.rs).
   for from in ${IPKEEP_UPGRADE_FROM-0.2.0}; do
     echo "test.sh: scripts/upgrade-test.sh --from $from" >&2
     scripts/upgrade-test.sh --from "$from" --replicas 2

@@ -13,8 +13,10 @@
 #    - 0.1.0 (f67c38b, the last commit before the Helm chart): `kubectl apply -k` of an overlay
 #      of its deploy/ (with the deploy/cni component) and deploy/scheduler-ext/make-certificate.sh;
 #    - 0.2.0 (d62b71e): `helm install` of its chart (release 1; the CRD from the chart's crds/).
-#    Its release build shares this tree's cargo target directory (and compiler), so only
-#    ipkeep's own crates are compiled for it.
+#    Its release build goes to a cargo target directory of its own, kept between runs in
+#    $IPKEEP_UPGRADE_CACHE (default /var/cache/ipkeep-upgrade), one per old commit and
+#    compiler: the first run compiles the old version (about 10 minutes on two cores), the
+#    next ones find it built.
 # 2. Load: two StatefulSets of N pods (--replicas, default 3) annotated as README says
 #    (auto-generate-persistent-pod-state, required-persistent-topology=kubernetes.io/hostname),
 #    and a loop that deletes one of their pods every S seconds (--every, default 3) and records
@@ -128,20 +130,20 @@ old_tree_ready() {
   [ "$head" = "$want" ] || die "$old_tree is at $head, not $old_commit: remove it (git worktree remove) or pass --old-tree"
 }
 
-# Both trees build into this tree's cargo target directory with this tree's compiler, so the old
-# version compiles only ipkeep's own crates (the dependencies are shared where their versions
-# are). The top-level binaries there are then the old version's: the new version's are in its
-# bundle, made before, and build_new_again puts them back at the end.
+# The old version builds into a target directory of its own, kept between runs (cargo finds it
+# up to date: seconds instead of a release build of every crate), with this tree's compiler.
 target=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 toolchain=$(sed -n 's/^channel = "\(.*\)"/\1/p' "$repo/rust-toolchain.toml")
 triple=$(rustc -vV | sed -n 's/^host: //p')
+old_target=${IPKEEP_UPGRADE_CACHE:-/var/cache/ipkeep-upgrade}/$old_commit-rust$toolchain
 
-# old_env CMD...: CMD as the old tree runs it: the shared target directory and compiler, and
-# none of the variables that point scripts/cluster.sh at this tree's builds.
+# old_env CMD...: CMD as the old tree runs it: its own target directory, this tree's compiler,
+# and none of the variables that point scripts/cluster.sh at this tree's builds.
 old_env() {
+  mkdir -p "$old_target"
   env -u IPKEEP_RELEASE_DIR -u IPKEEP_PLUGIN -u IPKEEP_BUNDLE -u IPKEEP_NODE_LAYOUT \
     -u IPKEEP_WITHOUT_EXTENDER -u IPKEEP_K8S_VERSION -u IPKEEP_CLUSTER_STATE -u IPKEEP_CNI_DATA_SIZE \
-    CARGO_TARGET_DIR="$target" RUSTUP_TOOLCHAIN="$toolchain" "$@"
+    CARGO_TARGET_DIR="$old_target" RUSTUP_TOOLCHAIN="$toolchain" "$@"
 }
 
 build_new() {
@@ -169,16 +171,9 @@ bundle_new() {
     die "scripts/release-bundle.sh failed"
 }
 
-# build_new_again: the shared target directory's top-level binaries back to this tree's (cargo
-# copies them out again even when nothing is rebuilt).
-build_new_again() {
-  [ -n "${old_built:-}" ] || return 0
-  build_new >/dev/null
-}
-
 images_old() {
   local out=$1
-  python3 "$old_tree/scripts/images.py" --release-dir "$target/release" --plugin "$target/$triple/release/ipkeep" \
+  python3 "$old_tree/scripts/images.py" --release-dir "$old_target/release" --plugin "$old_target/$triple/release/ipkeep" \
     --out "$out" --tag "$old_version" >"$out.txt" || die "$old_tree/scripts/images.py failed"
 }
 
@@ -200,7 +195,6 @@ teardown() {
     say "tearing down the cluster"
     "$old_tree/scripts/cluster.sh" down --state "$state" --keep-logs >&2 || say "cluster.sh down failed"
   fi
-  build_new_again || say "building this tree again failed: its release binaries in $target are the old version's"
 }
 
 import_images() {
@@ -449,7 +443,6 @@ main() {
   watch_pids=()
   trap teardown EXIT
   trap 'exit 130' INT TERM
-  old_built=1
   old_env "$old_tree/scripts/cluster.sh" up --nodes 2 --state "$state" --port-base "$port_base" \
     --k8s-version "$k8s_version" >&2 || die "the old tree's cluster.sh up failed (logs: $state/logs)"
   echo "$(( $(date +%s) - t_start ))" >"$work/up-seconds"
