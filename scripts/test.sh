@@ -7,7 +7,9 @@
 # need root; without root they skip loudly, and under CI they fail instead of skipping) and the
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from deploy/ as
-# images; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM). The
+# images; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM;
+# tests/tests/soak.rs: a three-minute chaos soak of every fault kind on three dual-stack real
+# nodes, docs/soak.md). The
 # Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
 # from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
 # ipkeep's release build.
