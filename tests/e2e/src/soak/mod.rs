@@ -271,9 +271,21 @@ pub async fn run(target: &Target, options: &Options, ip_family: &str) -> Result<
     workload::create(&client)
         .await
         .context("create the workload")?;
-    wait_workload_ready(&client, Duration::from_secs(300))
-        .await
-        .context("the workload's first pods")?;
+    // The hooked StatefulSets' first pods stay not Ready until the operator registers them
+    // (preNormal), so the operator answers from the start; its seeded stream for the soak
+    // proper begins with the faults.
+    let first_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first_operator = tokio::spawn(operate_hooks(
+        client.clone(),
+        shared.clone(),
+        first_stop.clone(),
+        (options.seed, FIRST_PODS_STREAM),
+        Instant::now(),
+    ));
+    let first_pods = wait_workload_ready(&client, Duration::from_secs(300)).await;
+    first_stop.store(true, std::sync::atomic::Ordering::Release);
+    let _ = first_operator.await;
+    first_pods.context("the workload's first pods")?;
     let started = Instant::now();
     {
         // Timestamps of the API are converted with the start of the faults.
@@ -293,7 +305,7 @@ pub async fn run(target: &Target, options: &Options, ip_family: &str) -> Result<
         client.clone(),
         shared.clone(),
         stop.clone(),
-        options.seed,
+        (options.seed, OPERATOR_STREAM),
         started,
     ));
     let churn = tokio::spawn(churn(
@@ -425,14 +437,18 @@ fn tracing_note(text: &str) {
     }
 }
 
+/// The seeded streams of the operator stand-in: while the first pods start, and during the soak.
+const FIRST_PODS_STREAM: u64 = 4;
+const OPERATOR_STREAM: u64 = 3;
+
 async fn operate_hooks(
     client: Client,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
-    seed: u64,
+    (seed, stream): (u64, u64),
     started: Instant,
 ) {
-    let mut rng = Rng::stream(seed, 3);
+    let mut rng = Rng::stream(seed, stream);
     let mut op = workload::Operator::default();
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
         let now = started.elapsed().as_secs_f64();
