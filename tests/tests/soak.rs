@@ -47,8 +47,7 @@ fn a_short_soak_of_every_fault_holds_every_invariant() {
     );
     assert!(out.status.success(), "the soak failed:\n{text}");
     let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&json).expect("the JSON summary"))
-            .expect("JSON");
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON summary")).expect("JSON");
     let kinds: Vec<&str> = summary["faults"]
         .as_array()
         .expect("faults")
@@ -77,6 +76,9 @@ fn a_short_soak_of_every_fault_holds_every_invariant() {
         invariants["unique-addresses"]["checked"].as_u64() > Some(100),
         "too few samples:\n{text}"
     );
-    assert!(summary["rebuilds"].as_u64() > Some(0), "no rebuild seen:\n{text}");
+    assert!(
+        summary["rebuilds"].as_u64() > Some(0),
+        "no rebuild seen:\n{text}"
+    );
     eprintln!("{text}");
 }
