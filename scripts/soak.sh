@@ -4,8 +4,8 @@
 # `scripts/cluster.sh up --nodes N --cni-data-size 64m`, runs a workload of StatefulSets that
 # scale, roll and lose pods while a nemesis injects faults on a seeded schedule, checks the
 # invariants every second and after settling, prints a table (and writes JSON), and takes the
-# cluster down (its logs are kept when an invariant failed). Needs root, and Go the first time
-# (the Kubernetes components are built from their modules).
+# cluster down (its logs are kept when an invariant failed or the soak stopped short). Needs
+# root, and Go the first time (the Kubernetes components are built from their modules).
 #
 #   scripts/soak.sh [--seed N] [--duration 10m] [--faults all|KIND,...] [--nodes 3]
 #                   [--ip-family ipv4|dual] [--json FILE] [--state DIR [--attach]]

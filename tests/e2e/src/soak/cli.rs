@@ -115,7 +115,22 @@ pub async fn main(cli: &Cli) -> Result<bool> {
         duration: cli.duration,
         kinds,
     };
-    let summary = run(&target, &options, &cli.ip_family).await?;
+    let summary = match run(&target, &options, &cli.ip_family).await {
+        Ok(summary) => summary,
+        Err(e) => {
+            // A soak that stopped short (the workload never Ready, say) is diagnosed from the
+            // cluster's logs as much as a failed invariant is.
+            cluster.keep_logs();
+            if let Some(t) = temp {
+                let kept = t.keep();
+                eprintln!(
+                    "soak: the cluster's logs (kept): {}/cluster/logs",
+                    kept.display()
+                );
+            }
+            return Err(e);
+        }
+    };
     print!("{}", summary.table());
     let json = cli.json.clone().unwrap_or_else(|| {
         state
