@@ -221,7 +221,7 @@ impl Target {
             .context("kube-apiserver has no command line")?;
         kill(Pid::from_raw(pid), Signal::SIGTERM)?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while Path::new(&format!("/proc/{pid}")).exists() {
+        while running(pid) {
             if tokio::time::Instant::now() > deadline {
                 kill(Pid::from_raw(pid), Signal::SIGKILL)?;
             }
@@ -265,6 +265,24 @@ impl Target {
         tokio::time::sleep(hold).await;
         std::fs::remove_file(&file).with_context(|| format!("remove {}", file.display()))?;
         Ok(done(&format!("{node} ({} MiB written)", written >> 20)))
+    }
+}
+
+/// Whether `pid` still runs. The kube-apiserver a restart started is the soak's own child, and
+/// stays in /proc as a zombie once it exits unless the soak reaps it (a second restart would
+/// wait for it forever); any other exited process is reaped by its parent.
+fn running(pid: i32) -> bool {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    // ECHILD when it is not the soak's child: nothing to reap here.
+    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis: Z (zombie) or X (dead) is gone.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => false,
     }
 }
 
@@ -329,6 +347,28 @@ mod tests {
         assert_eq!(
             home_in_cgroup("12:pids:/ipkeep-nodes/node-0/kubelet\n"),
             None
+        );
+    }
+
+    /// A child that exited but was not waited for is a zombie in /proc: gone all the same.
+    #[test]
+    #[allow(clippy::zombie_processes, reason = "running() is what reaps it")]
+    fn an_exited_child_is_not_running() {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id() as i32;
+        let t = std::time::Instant::now();
+        while running(pid) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{pid} runs after it exited"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid} not reaped"
         );
     }
 }
