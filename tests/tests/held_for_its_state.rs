@@ -133,13 +133,30 @@ impl Node1 {
 
     /// One CNI command for sandbox `cid` of the pod with UID `uid`.
     fn cni(&self, command: &str, cid: &str, uid: &str) -> PluginOutput {
+        let sandbox = Sandbox {
+            pod: POD,
+            netns: Invocation::new(command, cid).netns,
+        };
+        self.cni_with(&self.conf(), &sandbox, command, cid, uid)
+    }
+
+    /// [`Node1::cni`] with the network configuration `conf`, for the pod and network namespace
+    /// of `sandbox`.
+    fn cni_with(
+        &self,
+        conf: &str,
+        sandbox: &Sandbox<'_>,
+        command: &str,
+        cid: &str,
+        uid: &str,
+    ) -> PluginOutput {
         let args = format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={POD};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid}",
-            self.t.name
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uid}",
+            self.t.name, sandbox.pod
         );
-        let out = Invocation::new(command, cid)
-            .args(&args)
-            .run(&ipkeep_bin(), &self.conf());
+        let mut invocation = Invocation::new(command, cid).args(&args);
+        invocation.netns = sandbox.netns;
+        let out = invocation.run(&ipkeep_bin(), conf);
         assert!(out.ok(), "{command} {cid}: {out:?}");
         out
     }
@@ -195,11 +212,28 @@ impl Node1 {
     }
 }
 
+/// Which pod a sandbox is for, and its network namespace (`CNI_NETNS`).
+struct Sandbox<'a> {
+    pod: &'a str,
+    netns: &'a str,
+}
+
 fn conf(data: &Path, socket: &Path) -> String {
     format!(
         r#"{{"cniVersion":"1.0.0","name":"{NET}","ipam":{{"type":"ipkeep","dataDir":"{}","agentSocket":"{}","reuseCooldown":"0","ranges":[[{{"subnet":"10.78.0.0/29"}}]]}}}}"#,
         data.display(),
         socket.display()
+    )
+}
+
+/// [`conf`] as containerd passes it for a pod without annotations: the runtime's
+/// `io.kubernetes.cri.pod-annotations`, empty (a pod created before its PersistentPodState
+/// existed, which the webhook never stamped).
+fn conf_unstamped(data: &Path, socket: &Path) -> String {
+    conf(data, socket).replacen(
+        r#""ipam":"#,
+        r#""runtimeConfig":{"io.kubernetes.cri.pod-annotations":{}},"ipam":"#,
+        1,
     )
 }
 
@@ -281,4 +315,109 @@ async fn a_late_del_is_not_judged_by_the_stranger_that_took_the_name() {
     );
     assert_ne!(n.add("stranger", &stranger), kept);
     n.assert_served_by_the_agent();
+}
+
+/// `db-7`, created before its PersistentPodState existed (no annotation at all), runs on the
+/// node, where the agent says `db` manages it. The agent restarts, and the DEL of db-7's
+/// sandbox comes before the new agent's caches have synced (here its API server does not
+/// answer at all). The pod's annotations alone say nothing would keep the address; the DEL
+/// leaves it with the sandbox instead. Once an agent's view is synced and shows db-7 gone, that
+/// agent applies the DEL itself: the address is held for `db`, and the rebuilt db-7 gets it
+/// back.
+#[tokio::test]
+async fn a_del_before_the_agent_has_synced_waits_for_its_view() {
+    let Some(mut n) = node("a_del_before_the_agent_has_synced_waits_for_its_view").await else {
+        return;
+    };
+    let real = n.create_pod(Some(STS_UID)).await;
+    n.record(&real).await;
+    // The runtime's namespaces: db-7's sandbox, and a live one of another pod, through which
+    // every agent sees the directory as the runtime does.
+    let netns = tempfile::tempdir().expect("tempdir");
+    let path = |name: &str| netns.path().join(name).display().to_string();
+    let (db7, other) = (path("real-a"), path("keeper"));
+    std::fs::write(&db7, "").expect("db-7's namespace");
+    std::fs::write(&other, "").expect("another namespace");
+    let db7 = Sandbox {
+        pod: POD,
+        netns: &db7,
+    };
+    let synced = conf_unstamped(n.data.path(), n.agent.socket());
+    let keeper = Sandbox {
+        pod: "web-0",
+        netns: &other,
+    };
+    n.cni_with(&synced, &keeper, "ADD", "keeper", "web-uid");
+    let kept = n
+        .cni_with(&synced, &db7, "ADD", "real-a", &real)
+        .ips()
+        .remove(0);
+    assert_eq!(n.word(&kept), (true, Some("db".into())));
+
+    n.agent.kill();
+    let nowhere = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = nowhere.path().join("kubeconfig");
+    let real_kubeconfig = n.t.kubeconfig_file(n._kube.path());
+    let text = std::fs::read_to_string(&real_kubeconfig).expect("the kubeconfig");
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("a server line")
+        .to_string();
+    let unanswered = format!("https://127.0.0.1:{}", ipkeep_tests::free_port());
+    std::fs::write(&kubeconfig, text.replace(&server, &unanswered)).expect("write");
+    let blind = Agent::start(
+        n.data.path(),
+        AgentOptions::kubernetes(&kubeconfig, &n.node, "1s"),
+    );
+    assert!(
+        blind.get("/readyz").contains("kubernetes: syncing"),
+        "{}",
+        blind.get("/readyz")
+    );
+    let out = n.cni_with(
+        &conf_unstamped(n.data.path(), blind.socket()),
+        &db7,
+        "DEL",
+        "real-a",
+        &real,
+    );
+    let leases = blind.leases(NET);
+    assert!(
+        leases.contains(&(kept.clone(), POD.to_string(), "active".to_string())),
+        "the DEL in the agent's start-up window freed the address of db-7, which db manages: {leases:?}\n{}",
+        blind.log().join("\n")
+    );
+    assert!(
+        out.stderr.contains("DEL deferred")
+            || blind.log().iter().any(|l| l.contains("DEL deferred")),
+        "the deferral is not said: {out:?}\n{}",
+        blind.log().join("\n")
+    );
+    drop(blind);
+    // After a DEL the runtime removes the sandbox's namespace.
+    std::fs::remove_file(db7.netns).expect("remove db-7's namespace");
+
+    n.delete_pod().await;
+    n.agent = Agent::start(
+        n.data.path(),
+        AgentOptions::kubernetes(&real_kubeconfig, &n.node, "1s"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !n.held_for(&kept, "real-a") {
+        assert!(
+            Instant::now() < deadline,
+            "the synced agent did not apply the deferred DEL in 60 s: {:?}\n{}",
+            n.lease(&kept),
+            n.agent.log().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(n.word(&kept), (true, Some("db".into())));
+    let rebuilt = n.create_pod(Some(STS_UID)).await;
+    assert_eq!(
+        n.add("real-b", &rebuilt),
+        kept,
+        "the rebuilt db-7 gets it back"
+    );
 }

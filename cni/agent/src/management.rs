@@ -36,7 +36,12 @@
 //! would let it.
 //!
 //! While the agent's view is not usable (caches not synced, a watch relisting after an error,
-//! its Node unknown) nothing is decided: the pod's annotations decide, as in the plugin alone.
+//! its Node unknown) nothing is decided: at an ADD the pod's annotations decide, as in the
+//! plugin alone. A DEL while the caches sync is deferred ([`Management::Syncing`]): the
+//! addresses stay with the sandbox, and once the view is synced the sweep applies the DEL as
+//! one that never came, decided like any DEL (the annotations alone would free the address of
+//! a managed pod the webhook did not stamp). With the Node unknown (a wrong `--node-name`,
+//! which may never end) the annotations decide at DEL too.
 //! The same holds for the pods of a namespace that has a PersistentPodState the agent cannot
 //! decode: that state might manage any of them, so none is called unmanaged (which would cap
 //! its retention), and none managed by a state whose retention is unknown.
@@ -66,13 +71,21 @@ pub fn management(
     undecodable: &[String],
 ) -> Management {
     if readiness != Readiness::Ready {
-        return Management::Unknown(Unavailable {
+        let unavailable = Unavailable {
             why: format!(
                 "the node agent's view of the API server is not usable ({})",
                 readiness.as_str()
             ),
             expected: true,
-        });
+        };
+        // A DEL waits for caches that are syncing: the annotations alone would free the
+        // address of a managed pod the webhook did not stamp. Not for an unknown Node: that is
+        // a wrong --node-name, which nothing but the operator ends.
+        return if readiness == Readiness::Syncing && !asked.adding {
+            Management::Syncing(unavailable)
+        } else {
+            Management::Unknown(unavailable)
+        };
     }
     if let Some(state) = undecodable.first() {
         return Management::Unknown(Unavailable {

@@ -479,12 +479,26 @@ fn rows() -> Vec<Row> {
         },
         Row {
             readiness: Readiness::Syncing,
+            adding: true,
             ..row(
-                "view stale: caches not synced or a watch relisting",
+                "view stale at ADD: caches not synced or a watch relisting",
                 "db-0",
                 db_pod("db-0"),
                 db(),
                 Management::Unknown(Unavailable {
+                    why: "the node agent's view of the API server is not usable (syncing)".into(),
+                    expected: true,
+                }),
+            )
+        },
+        Row {
+            readiness: Readiness::Syncing,
+            ..row(
+                "view stale at DEL (the agent just started): the DEL waits for the view",
+                "db-0",
+                db_pod("db-0"),
+                db(),
+                Management::Syncing(Unavailable {
                     why: "the node agent's view of the API server is not usable (syncing)".into(),
                     expected: true,
                 }),

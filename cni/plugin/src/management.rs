@@ -44,6 +44,13 @@ pub enum Management {
     Unmanaged,
     /// Nobody can say: the pod's annotations decide.
     Unknown(Unavailable),
+    /// The node agent's view of the API server is not synced yet (it just started, or a watch
+    /// is relisting after an error), and will be. An ADD follows the pod's annotations, as with
+    /// [`Management::Unknown`]; a DEL leaves the addresses as they are (the agent applies the
+    /// DEL once its view is synced, as one that never came), because the annotations alone
+    /// would free the address of a pod the webhook did not stamp that a PersistentPodState
+    /// manages.
+    Syncing(Unavailable),
 }
 
 /// Why the API server's view is not available to a command.
@@ -159,7 +166,7 @@ pub fn decide(
                 judged_by_name: false,
             }
         }
-        Management::Unknown(unavailable) => {
+        Management::Unknown(unavailable) | Management::Syncing(unavailable) => {
             let text = "no view of the API server: whether a PersistentPodState manages this pod follows its annotations";
             if unavailable.expected {
                 warn!(why = %unavailable.why, linked = link.is_some(), "{text}");

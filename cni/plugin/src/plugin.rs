@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::env::{self, CniArgs, Command, Invocation};
 use crate::error::{CniError, code};
-use crate::management::{self, ApiView, Decided, SandboxPod};
+use crate::management::{self, ApiView, Decided, Management, SandboxPod, Unavailable};
 use crate::netconf::{self, IpamPlan, NetworkConfig};
 use crate::result::{Dns, IpConfig, IpamResult};
 use crate::stores::{Deadlined, NotServed, Stores};
@@ -514,7 +514,17 @@ fn cmd_del<S: Stores>(
         info!("nothing to release: the network has no store yet");
         return Ok(());
     }
-    let departure = departure(cx.call.api, inv, config);
+    let departure = match departure(cx.call.api, inv, config) {
+        Ok(departure) => departure,
+        Err(unavailable) => {
+            warn!(
+                why = %unavailable.why,
+                hint = "the node agent applies this DEL itself once its view is synced, as one that never came",
+                "DEL deferred: the addresses stay with the sandbox until the node agent can say who manages the pod"
+            );
+            return Ok(());
+        }
+    };
     let reading = &cx.call.reading;
     let owner = attachment(inv);
     let (outcome, t) = cx.with_store(config, |store| {
@@ -541,6 +551,23 @@ fn cmd_del<S: Stores>(
     Ok(())
 }
 
+/// What the node agent's view (or, without it, nobody) says manages the pod of the command;
+/// `None` for an attachment that names no pod.
+fn said(
+    api: &dyn ApiView,
+    args: &CniArgs,
+    config: &NetworkConfig,
+    adding: bool,
+) -> Option<Management> {
+    Some(api.management(&SandboxPod {
+        namespace: args.pod_namespace.as_ref()?,
+        name: args.pod_name.as_ref()?,
+        uid: args.pod_uid.as_deref(),
+        adding,
+        annotations: config.conf.runtime_config.pod_annotations.as_ref(),
+    }))
+}
+
 /// The pod's retention, for ADD (`adding`) to record and for DEL to decide by in place of what
 /// ADD recorded: what the node agent's view of the API server says manages the pod (or, without
 /// that view, the pod's annotations), within the network's `policy`. ADD and DEL resolve it
@@ -553,35 +580,38 @@ fn decide_retention(
     policy: &RetentionPolicy,
     adding: bool,
 ) -> Option<Decided> {
+    let said = said(api, args, config, adding)?;
     let annotations = config.conf.runtime_config.pod_annotations.as_ref();
-    let said = api.management(&SandboxPod {
-        namespace: args.pod_namespace.as_ref()?,
-        name: args.pod_name.as_ref()?,
-        uid: args.pod_uid.as_deref(),
-        adding,
-        annotations,
-    });
     Some(management::decide(&said, policy, annotations))
 }
 
 /// What DEL decides in place of what ADD recorded: the retention [`decide_retention`] resolves,
 /// and the agent's word on who manages the pod. Without the agent's view and without the pod's
-/// annotations at DEL nothing decides anew, and the retention resolved at ADD stands.
-fn departure(api: &dyn ApiView, inv: &Invocation, config: &NetworkConfig) -> Departure {
+/// annotations at DEL nothing decides anew, and the retention resolved at ADD stands. `Err`:
+/// the agent's view is syncing ([`Management::Syncing`]), and the DEL waits for it.
+fn departure(
+    api: &dyn ApiView,
+    inv: &Invocation,
+    config: &NetworkConfig,
+) -> Result<Departure, Unavailable> {
     let Ok(policy) = &config.retention else {
-        return Departure::default();
+        return Ok(Departure::default());
     };
     // Nothing to hold for an unnamed attachment: DEL frees it whatever anyone says.
-    let Some(decided) = decide_retention(api, &inv.args, config, policy, false) else {
-        return Departure::default();
+    let Some(said) = said(api, &inv.args, config, false) else {
+        return Ok(Departure::default());
     };
+    if let Management::Syncing(unavailable) = said {
+        return Err(unavailable);
+    }
     let annotations = config.conf.runtime_config.pod_annotations.as_ref();
-    Departure {
+    let decided = management::decide(&said, policy, annotations);
+    Ok(Departure {
         retention: (decided.confirmed.is_some() || annotations.is_some())
             .then_some(decided.resolved.retention),
         confirmed: decided.confirmed,
         judged_by_name: decided.judged_by_name,
-    }
+    })
 }
 
 fn cmd_check<S: Stores>(

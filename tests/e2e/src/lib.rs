@@ -16,6 +16,7 @@ pub mod nodes;
 pub mod objects;
 pub mod report;
 pub mod scenario;
+pub mod soak;
 
 use std::path::PathBuf;
 

@@ -295,3 +295,40 @@ fn del_resolves_the_retention_as_add_does() {
         "ADD and DEL warn alike: {text}"
     );
 }
+
+/// A DEL while the agent's view is syncing (the agent just started, or a watch relists) must
+/// not free the address of a pod the webhook did not stamp: its annotations say nothing, but a
+/// PersistentPodState may manage it. The addresses stay with the sandbox, the log says the DEL
+/// was deferred, and the DEL the agent applies once synced holds it for the state.
+#[test]
+fn a_del_while_the_agents_view_syncs_leaves_the_address_to_the_synced_view() {
+    let pod = ("prod", "db-0");
+    let stores = MemoryStores::default();
+    let db = managed_by_db();
+    let ip = ip_of(&run_as(&stores, &db, "ADD", "a", pod, ""));
+    let syncing = Says(Management::Syncing(Unavailable {
+        why: "the node agent's view of the API server is not usable (syncing)".into(),
+        expected: true,
+    }));
+    let text = logged("warn", || {
+        run_as(&stores, &syncing, "DEL", "a", pod, "");
+    });
+    let leases = stores.get(&dir()).unwrap().all().unwrap();
+    assert_eq!(leases.len(), 1, "the DEL freed the address: {text}");
+    assert!(leases[0].is_active(), "{:?}", leases[0]);
+    assert_eq!(leases[0].ip.to_string(), ip.split('/').next().unwrap());
+    assert!(
+        text.contains("DEL deferred") && text.contains("(syncing)"),
+        "{text}"
+    );
+    // ADD follows the annotations meanwhile, as without a view: a new pod gets a new address.
+    let other = ip_of(&run_as(
+        &stores,
+        &syncing,
+        "ADD",
+        "b",
+        ("prod", "web-0"),
+        "",
+    ));
+    assert_ne!(other, ip);
+}

@@ -1,0 +1,374 @@
+//! The nemesis: carries out one planned fault on the real-node cluster and undoes it. ipkeep's
+//! processes are found in the host's `/proc` ([`crate::crash`]) and placed by their cgroup
+//! (`/ipkeep-nodes/<node>/…/pod<uid>/…`); nodes are stopped, started and powered off through
+//! `scripts/cluster.sh node`; kube-apiserver and etcd are the processes whose pids the
+//! cluster's state directory keeps.
+//!
+//! A node's wall clock cannot be stepped here without stepping the machine's: the nodes are
+//! namespaces of this machine, and `CLOCK_REALTIME` has no namespace (time namespaces move only
+//! the monotonic and boot clocks). Stepping it would step etcd, kube-apiserver and every other
+//! process on the machine, so [`FaultKind::StepClock`] is logged as skipped with that reason.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::schedule::FaultKind;
+use crate::SYSTEM_NAMESPACE;
+use crate::crash;
+
+/// Why the clock fault is not injected.
+pub const CLOCK_SKIPPED: &str = "skipped: a node's wall clock is this machine's (CLOCK_REALTIME has no namespace); stepping it would step the whole control plane";
+
+/// The cluster as the nemesis acts on it.
+#[derive(Clone)]
+pub struct Target {
+    /// `scripts/cluster.sh`.
+    pub script: PathBuf,
+    /// The cluster's state directory.
+    pub state: PathBuf,
+    /// The real nodes, by index.
+    pub nodes: Vec<String>,
+    /// An admin client.
+    pub client: Client,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("state", &self.state)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a fault did: its target in words, and a note when it could not be done as planned.
+#[derive(Debug, Clone, Default)]
+pub struct Done {
+    /// The target.
+    pub target: String,
+    /// Said when not done as planned.
+    pub note: Option<String>,
+}
+
+impl Target {
+    fn pid_of(&self, component: &str) -> Result<i32> {
+        let path = self.state.join("pids").join(component);
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        Ok(text.trim().parse()?)
+    }
+
+    /// `scripts/cluster.sh node VERB NODE`.
+    pub async fn node(&self, verb: &str, node: &str) -> Result<()> {
+        let out = tokio::process::Command::new(&self.script)
+            .args(["node", verb, node, "--state"])
+            .arg(&self.state)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "scripts/cluster.sh node {verb} {node} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs `command` in the node's network and mount namespaces (as `cluster.sh node exec`
+    /// does, without a shell in between: the observers call it every second).
+    pub async fn on_node(&self, node: &str, command: &[&str]) -> Result<String> {
+        let holder = self.pid_of(&format!("{node}-holder"))?;
+        let out = tokio::process::Command::new("nsenter")
+            .args(["-t", &holder.to_string(), "-m", "-n", "--"])
+            .args(command)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "{} on {node} failed: {}",
+                command.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Carries out `kind` on `node` (for faults on a node) for `hold`.
+    pub async fn inject(
+        &self,
+        kind: FaultKind,
+        node: Option<usize>,
+        hold: Duration,
+    ) -> Result<Done> {
+        let node = node
+            .and_then(|n| self.nodes.get(n))
+            .cloned()
+            .unwrap_or_default();
+        match kind {
+            FaultKind::KillAgent => {
+                self.kill_pod_process("ipkeep-agent", |p| on_node(p, &node))
+                    .await
+            }
+            FaultKind::KillSchedulerExt => {
+                self.kill_pod_process("ipkeep-scheduler-ext", |_| true)
+                    .await
+            }
+            FaultKind::KillControllerLeader | FaultKind::KillControllerStandby => {
+                let leader = self.leader().await?;
+                let want_leader = kind == FaultKind::KillControllerLeader;
+                self.kill_pod_process("ipkeep-controller", |p| {
+                    (p.name_any() == leader) == want_leader
+                })
+                .await
+            }
+            FaultKind::RestartRuntime => {
+                self.node("stop", &node).await?;
+                tokio::time::sleep(hold).await;
+                self.node("start", &node).await?;
+                Ok(done(&node))
+            }
+            FaultKind::PowerCycle => {
+                self.node("kill", &node).await?;
+                tokio::time::sleep(hold).await;
+                self.node("start", &node).await?;
+                Ok(done(&node))
+            }
+            FaultKind::RestartApiserver => {
+                self.restart_apiserver().await?;
+                Ok(done("kube-apiserver"))
+            }
+            FaultKind::PauseEtcd => {
+                let pid = Pid::from_raw(self.pid_of("etcd")?);
+                kill(pid, Signal::SIGSTOP)?;
+                tokio::time::sleep(hold).await;
+                kill(pid, Signal::SIGCONT)?;
+                Ok(done(&format!("etcd for {} s", hold.as_secs())))
+            }
+            FaultKind::FillStore => self.fill_store(&node, hold).await,
+            FaultKind::StepClock => Ok(Done {
+                target: node,
+                note: Some(CLOCK_SKIPPED.into()),
+            }),
+        }
+    }
+
+    /// The pod name holding the controller's leader Lease.
+    async fn leader(&self) -> Result<String> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE);
+        let lease = leases.get("ipkeep-controller").await?;
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .context("the controller's Lease has no holder")
+    }
+
+    /// SIGKILLs the process of `program` in the first ipkeep pod `choose` accepts.
+    async fn kill_pod_process(&self, program: &str, choose: impl Fn(&Pod) -> bool) -> Result<Done> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE);
+        let candidates: Vec<Pod> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.name_any().starts_with(program) && choose(p))
+            .collect();
+        let processes = crash::in_containers();
+        for pod in &candidates {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let found = processes
+                .iter()
+                .find(|p| p.program == program && process_home(p.pid).is_some_and(|h| h.1 == uid));
+            if let Some(p) = found {
+                crash::kill_all(std::slice::from_ref(p))?;
+                return Ok(done(&format!("{} (pid {})", pod.name_any(), p.pid)));
+            }
+        }
+        Ok(Done {
+            target: program.to_string(),
+            note: Some(format!(
+                "no running {program} process to kill (restarting already?)"
+            )),
+        })
+    }
+
+    /// Stops kube-apiserver (SIGTERM, as a rolling restart does) and starts it again with the
+    /// same command line, environment and log.
+    async fn restart_apiserver(&self) -> Result<()> {
+        let pid = self.pid_of("kube-apiserver")?;
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let env: Vec<(String, String)> = std::fs::read(format!("/proc/{pid}/environ"))?
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.to_string()))
+            })
+            .collect();
+        let (program, args) = argv
+            .split_first()
+            .context("kube-apiserver has no command line")?;
+        kill(Pid::from_raw(pid), Signal::SIGTERM)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while running(pid) {
+            if tokio::time::Instant::now() > deadline {
+                kill(Pid::from_raw(pid), Signal::SIGKILL)?;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.state.join("logs/kube-apiserver.log"))?;
+        // setsid: a new session, so that a signal to the soak's process group does not reach it.
+        let child = std::process::Command::new("setsid")
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start kube-apiserver again")?;
+        std::fs::write(
+            self.state.join("pids/kube-apiserver"),
+            child.id().to_string(),
+        )?;
+        Ok(())
+    }
+
+    /// Fills the node's store file system (`--cni-data-size`) with one file, holds it full for
+    /// `hold`, and removes the file.
+    async fn fill_store(&self, node: &str, hold: Duration) -> Result<Done> {
+        let dir = self
+            .state
+            .join("nodes")
+            .join(node)
+            .join("root/var/lib/cni/ipkeep");
+        let file = dir.join("soak-fill");
+        let written = {
+            let file = file.clone();
+            tokio::task::spawn_blocking(move || fill(&file)).await??
+        };
+        tokio::time::sleep(hold).await;
+        std::fs::remove_file(&file).with_context(|| format!("remove {}", file.display()))?;
+        Ok(done(&format!("{node} ({} MiB written)", written >> 20)))
+    }
+}
+
+/// Whether `pid` still runs. The kube-apiserver a restart started is the soak's own child, and
+/// stays in /proc as a zombie once it exits unless the soak reaps it (a second restart would
+/// wait for it forever); any other exited process is reaped by its parent.
+fn running(pid: i32) -> bool {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    // ECHILD when it is not the soak's child: nothing to reap here.
+    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis: Z (zombie) or X (dead) is gone.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => false,
+    }
+}
+
+fn done(target: &str) -> Done {
+    Done {
+        target: target.to_string(),
+        note: None,
+    }
+}
+
+fn on_node(pod: &Pod, node: &str) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+}
+
+/// Writes zeros to `file` until the file system is full; how many bytes.
+fn fill(file: &Path) -> Result<u64> {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(file)?;
+    let block = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let _ = f.sync_all();
+    Ok(written)
+}
+
+/// Where a container's process lives: its node and its pod's UID, from its cgroup path
+/// (`…/ipkeep-nodes/<node>/kubepods/…/pod<uid>/<container>`).
+pub fn process_home(pid: i32) -> Option<(String, String)> {
+    home_in_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
+}
+
+fn home_in_cgroup(text: &str) -> Option<(String, String)> {
+    text.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        let mut parts = path.split('/').skip_while(|p| *p != "ipkeep-nodes").skip(1);
+        let node = parts.next()?.to_string();
+        let uid = parts.find_map(|p| p.strip_prefix("pod"))?.replace('_', "-");
+        Some((node, uid))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_is_placed_by_its_cgroup() {
+        let text = "12:pids:/ipkeep-nodes/node-1/kubepods/besteffort/pod1b2c-33/abcdef\n\
+                    11:memory:/ipkeep-nodes/node-1/kubepods/besteffort/pod1b2c-33/abcdef\n";
+        assert_eq!(
+            home_in_cgroup(text),
+            Some(("node-1".into(), "1b2c-33".into()))
+        );
+        assert_eq!(home_in_cgroup("12:pids:/user.slice\n"), None);
+        assert_eq!(
+            home_in_cgroup("12:pids:/ipkeep-nodes/node-0/kubelet\n"),
+            None
+        );
+    }
+
+    /// A child that exited but was not waited for is a zombie in /proc: gone all the same.
+    #[test]
+    #[allow(clippy::zombie_processes, reason = "running() is what reaps it")]
+    fn an_exited_child_is_not_running() {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id() as i32;
+        let t = std::time::Instant::now();
+        while running(pid) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{pid} runs after it exited"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid} not reaped"
+        );
+    }
+}
