@@ -25,10 +25,10 @@
 #    notes which binary answered (its sha256).
 # 3. The Helm steps, with this tree's bundle (its image imported into the nodes, its packaged
 #    chart), each under load:
-#    - from 0.1.0: adopt (`helm upgrade --install --take-ownership --force-conflicts` with the
-#      0.1.0 image and admission.mode=webhook, 0.1.0 writes no admission plan: release 1), then
-#      the kustomize generator's ConfigMap ipkeep-cni-config-<hash> deleted; upgrade (this
-#      version's image, admission.mode auto: release 2); rollback (`helm rollback ipkeep 1`:
+#    - from 0.1.0: its PodDisruptionBudgets deleted, then adopt (`helm upgrade --install
+#      --take-ownership --force-conflicts` with this version's image, which this chart's flags
+#      need, and admission.mode=webhook: release 1), then the kustomize generator's ConfigMap
+#      ipkeep-cni-config-<hash> deleted; upgrade (admission.mode auto: release 2); rollback (`helm rollback ipkeep 1`:
 #      release 3); again (the upgrade once more: release 4);
 #    - from 0.2.0: upgrade (`helm upgrade --take-ownership --force-conflicts`: the CRD 0.2.0's
 #      crds/ made is no release object; release 2); rollback (release 3); again (release 4).
@@ -473,7 +473,7 @@ main() {
   grep -q '^mutatingadmissionpolicies\.' "$work/api-resources" && auto=policy
   local new_image=(--set image.repository="${image_new%:*}" --set image.tag="${image_new##*:}")
   if [ "$from" = 0.1.0 ]; then
-    # What a user of 0.1.0 passes to the chart: its image, the Service's fixed cluster IP of the
+    # What a user of 0.1.0 passes to the chart: the Service's fixed cluster IP of the
     # kube-scheduler stanza, the CA make-certificate.sh put in the webhook configurations, and
     # the webhook: 0.1.0's controller writes no admission plan for the policy to read.
     local ca
@@ -487,15 +487,21 @@ selfManagedCertificates: {enabled: false}
 cni: {enabled: true}
 admission: {mode: webhook}
 EOF
-    step adopt webhook helm upgrade --install ipkeep "$chart" -n "$sys_ns" --take-ownership --force-conflicts \
-      --wait=watcher --timeout 5m -f "$work/values.yaml"
+    # 0.1.0's PodDisruptionBudgets set minAvailable through kubectl; the chart's set
+    # maxUnavailable, and server-side apply keeps the field another manager set: the API server
+    # refuses a budget with both (docs/install.md). Helm makes them again a moment later.
+    k -n "$sys_ns" delete pdb ipkeep-controller ipkeep-scheduler-ext --ignore-not-found >/dev/null
+    # Adopted with this version's image: this chart passes flags 0.1.0's binaries do not know
+    # (--probe-listen, --metrics-listen), so 0.1.0's image cannot run under it.
+    step adopt webhook+new helm upgrade --install ipkeep "$chart" -n "$sys_ns" --take-ownership --force-conflicts \
+      --wait=watcher --timeout 5m -f "$work/values.yaml" "${new_image[@]}"
     local stale cm
     stale=$(k -n "$sys_ns" get configmap -l app.kubernetes.io/part-of=ipkeep -o name | grep -E '/ipkeep-cni-config-[a-z0-9]+$' || true)
     for cm in $stale; do k -n "$sys_ns" delete "$cm" >/dev/null; done
     say "deleted kustomize's generated ConfigMap(s): ${stale:-none}"
     step upgrade "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --wait=watcher --timeout 5m \
       -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
-    step rollback webhook helm rollback ipkeep 1 -n "$sys_ns" --wait=watcher --timeout 5m
+    step rollback webhook+new helm rollback ipkeep 1 -n "$sys_ns" --wait=watcher --timeout 5m
     step again "$auto+new" helm upgrade ipkeep "$chart" -n "$sys_ns" --wait=watcher --timeout 5m \
       -f "$work/values.yaml" "${new_image[@]}" --set admission.mode=auto
   else
