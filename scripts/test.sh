@@ -8,8 +8,8 @@
 # tests on a real cluster (tests/tests/cluster.rs: the control plane with kwok nodes;
 # tests/tests/e2e.rs: real nodes with kubelet and containerd, ipkeep installed from the release
 # bundle; tests/tests/flannel.rs: the same nodes with flannel, ipkeep as its IPAM), and the
-# upgrade from 0.2.0 on real nodes (scripts/upgrade-test.sh; $IPKEEP_UPGRADE_FROM, default
-# 0.2.0: "0.1.0 0.2.0" adds the adoption of 0.1.0's kubectl apply -k install, empty skips). The
+# upgrades from 0.1.0 (its kubectl apply -k install adopted by Helm) and from 0.2.0 on real
+# nodes (scripts/upgrade-test.sh; $IPKEEP_UPGRADE_FROM, default "0.1.0 0.2.0", empty skips). The
 # Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
 # from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
 # ipkeep's release build.
@@ -88,13 +88,12 @@ for v in $also; do
   IPKEEP_K8S_VERSION=$v cargo test --locked -p ipkeep-tests --test cluster
 done
 if [ -n "$runtime_dir" ]; then
-  # Upgrades that leave nothing behind, under load: from 0.2.0 (Helm) on v1.35.4 by default.
-  # The old version's release build is kept in /var/cache/ipkeep-upgrade (the first run
-  # compiles it: about 10 min on two shared cores; then about 3.5 min a run);
-  # IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" adds the adoption of 0.1.0's kubectl apply -k install on
-  # v1.37.2 (policy mode; the hook that deletes its webhook configuration is also tested on a
-  # real kube-apiserver by tests/tests/helm_release.rs).
-  for from in ${IPKEEP_UPGRADE_FROM-0.2.0}; do
+  # Upgrades that leave nothing behind, under load: the adoption of 0.1.0's kubectl apply -k
+  # install on v1.37.2 (policy mode; the hook that deletes its webhook configuration is also
+  # tested on a real kube-apiserver by tests/tests/helm_release.rs) and from 0.2.0 (Helm) on
+  # v1.35.4. Each old version's release build is kept in /var/cache/ipkeep-upgrade (the first
+  # run compiles it: about 10 min on two shared cores; then about 3.5 min a run).
+  for from in ${IPKEEP_UPGRADE_FROM-0.1.0 0.2.0}; do
     echo "test.sh: scripts/upgrade-test.sh --from $from" >&2
     scripts/upgrade-test.sh --from "$from" --replicas 2
   done

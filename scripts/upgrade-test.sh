@@ -57,8 +57,8 @@
 # (scripts/cluster.sh); the test's own files go in STATE-test (rebuilds.tsv, the audits, helm's
 # output). The cluster is torn down at the end, pass or fail (--keep leaves it running; then
 # OLD_TREE/scripts/cluster.sh down --state STATE). Exits 0 only if every expectation held; the
-# last lines are the figures. scripts/test.sh runs it in CI from 0.2.0 on v1.35.4 with 2
-# replicas ($IPKEEP_UPGRADE_FROM="0.1.0 0.2.0" there adds the run from 0.1.0 on v1.37.2). Run it
+# last lines are the figures. scripts/test.sh runs it in CI from 0.1.0 on v1.37.2 and from
+# 0.2.0 on v1.35.4, with 2 replicas ($IPKEEP_UPGRADE_FROM there chooses). Run it
 # under the locks of docs/cluster.md (real nodes, heavy).
 set -euo pipefail
 
