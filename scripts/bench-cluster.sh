@@ -4,7 +4,7 @@
 #   scripts/bench-cluster.sh [--shapes "1x1000 200x5 1x10"] [--nodes M]
 #                            [--modes "none webhook policy full policy-full noop"]
 #                            [--pin-cpus A:B] [--k8s-version V] [--keep-metrics DIR]
-#                            [--port-base P] [--pods N]
+#                            [--port-base P] [--pods N] [--cold]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
 #   none         no ipkeep at all (the baseline);
@@ -45,6 +45,14 @@
 # SHAPE/apiserver-0..2.txt, scheduler-0..2.txt: before create, after create, after rebuild).
 # --port-base P is scripts/cluster.sh's (default its own): the clusters' ports, P to P+10, for a
 # run beside another cluster.
+# Before the first wave, every mode's fresh cluster runs a warm-up: one StatefulSet of one pod
+# (with a PersistentPodState where the mode has ipkeep) in namespace bench-warmup, created,
+# recorded, and its pod deleted and re-created, so kube-apiserver has admitted a pinned pod once.
+# A kube-apiserver that has never run a MutatingAdmissionPolicy on pods fetches and parses its
+# own OpenAPI schema of core/v1 on the first evaluation, once per concurrent request until one
+# has finished (1.37.2: no static type converter, no single flight): a burst of pod CREATEs right
+# after it starts pays seconds each (docs/benchmarks.md, "The policy's first burst after
+# kube-apiserver starts"). --cold skips the warm-up, to measure that burst.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +63,7 @@ pin_cpus=
 k8s_version=
 keep_metrics=
 port_base=
+cold=no
 while [ $# -gt 0 ]; do
   case $1 in
     --pods) shapes="1x${2:?}"; shift 2 ;;
@@ -65,6 +74,7 @@ while [ $# -gt 0 ]; do
     --k8s-version) k8s_version=${2:?}; shift 2 ;;
     --keep-metrics) keep_metrics=${2:?}; shift 2 ;;
     --port-base) port_base=${2:?}; shift 2 ;;
+    --cold) cold=yes; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -202,6 +212,33 @@ wave() {
   echo "$(( ($(date +%s%N) - t0) / 1000000 ))"
 }
 
+# The warm-up of the header: one pod created, recorded (with ipkeep), deleted and re-created.
+warm_up() {
+  local with_pps=$1 i
+  $k create namespace bench-warmup >/dev/null
+  statefulsets 1x1 "$with_pps" | sed 's/namespace: bench}/namespace: bench-warmup}/; s/bench-0/warmup/g' |
+    $k apply -f - >/dev/null
+  bound() { $k -n bench-warmup get pod warmup-0 -o jsonpath='{.metadata.uid} {.spec.nodeName}' 2>/dev/null; }
+  for ((i = 0; i < 150; i++)); do [ -n "$(bound | cut -sd' ' -f2)" ] && break; sleep 0.2; done
+  if [ "$with_pps" = yes ]; then
+    for ((i = 0; i < 150; i++)); do
+      [ "$($k -n bench-warmup get pps warmup -o jsonpath='{.status.recordedPods}')" = 1 ] &&
+        $k -n bench-warmup get configmap ipkeep-admission-plan >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    sleep 2
+  fi
+  local uid
+  uid=$(bound | cut -d' ' -f1)
+  $k -n bench-warmup delete pod warmup-0 --wait=false >/dev/null
+  for ((i = 0; i < 150; i++)); do
+    local now; now=$(bound)
+    [ -n "$now" ] && [ "${now%% *}" != "$uid" ] && [ -n "$(echo "$now" | cut -sd' ' -f2)" ] && return
+    sleep 0.2
+  done
+  say "mode $mode: the warm-up pod was not re-created and bound within 30 s; the waves run anyway"
+}
+
 for shape in $shapes; do
   [[ $shape =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || { say "a shape is SxR (StatefulSets x replicas), got '$shape'"; exit 1; }
 done
@@ -212,6 +249,7 @@ for mode in $modes; do
   ascrape() { $k get --raw /metrics >"$1"; }
   with_pps=yes
   case $mode in none|noop) with_pps=no ;; esac
+  [ "$cold" = yes ] || warm_up "$with_pps"
   for shape in $shapes; do
     pods=$(( ${shape%x*} * ${shape#*x} ))
     statefulsets "$shape" "$with_pps" >"$state/workload.yaml"
