@@ -382,8 +382,7 @@ pub fn statefulset_fingerprint(sts: &StatefulSet) -> u64 {
         .map(|s| serde_json::to_string(&s.template).unwrap_or_default());
     fingerprint(&(
         view.uid,
-        view.replicas,
-        view.ordinals_start,
+        view.ordinals,
         sts.metadata.deletion_timestamp.is_some(),
         template,
     ))

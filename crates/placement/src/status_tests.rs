@@ -28,8 +28,7 @@ fn target() -> TargetView {
     TargetView {
         name: "db".into(),
         uid: "sts-1".into(),
-        replicas: 2,
-        ordinals_start: 0,
+        ordinals: crate::ordinals::ValidOrdinals::native(2, 0),
         adopts_records: false,
     }
 }
