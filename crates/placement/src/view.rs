@@ -8,7 +8,9 @@ use ipkeep_api::k8s_openapi::api::core::v1::{Node, Pod};
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_values::ordinal;
 
-use crate::ordinals::ValidOrdinals;
+use ipkeep_api::kruise::AdvancedStatefulSet;
+
+use crate::ordinals::{ReservedOrdinals, ValidOrdinals};
 
 /// A pod, as recording and pruning see it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
@@ -177,6 +179,24 @@ impl TargetView {
         }
     }
 
+    /// Reads the fields from an OpenKruise Advanced StatefulSet: its ordinals follow Kruise's
+    /// rules ([`ValidOrdinals::kruise`]); `reserveOrdinals` with an entry that does not parse
+    /// reserve nothing, as in Kruise.
+    pub fn from_advanced(asts: &AdvancedStatefulSet) -> Self {
+        let spec = &asts.spec;
+        let reserved = ReservedOrdinals::parse(&spec.reserve_ordinals).unwrap_or_default();
+        Self {
+            name: asts.metadata.name.clone().unwrap_or_default(),
+            uid: asts.metadata.uid.clone().unwrap_or_default(),
+            ordinals: ValidOrdinals::kruise(
+                count(spec.replicas, 1),
+                count(spec.ordinals.as_ref().map(|o| o.start), 0),
+                &reserved,
+            ),
+            adopts_records: false,
+        }
+    }
+
     /// The pod names the StatefulSet wants now: `<name>-<ordinal>` for each of its
     /// [`Self::ordinals`].
     pub fn wanted_pod_names(&self) -> impl Iterator<Item = String> + '_ {
@@ -224,6 +244,33 @@ mod tests {
         ] {
             assert_eq!(t.wants(name), want, "{name}");
         }
+    }
+
+    #[test]
+    fn an_advanced_statefulset_wants_kruise_ordinals() {
+        let asts: AdvancedStatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "uid": "u1"},
+            "spec": {"replicas": 3, "reserveOrdinals": [1]}
+        }))
+        .unwrap();
+        let t = TargetView::from_advanced(&asts);
+        assert_eq!(
+            t.wanted_pod_names().collect::<Vec<_>>(),
+            ["db-0", "db-2", "db-3"]
+        );
+        assert_eq!(t.uid, "u1");
+        let bad: AdvancedStatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db"},
+            "spec": {"replicas": 2, "reserveOrdinals": [0, "1-x"]}
+        }))
+        .unwrap();
+        assert_eq!(
+            TargetView::from_advanced(&bad)
+                .wanted_pod_names()
+                .collect::<Vec<_>>(),
+            ["db-0", "db-1"],
+            "an entry Kruise cannot parse reserves nothing"
+        );
     }
 
     #[test]
