@@ -350,11 +350,14 @@ async fn release_pending(
             continue;
         }
         let target = &pps.spec.target_ref.name;
+        // ipkeep's hooks run for `apps` StatefulSets only (an Advanced StatefulSet has its own):
+        // another target's pods wait for no plan.
+        let hooked = pps.spec.target_ref.statefulset().is_some();
         let planned = plans
             .iter()
             .any(|p| &p.stateful_set == target && !p.stateful_set_uid.is_empty());
         let full = encoded.data.is_empty() && !encoded.omitted.is_empty();
-        if !planned && !full {
+        if hooked && !planned && !full {
             continue; // no StatefulSet yet: its pods do not exist either
         }
         let name = pps.name_any();

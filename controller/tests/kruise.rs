@@ -225,17 +225,30 @@ async fn advanced_statefulsets_are_recorded_by_kruise_ordinal_rules() {
     // WhenDeleted, targeted as v1alpha1 (the same objects): a reserved ordinal keeps its record,
     // and un-reserved it is the same record the returning pod is pinned with.
     let kv = create_asts(&c.client, "kv", 2, &Default::default()).await;
+    // It asks for ipkeep's hooks too, and carries the label that holds pods until their plan is
+    // in place (as written before this version): the hooks stand aside, so nothing waits.
     let held: PersistentPodState = serde_json::from_value(json!({
-        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState", "metadata": {"name": "kv"},
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
+        "metadata": {"name": "kv", "labels": {keys::ADMISSION_PENDING_LABEL: "true"}},
         "spec": {"targetRef": {"apiVersion": "apps.kruise.io/v1alpha1", "kind": "StatefulSet", "name": "kv"},
                  "requiredPersistentTopology": {"nodeTopologyKeys": ["kubernetes.io/hostname"]},
-                 "persistentPodStateRetentionPolicy": "WhenDeleted"}
+                 "persistentPodStateRetentionPolicy": "WhenDeleted",
+                 "lifecycle": {"preDelete": {"labelsHandler": {"example.com/drained": "true"}}}}
     }))
     .unwrap();
     pps_api(&c.client)
         .create(&PostParams::default(), &held)
         .await
         .unwrap();
+    let standing_aside = wait_pps(&c.client, "kv", "hooks standing aside, nothing held", |p| {
+        condition(p, "LifecycleHooks").is_some_and(|h| h.0 == "False")
+            && !p.labels().contains_key(keys::ADMISSION_PENDING_LABEL)
+    })
+    .await;
+    assert_eq!(
+        condition(&standing_aside, "LifecycleHooks").unwrap().1,
+        "AdvancedStatefulSetHasItsOwn"
+    );
     run_asts_pod(&c.client, &kv, 0, "n1", "10.8.0.0").await;
     run_asts_pod(&c.client, &kv, 1, "n3", "10.8.0.1").await;
     let before = wait_pps(&c.client, "kv", "two records", |p| records(p).len() == 2).await;

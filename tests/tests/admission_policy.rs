@@ -810,6 +810,25 @@ async fn a_hooked_persistent_pod_state_holds_its_pods_until_the_plan_is_in_place
         .await
         .expect("a PersistentPodState without hooks");
     assert_eq!(pending(&plain), None, "no hooks, no label");
+    // ipkeep's hooks stand aside for an OpenKruise Advanced StatefulSet (it has its own): its
+    // state is not labelled, and labelled by hand it holds no `apps` StatefulSet's pods.
+    let mut kruise = pps(&t.name, hooks.clone());
+    kruise.metadata.name = Some("kv".into());
+    kruise.spec.target_ref.api_version = "apps.kruise.io/v1beta1".into();
+    kruise.spec.target_ref.name = "kv".into();
+    kruise.status = None;
+    let kruise = api
+        .create(&PostParams::default(), &kruise)
+        .await
+        .expect("a hooked PersistentPodState of an Advanced StatefulSet");
+    assert_eq!(pending(&kruise), None, "an Advanced StatefulSet's hooks");
+    api.patch(
+        "kv",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"ipkeep.dev/admission-pending": "true"}}})),
+    )
+    .await
+    .expect("label it by hand");
 
     let tpl = template(json!({}));
     let db0 = submitted(&t.name, "db-0", &tpl, STS_UID);
@@ -840,6 +859,13 @@ async fn a_hooked_persistent_pod_state_holds_its_pods_until_the_plan_is_in_place
     pods.create(&dry, &web0)
         .await
         .expect("another StatefulSet's pod is never held");
+    // The parameters' informer has db's label (db-0 was refused); give it kv's too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut kv0 = submitted(&t.name, "kv-0", &tpl, STS_UID);
+    kv0.metadata.owner_references.as_mut().expect("an owner")[0].name = "kv".into();
+    pods.create(&dry, &kv0)
+        .await
+        .expect("an apps StatefulSet's pod is not held by an Advanced StatefulSet's state");
     // ipkeep-controller's part: the label goes, the pods come.
     api.patch(
         "db",
