@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_placement::admission::{self, AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL};
 use ipkeep_placement::pin;
 use ipkeep_values::keys::ADMISSION_PENDING_LABEL;
@@ -79,7 +80,9 @@ impl Plans {
         }
         let plans = by_target
             .into_iter()
-            .filter_map(|(sts, candidates)| pin::persistent_pod_state_of(candidates, sts))
+            .filter_map(|(sts, candidates)| {
+                pin::persistent_pod_state_of(candidates, Workload::Native, sts)
+            })
             .filter_map(|pps| decided.get(&pps.uid()?).and_then(|(_, p)| p.clone()))
             .collect();
         Some(plans)
