@@ -80,8 +80,11 @@ impl Plans {
         }
         let plans = by_target
             .into_iter()
+            // One plan per name: an `apps` StatefulSet's before an Advanced StatefulSet's of the
+            // name (the plan's UID keeps the other's pods from it).
             .filter_map(|(sts, candidates)| {
-                pin::persistent_pod_state_of(candidates, Workload::Native, sts)
+                pin::persistent_pod_state_of(candidates.iter().copied(), Workload::Native, sts)
+                    .or_else(|| pin::persistent_pod_state_of(candidates, Workload::Kruise, sts))
             })
             .filter_map(|pps| decided.get(&pps.uid()?).and_then(|(_, p)| p.clone()))
             .collect();

@@ -69,11 +69,11 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
         .as_deref()
         .map(TargetView::from_statefulset)
         .or_else(|| advanced.as_deref().map(TargetView::from_advanced));
-    // No admission plan for an Advanced StatefulSet's pods yet: the policy pins `apps` pods only.
     let template = sts
         .as_deref()
         .and_then(|s| s.spec.as_ref())
-        .map(|s| &s.template);
+        .map(|s| &s.template)
+        .or_else(|| advanced.as_deref().and_then(|a| a.spec.template.as_ref()));
     let (pods, nodes) = gather(&ctx, &namespace, target.as_ref(), &previous);
     let mut decided = status::reconcile(&StatusInput {
         name: &name,

@@ -11,8 +11,9 @@ use std::process::Command;
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::kruise::AdvancedStatefulSet;
+use ipkeep_placement::admission::PLAN_CONFIGMAP;
 use ipkeep_values::keys;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -253,6 +254,17 @@ async fn advanced_statefulsets_are_recorded_by_kruise_ordinal_rules() {
     run_asts_pod(&c.client, &kv, 1, "n3", "10.8.0.1").await;
     let before = wait_pps(&c.client, "kv", "two records", |p| records(p).len() == 2).await;
     let kv1 = records(&before)["kv-1"].clone();
+    // The admission policy's plan for kv is the Advanced StatefulSet's (db's is the apps
+    // StatefulSet's: one plan per name, and the UID keeps the other's pods from it).
+    let plans: Api<ConfigMap> = Api::default_namespaced(c.client.clone());
+    eventually("kv's admission plan", || async {
+        let data = plans.get_opt(PLAN_CONFIGMAP).await.unwrap()?.data?;
+        (data.get("uid.kv") == kv.uid().as_ref()
+            && data.get("pod.kv-1").is_some_and(|e| !e.starts_with('!'))
+            && data.get("uid.db") == native.uid().as_ref())
+        .then_some(())
+    })
+    .await;
     patch_asts(
         &c.client,
         "kv",

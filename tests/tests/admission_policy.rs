@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
+use ipkeep_api::statefulset::Workload;
 use ipkeep_placement::admission::{
     AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL, PlanTarget, PodPlan, encode, plan,
 };
@@ -160,6 +161,7 @@ async fn write(t: &TestNamespace, pps: &PersistentPodState, template: &PodTempla
         pps.into(),
         &t.name,
         PlanTarget {
+            workload: Workload::Native,
             name: "db",
             uid: STS_UID,
             template,
@@ -363,9 +365,9 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
     }
 
     // A pod whose own constraints are not its template's: no pin from the policy, and why.
-    let pps = pps(&t.name, json!({}));
+    let state = pps(&t.name, json!({}));
     let tpl = template(json!({}));
-    write(&t, &pps, &tpl).await;
+    write(&t, &state, &tpl).await;
     let mut pod = submitted(&t.name, "db-0", &tpl, STS_UID);
     pod.spec.as_mut().expect("a spec").node_selector =
         Some([("disk".to_string(), "ssd".to_string())].into());
@@ -410,6 +412,54 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
         compared(&other),
         "another StatefulSet's pod changed by this one's plan"
     );
+
+    // An OpenKruise Advanced StatefulSet's pods, from the plan of the state targeting it: pinned
+    // as the webhook pins them, without ipkeep's hooks (they stand aside for its own).
+    let mut kruise = pps(
+        &t.name,
+        json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}}),
+    );
+    kruise.spec.target_ref.api_version = "apps.kruise.io/v1beta1".into();
+    let plan = plan(
+        (&kruise).into(),
+        &t.name,
+        PlanTarget {
+            workload: Workload::Kruise,
+            name: "db",
+            uid: STS_UID,
+            template: &tpl,
+        },
+    );
+    write_plans(&t, &t.name, plan.as_slice()).await;
+    for name in ["db-0", "db-1", "db-7"] {
+        let mut pod = submitted(&t.name, name, &tpl, STS_UID);
+        pod.metadata.owner_references.as_mut().expect("an owner")[0].api_version =
+            "apps.kruise.io/v1beta1".into();
+        let want = expected(&pod, &through_webhook(&pod, &t.name, &kruise));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let got = loop {
+            let got = compared(&through_policy(&t, &pod).await);
+            if got == want || Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        for ((what, got), (_, want)) in got.iter().zip(&want) {
+            assert_eq!(got, want, "an Advanced StatefulSet's {name}: {what}");
+        }
+        if name == "db-0" {
+            let pinned = through_policy(&t, &pod).await;
+            assert!(
+                field(&pinned, "/metadata/annotations/ipkeep.dev~1pinned-by").is_string(),
+                "db-0 pinned: {:?}",
+                pinned.metadata.annotations
+            );
+            assert!(
+                field(&pinned, "/metadata/labels/ipkeep.dev~1lifecycle-state").is_null(),
+                "no hooks of ipkeep's"
+            );
+        }
+    }
 }
 
 /// A pinned pod plan for `name` on node `node`.

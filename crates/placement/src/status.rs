@@ -121,6 +121,11 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
         source,
         input.namespace,
         PlanTarget {
+            workload: input
+                .spec
+                .target_ref
+                .workload()
+                .map_or(Workload::Native, |(w, _)| w),
             name: &target.name,
             uid: &target.uid,
             template,
