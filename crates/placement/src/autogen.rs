@@ -397,6 +397,11 @@ impl GenerateAction {
                     Verb::Adopted => ("PersistentPodStateAdopted", "adopted"),
                 };
                 let note = match by {
+                    GeneratedBy::Annotation if by_kruise_spelling(input.annotations) => format!(
+                        "{verb} PersistentPodState {name} from the annotations, read from OpenKruise's spelling {} (ipkeep reads {} first): if OpenKruise's own PersistentPodState also runs for this workload, both pin its pods; keep one of the two",
+                        keys::KRUISE_AUTO_GENERATE,
+                        keys::AUTO_GENERATE
+                    ),
                     GeneratedBy::Annotation => {
                         format!("{verb} PersistentPodState {name} from the annotations")
                     }
@@ -446,6 +451,13 @@ impl GenerateAction {
             note,
         })
     }
+}
+
+/// Whether only OpenKruise's spelling of the auto-generate annotation is set.
+fn by_kruise_spelling(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| {
+        !a.contains_key(keys::AUTO_GENERATE) && a.contains_key(keys::KRUISE_AUTO_GENERATE)
+    })
 }
 
 /// The UID of `pps`'s controlling owner.

@@ -841,3 +841,38 @@ fn an_advanced_statefulset_generates_its_own() {
     assert!(stale_generated(&theirs, Workload::Kruise, "db"));
     assert!(!stale_generated(&theirs, Workload::Native, "db"));
 }
+
+/// Generated from OpenKruise's spelling, the Event says so, and that Kruise's own
+/// PersistentPodState must not run for the same workload; from ipkeep's, it does not.
+#[test]
+fn the_kruise_spelling_is_named_in_the_event() {
+    let kruise = ann(&[
+        (keys::KRUISE_AUTO_GENERATE, "true"),
+        (keys::KRUISE_REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
+    ]);
+    let ours = ann(&[
+        (keys::AUTO_GENERATE, "true"),
+        (keys::KRUISE_AUTO_GENERATE, "true"),
+        (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
+    ]);
+    for (annotations, named) in [(&kruise, true), (&ours, false)] {
+        let input = GenerateInput {
+            workload: Workload::Kruise,
+            name: "db",
+            namespace: "prod",
+            uid: UID,
+            annotations: Some(annotations),
+            deleting: false,
+            namespace_labels: None,
+            existing: Existing::Absent,
+            targeting: &[],
+        };
+        let note = decide(&input).notice(&input).unwrap().note;
+        assert_eq!(
+            note.contains("OpenKruise's spelling kruise.io/auto-generate-persistent-pod-state")
+                && note.contains("keep one of the two"),
+            named,
+            "{note}"
+        );
+    }
+}

@@ -191,12 +191,19 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
     };
     let target_name = &input.spec.target_ref.name;
     let namespace = input.namespace;
+    // "StatefulSet", or "Advanced StatefulSet (apps.kruise.io)": which one the messages mean.
+    let what = input
+        .spec
+        .target_ref
+        .workload()
+        .map_or(Workload::Native, |(w, _)| w)
+        .describe();
     let Some(target) = input.target else {
         if input.adopts {
             let ready = not_ready(
                 "WaitingForAdoption",
                 format!(
-                    "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
+                    "{what} {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
                     input.previous.pod_states.len()
                 ),
             );
@@ -206,7 +213,12 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
         let ready = not_ready(
             "TargetNotFound",
             format!(
-                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists"
+                "{what} {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists{}",
+                if what == Workload::Kruise.describe() {
+                    " (the API server serves Advanced StatefulSets only where OpenKruise is installed)"
+                } else {
+                    ""
+                }
             ),
         );
         return Reconciled {
@@ -234,7 +246,7 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
         type_: READY,
         status: true,
         reason: "Recording".into(),
-        message: format!("recording the pods of StatefulSet {target_name}"),
+        message: format!("recording the pods of {what} {target_name}"),
     };
     let lost = record::node_lost_condition(&plan.lost, checked.node_loss_after);
     let status = next_status(

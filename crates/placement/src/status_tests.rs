@@ -496,3 +496,29 @@ fn hooks_asked_for_an_advanced_statefulset_say_they_stand_aside() {
         "an apps StatefulSet's hooks run"
     );
 }
+
+/// The messages name an Advanced StatefulSet as such.
+#[test]
+fn messages_name_the_workload() {
+    let kruise =
+        json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "StatefulSet", "name": "db"});
+    let mut w = World::new();
+    w.spec = spec(json!({"targetRef": kruise}));
+    let recording = w.reconcile();
+    let ready = recording.status.condition(READY).unwrap();
+    assert_eq!(
+        ready.message,
+        "recording the pods of Advanced StatefulSet (apps.kruise.io) db"
+    );
+    w.target = None;
+    let gone = w.reconcile();
+    let ready = gone.status.condition(READY).unwrap();
+    assert!(
+        ready
+            .message
+            .starts_with("Advanced StatefulSet (apps.kruise.io) prod/db does not exist")
+            && ready.message.contains("where OpenKruise is installed"),
+        "{}",
+        ready.message
+    );
+}
