@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_placement::admission::{self, AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL};
 use ipkeep_placement::pin;
 use ipkeep_values::keys::ADMISSION_PENDING_LABEL;
@@ -79,7 +80,12 @@ impl Plans {
         }
         let plans = by_target
             .into_iter()
-            .filter_map(|(sts, candidates)| pin::persistent_pod_state_of(candidates, sts))
+            // One plan per name: an `apps` StatefulSet's before an Advanced StatefulSet's of the
+            // name (the plan's UID keeps the other's pods from it).
+            .filter_map(|(sts, candidates)| {
+                pin::persistent_pod_state_of(candidates.iter().copied(), Workload::Native, sts)
+                    .or_else(|| pin::persistent_pod_state_of(candidates, Workload::Kruise, sts))
+            })
             .filter_map(|pps| decided.get(&pps.uid()?).and_then(|(_, p)| p.clone()))
             .collect();
         Some(plans)
@@ -350,11 +356,14 @@ async fn release_pending(
             continue;
         }
         let target = &pps.spec.target_ref.name;
+        // ipkeep's hooks run for `apps` StatefulSets only (an Advanced StatefulSet has its own):
+        // another target's pods wait for no plan.
+        let hooked = pps.spec.target_ref.statefulset().is_some();
         let planned = plans
             .iter()
             .any(|p| &p.stateful_set == target && !p.stateful_set_uid.is_empty());
         let full = encoded.data.is_empty() && !encoded.omitted.is_empty();
-        if !planned && !full {
+        if hooked && !planned && !full {
             continue; // no StatefulSet yet: its pods do not exist either
         }
         let name = pps.name_any();

@@ -15,7 +15,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use ipkeep_api::PersistentPodState;
-use ipkeep_api::statefulset;
+use ipkeep_api::kruise::AdvancedStatefulSet;
+use ipkeep_api::statefulset::{self, Workload};
 use ipkeep_daemon::lenient::Undecodables;
 use ipkeep_placement::view::{NodeHealth, NodeView, PodView, terminating};
 use ipkeep_values::keys::{
@@ -130,6 +131,9 @@ impl CachedPodStatus {
 pub struct Caches {
     /// StatefulSets (trimmed).
     pub statefulsets: Store<StatefulSet>,
+    /// OpenKruise's Advanced StatefulSets (trimmed; empty when the API server does not serve
+    /// them).
+    pub advanced: Store<AdvancedStatefulSet>,
     /// Pods that carry [`STATEFULSET_POD_NAME_LABEL`] (trimmed).
     pub pods: Store<CachedPod>,
     /// Nodes (trimmed).
@@ -182,14 +186,29 @@ impl Caches {
             .collect()
     }
 
-    /// The PersistentPodStates in `namespace` that target StatefulSet `name`.
-    pub fn pps_targeting(&self, namespace: &str, name: &str) -> Vec<ObjectRef<PersistentPodState>> {
+    /// The Advanced StatefulSets of `namespace`.
+    pub fn advanced_in(&self, namespace: &str) -> Vec<ObjectRef<AdvancedStatefulSet>> {
+        self.advanced
+            .state()
+            .iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+            .map(|s| ObjectRef::from_obj(s.as_ref()))
+            .collect()
+    }
+
+    /// The PersistentPodStates in `namespace` that target the `workload` StatefulSet `name`.
+    pub fn pps_targeting(
+        &self,
+        namespace: &str,
+        workload: Workload,
+        name: &str,
+    ) -> Vec<ObjectRef<PersistentPodState>> {
         self.pps
             .state()
             .iter()
             .filter(|p| {
                 p.namespace().as_deref() == Some(namespace)
-                    && p.spec.target_ref.statefulset() == Some(name)
+                    && p.spec.target_ref.targets(workload, name)
             })
             .map(|p| ObjectRef::from_obj(p.as_ref()))
             .collect()
@@ -200,8 +219,8 @@ impl Caches {
         let Some(namespace) = pod.namespace() else {
             return Vec::new();
         };
-        statefulset::controller(pod.owner_references())
-            .map(|o| self.pps_targeting(&namespace, &o.name))
+        statefulset::controller_workload(pod.owner_references())
+            .map(|(workload, o)| self.pps_targeting(&namespace, workload, &o.name))
             .unwrap_or_default()
     }
 
@@ -234,14 +253,28 @@ impl Caches {
 /// The StatefulSets a PersistentPodState concerns for auto-generation: the one that controls it
 /// (its generated PPS changed or went away) and the one it targets.
 pub fn statefulsets_of_pps(pps: &PersistentPodState) -> Vec<ObjectRef<StatefulSet>> {
+    of_pps(pps, Workload::Native)
+}
+
+/// [`statefulsets_of_pps`] for OpenKruise's Advanced StatefulSets.
+pub fn advanced_of_pps(pps: &PersistentPodState) -> Vec<ObjectRef<AdvancedStatefulSet>> {
+    of_pps(pps, Workload::Kruise)
+}
+
+fn of_pps<K: Resource<DynamicType = ()>>(
+    pps: &PersistentPodState,
+    workload: Workload,
+) -> Vec<ObjectRef<K>> {
     let Some(namespace) = pps.namespace() else {
         return Vec::new();
     };
-    let mut out: Vec<ObjectRef<StatefulSet>> = statefulset::controller(pps.owner_references())
-        .map(|o| ObjectRef::new(&o.name).within(&namespace))
+    let mut out: Vec<ObjectRef<K>> = statefulset::controller_workload(pps.owner_references())
+        .filter(|(w, _)| *w == workload)
+        .map(|(_, o)| ObjectRef::new(&o.name).within(&namespace))
         .into_iter()
         .collect();
-    if let Some(target) = pps.spec.target_ref.statefulset()
+    if let Some((w, target)) = pps.spec.target_ref.workload()
+        && w == workload
         && !out.iter().any(|r| r.name == target)
     {
         out.push(ObjectRef::new(target).within(&namespace));
@@ -322,6 +355,16 @@ pub fn trim_statefulset(sts: &mut StatefulSet) {
     });
 }
 
+/// Keeps an Advanced StatefulSet's metadata (as [`trim_statefulset`]) and, of its pod template,
+/// what the pin decision reads (the rest of the view holds only what ipkeep reads anyway).
+pub fn trim_advanced(asts: &mut AdvancedStatefulSet) {
+    asts.metadata.managed_fields = None;
+    if let Some(a) = asts.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED_ANNOTATION);
+    }
+    asts.spec.template = asts.spec.template.take().map(trim_template);
+}
+
 /// Of a pod template, what the pin decision and the hooks' creation-time marks read
 /// (`ipkeep_placement::admission`): labels, the retention annotation, the node the pod is bound
 /// to, its node selector, node affinity and readiness gates.
@@ -382,10 +425,19 @@ pub fn statefulset_fingerprint(sts: &StatefulSet) -> u64 {
         .map(|s| serde_json::to_string(&s.template).unwrap_or_default());
     fingerprint(&(
         view.uid,
-        view.replicas,
-        view.ordinals_start,
+        view.ordinals,
         sts.metadata.deletion_timestamp.is_some(),
         template,
+    ))
+}
+
+/// What of an Advanced StatefulSet decides recording: identity, ordinals, deletion.
+pub fn advanced_fingerprint(asts: &AdvancedStatefulSet) -> u64 {
+    let view = ipkeep_placement::view::TargetView::from_advanced(asts);
+    fingerprint(&(
+        view.uid,
+        view.ordinals,
+        asts.metadata.deletion_timestamp.is_some(),
     ))
 }
 
@@ -586,6 +638,7 @@ mod tests {
         }
         Caches {
             statefulsets: kube::runtime::reflector::store().0,
+            advanced: kube::runtime::reflector::store().0,
             pods: kube::runtime::reflector::store().0,
             nodes: kube::runtime::reflector::store().0,
             pps: pps_store,
@@ -610,11 +663,11 @@ mod tests {
         .unwrap()
     }
 
-    /// Only an `apps` StatefulSet's pods concern a PersistentPodState, and only one that targets
-    /// an `apps` StatefulSet: OpenKruise's Advanced StatefulSet (`apps.kruise.io`) has the same
-    /// kind and names its pods alike.
+    /// A pod concerns the PersistentPodStates that target its controller's workload and name:
+    /// OpenKruise's Advanced StatefulSet (`apps.kruise.io`) has the same kind and names its pods
+    /// alike, and is another workload than the `apps` StatefulSet of its name.
     #[test]
-    fn a_pod_concerns_the_state_of_its_apps_statefulset_only() {
+    fn a_pod_concerns_the_state_of_its_own_workload_only() {
         const KRUISE: &str = "apps.kruise.io/v1beta1";
         let pod = |api_version: &str| -> CachedPod {
             serde_json::from_value(serde_json::json!({"metadata": {
@@ -635,13 +688,19 @@ mod tests {
         );
         let kruise = caches_with(&[pps_of("db", (KRUISE, "db"), None)]);
         assert_eq!(
-            names(kruise.pps_targeting("team", "db")),
+            names(kruise.pps_targeting("team", Workload::Native, "db")),
             Vec::<String>::new(),
             "a state targeting an Advanced StatefulSet"
         );
         assert_eq!(
             names(kruise.pps_for_pod(&pod("apps/v1"))),
             Vec::<String>::new()
+        );
+        assert_eq!(names(kruise.pps_for_pod(&pod(KRUISE))), ["db"]);
+        assert_eq!(
+            names(kruise.pps_for_pod(&pod("apps.kruise.io/v1alpha1"))),
+            ["db"],
+            "by group, as Kruise matches"
         );
     }
 
@@ -662,6 +721,17 @@ mod tests {
             names(&pps_of("p", (KRUISE, "db"), Some(("apps/v1", "old")))),
             ["old"],
             "targeting an Advanced StatefulSet"
+        );
+        let advanced = |p: &PersistentPodState| -> Vec<String> {
+            advanced_of_pps(p).into_iter().map(|r| r.name).collect()
+        };
+        assert_eq!(
+            advanced(&pps_of("p", (KRUISE, "db"), Some((KRUISE, "old")))),
+            ["old", "db"]
+        );
+        assert_eq!(
+            advanced(&pps_of("p", ("apps/v1", "db"), Some(("apps/v1", "db")))),
+            Vec::<String>::new()
         );
     }
 

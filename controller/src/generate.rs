@@ -2,6 +2,9 @@
 //! label, ask for: gather from the caches, decide ([`autogen::decide`], where the rules of
 //! ownership, adoption and standing aside are), apply.
 //!
+//! Kubernetes' StatefulSets and OpenKruise's Advanced StatefulSets run the same loop, each from
+//! its own cache ([`GeneratesFor`]).
+//!
 //! The generated PersistentPodState is named after the StatefulSet and carries a controller
 //! ownerReference to it, so deleting the StatefulSet garbage-collects it. Its spec is written by
 //! server-side apply; deletions carry its UID as a precondition.
@@ -9,6 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipkeep_api::kruise::AdvancedStatefulSet;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_api::{PersistentPodState, PersistentPodStateSpec};
 use ipkeep_placement::autogen::{self, Existing, GenerateAction, GenerateInput, Refusal};
 use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
@@ -26,9 +31,25 @@ use crate::{Error, FIELD_MANAGER};
 /// The metric label of this loop.
 pub const LOOP: &str = "generate";
 
+/// A StatefulSet the generate loop reconciles: Kubernetes' or OpenKruise's.
+pub trait GeneratesFor:
+    Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+    /// Which one.
+    const WORKLOAD: Workload;
+}
+
+impl GeneratesFor for StatefulSet {
+    const WORKLOAD: Workload = Workload::Native;
+}
+
+impl GeneratesFor for AdvancedStatefulSet {
+    const WORKLOAD: Workload = Workload::Kruise;
+}
+
 /// Reconciles one StatefulSet's generated PersistentPodState.
-#[instrument(skip_all, fields(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default()))]
-pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+#[instrument(skip_all, fields(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), workload = ?K::WORKLOAD))]
+pub async fn reconcile<K: GeneratesFor>(sts: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(LOOP);
     ctx.caches.wait_until_ready().await?;
     let name = sts.name_any();
@@ -38,17 +59,18 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
     let caches = &ctx.caches;
     let existing = caches.pps.get(&ObjectRef::new(&name).within(&namespace));
     let targeting: Vec<Arc<PersistentPodState>> = caches
-        .pps_targeting(&namespace, &name)
+        .pps_targeting(&namespace, K::WORKLOAD, &name)
         .iter()
         .filter_map(|r| caches.pps.get(r))
         .collect();
     let targeting: Vec<&PersistentPodState> = targeting.iter().map(AsRef::as_ref).collect();
     let namespace_labels = caches.namespace_labels(&namespace);
     let input = GenerateInput {
+        workload: K::WORKLOAD,
         name: &name,
         namespace: &namespace,
         uid: &uid,
-        annotations: sts.metadata.annotations.as_ref(),
+        annotations: sts.meta().annotations.as_ref(),
         deleting: sts.meta().deletion_timestamp.is_some(),
         namespace_labels: namespace_labels.as_ref(),
         existing: match &existing {
@@ -59,7 +81,7 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
         targeting: &targeting,
     };
     let action = autogen::decide(&input);
-    let next = act(&sts, &ctx, &action).await?;
+    let next = act(sts.as_ref(), &ctx, &action).await?;
     if let Some(notice) = action.notice(&input) {
         let type_ = if notice.warning {
             EventType::Warning
@@ -74,7 +96,11 @@ pub async fn reconcile(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// Carries out `action` for `sts`: the API writes and the log line.
-async fn act(sts: &StatefulSet, ctx: &Context, action: &GenerateAction) -> Result<Action, Error> {
+async fn act<K: GeneratesFor>(
+    sts: &K,
+    ctx: &Context,
+    action: &GenerateAction,
+) -> Result<Action, Error> {
     let (name, namespace) = (sts.name_any(), sts.namespace().unwrap_or_default());
     let api: Api<PersistentPodState> = Api::namespaced(ctx.client.clone(), &namespace);
     match action {
@@ -111,16 +137,16 @@ async fn act(sts: &StatefulSet, ctx: &Context, action: &GenerateAction) -> Resul
 }
 
 /// What the controller does after a failed reconcile: count it and retry with backoff.
-pub fn error_policy(sts: Arc<StatefulSet>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy<K: GeneratesFor>(sts: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(LOOP, error);
     warn!(statefulset = ?sts.name_any(), namespace = sts.namespace().unwrap_or_default(), error = %error, kind = error.kind(), "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
 /// Applies `spec` as the PersistentPodState named after `sts`, controlled by it.
-async fn apply(
+async fn apply<K: GeneratesFor>(
     api: &Api<PersistentPodState>,
-    sts: &StatefulSet,
+    sts: &K,
     spec: &PersistentPodStateSpec,
     adopt_marker: bool,
 ) -> Result<(), Error> {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipkeep_api::statefulset::Workload;
 use ipkeep_api::{PersistentPodState, PersistentPodStateStatus};
 use ipkeep_placement::condition::{self, ADMISSION_PLANNED, READY};
 use ipkeep_placement::record::{self, RecordChange};
@@ -45,16 +46,34 @@ pub async fn reconcile(pps: Arc<PersistentPodState>, ctx: Arc<Context>) -> Resul
     let uid = pps.uid().ok_or(Error::MissingMeta("uid"))?;
     let previous = ctx.newest_status(&uid, pps.status.as_ref());
     let now = now_in_whole_seconds();
-    let sts = ctx
-        .caches
-        .statefulsets
-        .get(&ObjectRef::new(&pps.spec.target_ref.name).within(&namespace))
-        .filter(|s| s.meta().deletion_timestamp.is_none());
-    let target = sts.as_deref().map(TargetView::from_statefulset);
+    let target_name = &pps.spec.target_ref.name;
+    // The target of its own workload only: an Advanced StatefulSet and an `apps` StatefulSet
+    // may share a name.
+    let (sts, advanced) = match pps.spec.target_ref.workload() {
+        Some((Workload::Kruise, _)) => (
+            None,
+            ctx.caches
+                .advanced
+                .get(&ObjectRef::new(target_name).within(&namespace)),
+        ),
+        _ => (
+            ctx.caches
+                .statefulsets
+                .get(&ObjectRef::new(target_name).within(&namespace)),
+            None,
+        ),
+    };
+    let sts = sts.filter(|s| s.meta().deletion_timestamp.is_none());
+    let advanced = advanced.filter(|s| s.meta().deletion_timestamp.is_none());
+    let target = sts
+        .as_deref()
+        .map(TargetView::from_statefulset)
+        .or_else(|| advanced.as_deref().map(TargetView::from_advanced));
     let template = sts
         .as_deref()
         .and_then(|s| s.spec.as_ref())
-        .map(|s| &s.template);
+        .map(|s| &s.template)
+        .or_else(|| advanced.as_deref().and_then(|a| a.spec.template.as_ref()));
     let (pods, nodes) = gather(&ctx, &namespace, target.as_ref(), &previous);
     let mut decided = status::reconcile(&StatusInput {
         name: &name,

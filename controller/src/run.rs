@@ -139,6 +139,7 @@ async fn run_controllers(
         caches,
         record,
         generate,
+        generate_advanced,
         lifecycle,
         plan,
         announce,
@@ -179,6 +180,11 @@ async fn run_controllers(
         .graceful_shutdown_on(stop.clone())
         .run(generate::reconcile, generate::error_policy, ctx.clone())
         .for_each(|result| async move { log_result(generate::LOOP, result) });
+    let generate_advanced_loop = on(caches.advanced.clone(), generate_advanced)
+        .with_config(debounced.clone())
+        .graceful_shutdown_on(stop.clone())
+        .run(generate::reconcile, generate::error_policy, ctx.clone())
+        .for_each(|result| async move { log_result(generate::LOOP, result) });
 
     // No debounce: a pod's readiness waits on this loop, and one pod's events are few.
     let lifecycle_loop = on(lifecycle.pods, lifecycle.changed)
@@ -210,6 +216,7 @@ async fn run_controllers(
         watching,
         record_loop,
         generate_loop,
+        generate_advanced_loop,
         lifecycle_loop,
         plan_loop,
         mark_ready,

@@ -26,9 +26,12 @@ pub enum Cache {
     PersistentPodStates = 8,
     /// Namespaces (their auto-generation label).
     Namespaces = 16,
+    /// OpenKruise's Advanced StatefulSets: synced at once when the API server does not serve
+    /// them ([`crate::watches`]).
+    AdvancedStatefulSets = 32,
 }
 
-const ALL: u8 = 1 | 2 | 4 | 8 | 16;
+const ALL: u8 = 1 | 2 | 4 | 8 | 16 | 32;
 
 /// The sending side: marks caches synced as their streams pass `InitDone`.
 #[derive(Debug, Clone)]
@@ -91,6 +94,7 @@ mod tests {
             Cache::Pods,
             Cache::Nodes,
             Cache::Namespaces,
+            Cache::AdvancedStatefulSets,
         ] {
             tracker.synced(cache);
         }

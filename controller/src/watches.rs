@@ -17,6 +17,11 @@
 //!   change of what recording reads records its StatefulSet's PersistentPodStates and, marked
 //!   `pin-skipped`, is announced ([`pin_skipped`]); a change of what the hooks read reconciles the
 //!   pod and its StatefulSet's pods with hooks.
+//! - OpenKruise's Advanced StatefulSets ([`Caches::advanced`], trimmed), once the API server
+//!   serves `statefulsets.apps.kruise.io` (asked at start and every minute until it does; while
+//!   it does not, the cache is empty and counts as synced, so a cluster without Kruise loses
+//!   nothing). Each change is generated; a change of what recording reads records the
+//!   PersistentPodStates targeting it.
 //! - Nodes ([`Caches::nodes`], trimmed): a change of labels or readiness records the
 //!   PersistentPodStates with a record or a pod there; cordoned, its pods with hooks are
 //!   reconciled.
@@ -34,6 +39,8 @@ use std::pin::pin;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::kruise::{self, AdvancedStatefulSet};
+use ipkeep_api::statefulset::Workload;
 use ipkeep_daemon::lenient::{self, Lenient, Undecodables};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -43,7 +50,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, reflector, store::Writer}
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client};
 use prometheus_client::metrics::gauge::Gauge;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::caches::{self, CachedPod, Caches, Changes};
 use crate::lifecycle::triggers::{self, Tap, Trigger};
@@ -59,6 +66,8 @@ pub struct Watches {
     pub record: RecordTriggers,
     /// The generate loop's: StatefulSets.
     pub generate: Receiver<ObjectRef<StatefulSet>>,
+    /// The generate loop's: Advanced StatefulSets.
+    pub generate_advanced: Receiver<ObjectRef<AdvancedStatefulSet>>,
     /// The lifecycle loop's.
     pub lifecycle: LifecycleTriggers,
     /// The admission plan loop's.
@@ -117,12 +126,23 @@ struct Senders {
     record: Sender<ObjectRef<PersistentPodState>>,
     relisted: Sender<()>,
     generate: Sender<ObjectRef<StatefulSet>>,
+    generate_advanced: Sender<ObjectRef<AdvancedStatefulSet>>,
     lifecycle: Sender<ObjectRef<Pod>>,
     plan: Sender<ObjectRef<Namespace>>,
     pin_skipped: Sender<ObjectRef<CachedPod>>,
 }
 
 impl Senders {
+    /// Generates the StatefulSets (of either workload) `pps` concerns.
+    fn generate_for(&self, pps: &PersistentPodState) {
+        caches::statefulsets_of_pps(pps)
+            .into_iter()
+            .for_each(|s| self.generate.trigger(s));
+        caches::advanced_of_pps(pps)
+            .into_iter()
+            .for_each(|s| self.generate_advanced.trigger(s));
+    }
+
     /// Reconciles the pods with hooks `trigger` concerns.
     fn hooked(&self, hooked: &Store<Pod>, trigger: Option<Trigger>) {
         for pod in trigger.iter().flat_map(|t| triggers::pods_for(hooked, t)) {
@@ -141,6 +161,7 @@ pub fn open(
     let (record, record_rx) = pending::channel();
     let (relisted, relisted_rx) = pending::channel();
     let (generate, generate_rx) = pending::channel();
+    let (generate_advanced, generate_advanced_rx) = pending::channel();
     let (lifecycle, lifecycle_rx) = pending::channel();
     let (plan, plan_rx) = pending::channel();
     let (pin_skipped, pin_skipped_rx) = pending::channel();
@@ -149,6 +170,7 @@ pub fn open(
         record,
         relisted,
         generate,
+        generate_advanced,
         lifecycle,
         plan,
         pin_skipped,
@@ -156,6 +178,7 @@ pub fn open(
     let (tracker, synced) = synced::tracker();
     let (pps, pps_writer) = reflector::store();
     let (statefulsets, sts_writer) = reflector::store();
+    let (advanced, advanced_writer) = reflector::store();
     let (pods, pod_writer) = reflector::store();
     let (nodes, node_writer) = reflector::store();
     let (namespaces, namespace_writer) = reflector::store();
@@ -163,6 +186,7 @@ pub fn open(
     let caches = Caches {
         pps,
         statefulsets,
+        advanced,
         pods,
         nodes,
         namespaces,
@@ -170,12 +194,15 @@ pub fn open(
             .reported(undecodable::route(found, to.generate.clone())),
         synced,
     };
-    let watching = futures::future::join5(
-        watch_pps(client, pps_writer, &caches, &hooked, &to, &tracker),
-        watch_statefulsets(client, sts_writer, &caches, &hooked, &to, &tracker),
-        watch_pods(client, (pod_writer, hooked_writer), &caches, &to, &tracker),
-        watch_nodes(client, node_writer, &caches, &hooked, &to, &tracker),
-        watch_namespaces(client, namespace_writer, &caches, &to, &tracker),
+    let watching = futures::future::join(
+        futures::future::join5(
+            watch_pps(client, pps_writer, &caches, &hooked, &to, &tracker),
+            watch_statefulsets(client, sts_writer, &caches, &hooked, &to, &tracker),
+            watch_pods(client, (pod_writer, hooked_writer), &caches, &to, &tracker),
+            watch_nodes(client, node_writer, &caches, &hooked, &to, &tracker),
+            watch_namespaces(client, namespace_writer, &caches, &to, &tracker),
+        ),
+        watch_advanced(client, advanced_writer, &caches, &to, &tracker),
     );
     let run = async move {
         tokio::select! {
@@ -190,6 +217,7 @@ pub fn open(
             relisted: relisted_rx,
         },
         generate: generate_rx,
+        generate_advanced: generate_advanced_rx,
         lifecycle: LifecycleTriggers {
             pods: hooked,
             changed: lifecycle_rx,
@@ -250,14 +278,10 @@ fn watch_pps(
         match &event {
             Event::Apply(pps) | Event::InitApply(pps) => {
                 to.record.trigger(ObjectRef::from_obj(pps));
-                caches::statefulsets_of_pps(pps)
-                    .into_iter()
-                    .for_each(|s| to.generate.trigger(s));
+                to.generate_for(pps);
             }
             Event::Delete(pps) => {
-                caches::statefulsets_of_pps(pps)
-                    .into_iter()
-                    .for_each(|s| to.generate.trigger(s));
+                to.generate_for(pps);
                 if let Some(namespace) = pps.metadata.namespace.as_deref() {
                     to.plan.trigger(ObjectRef::new(namespace));
                 }
@@ -296,7 +320,7 @@ fn watch_statefulsets(
         }
         if let Some(sts) = recorded.changed(&event) {
             let namespace = sts.namespace().unwrap_or_default();
-            for pps in caches.pps_targeting(&namespace, &sts.name_any()) {
+            for pps in caches.pps_targeting(&namespace, Workload::Native, &sts.name_any()) {
                 to.record.trigger(pps);
             }
         }
@@ -305,6 +329,86 @@ fn watch_statefulsets(
         }
         to.hooked(&hooked, tap.trigger(&event));
     })
+}
+
+/// How often to ask again whether the API server serves Advanced StatefulSets: after it said
+/// not (Kruise may be installed later), and after the question failed.
+const KRUISE_ASK_AGAIN: std::time::Duration = std::time::Duration::from_secs(60);
+const KRUISE_ASK_AFTER_ERROR: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn watch_advanced(
+    client: &Client,
+    writer: Writer<AdvancedStatefulSet>,
+    caches: &Caches,
+    to: &Senders,
+    tracker: &Tracker,
+) -> impl Future<Output = ()> + use<> {
+    let (client, caches, to, tracker) =
+        (client.clone(), caches.clone(), to.clone(), tracker.clone());
+    async move {
+        let mut said_absent = false;
+        loop {
+            match advanced_statefulsets_served(&client).await {
+                Ok(true) => break,
+                Ok(false) => {
+                    if !said_absent {
+                        info!(
+                            group = kruise::GROUP,
+                            "the API server does not serve OpenKruise's Advanced StatefulSets (statefulsets.apps.kruise.io/v1beta1); PersistentPodStates targeting one find no target until it does"
+                        );
+                        said_absent = true;
+                    }
+                    tracker.synced(Cache::AdvancedStatefulSets);
+                    tokio::time::sleep(KRUISE_ASK_AGAIN).await;
+                }
+                Err(e) => {
+                    warn!(error = %e, "failed to ask whether the API server serves Advanced StatefulSets; asking again");
+                    tokio::time::sleep(KRUISE_ASK_AFTER_ERROR).await;
+                }
+            }
+        }
+        info!(
+            group = kruise::GROUP,
+            "watching OpenKruise's Advanced StatefulSets"
+        );
+        let events = reflector(
+            writer,
+            watcher(
+                Api::<AdvancedStatefulSet>::all(client),
+                watcher::Config::default().any_semantic(),
+            )
+            .default_backoff()
+            .modify(caches::trim_advanced),
+        );
+        let mut recorded = Changes::new(caches::advanced_fingerprint);
+        drive("AdvancedStatefulSet", events, move |event| {
+            if matches!(event, Event::InitDone) {
+                tracker.synced(Cache::AdvancedStatefulSets);
+                to.relisted.trigger(());
+            }
+            if let Some(asts) = recorded.changed(&event) {
+                let namespace = asts.namespace().unwrap_or_default();
+                for pps in caches.pps_targeting(&namespace, Workload::Kruise, &asts.name_any()) {
+                    to.record.trigger(pps);
+                }
+            }
+            if let Event::Apply(asts) | Event::InitApply(asts) = &event {
+                to.generate_advanced.trigger(ObjectRef::from_obj(asts));
+            }
+        })
+        .await;
+    }
+}
+
+/// Whether the API server serves `statefulsets` in `apps.kruise.io/v1beta1`; an error only
+/// when it could not say.
+async fn advanced_statefulsets_served(client: &Client) -> Result<bool, kube::Error> {
+    let group_version = format!("{}/{}", kruise::GROUP, kruise::VERSION);
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == kruise::PLURAL)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 fn watch_pods(
@@ -431,6 +535,9 @@ fn watch_namespaces(
         if let Some(namespace) = labelled.changed(&event) {
             for sts in caches.statefulsets_in(&namespace.name_any()) {
                 to.generate.trigger(sts);
+            }
+            for asts in caches.advanced_in(&namespace.name_any()) {
+                to.generate_advanced.trigger(asts);
             }
         }
     })

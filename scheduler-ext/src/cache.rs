@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use ipkeep_api::PersistentPodState;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_daemon::lenient::{self, Lenient, Undecodables};
 use ipkeep_placement::ipkeep_lifecycle::Lifecycle;
 use ipkeep_values::keys::STATE_LABEL;
@@ -96,15 +97,20 @@ impl Caches {
         self.undecodable.contains(namespace, name)
     }
 
-    /// The PersistentPodState of StatefulSet `statefulset` in `namespace`: the one named after
-    /// it (what auto-generation creates), else the first by name that targets it. None when
-    /// the one named after it does not decode: what it targets is unknown, so no other is
-    /// taken for it.
-    pub fn pps_for(&self, namespace: &str, statefulset: &str) -> Option<Arc<PersistentPodState>> {
+    /// The PersistentPodState of the `workload` StatefulSet `statefulset` in `namespace`: the
+    /// one named after it (what auto-generation creates), else the first by name that targets
+    /// it. None when the one named after it does not decode: what it targets is unknown, so no
+    /// other is taken for it.
+    pub fn pps_for(
+        &self,
+        namespace: &str,
+        workload: Workload,
+        statefulset: &str,
+    ) -> Option<Arc<PersistentPodState>> {
         if self.undecodable(namespace, statefulset) {
             return None;
         }
-        let targets = |p: &PersistentPodState| p.spec.target_ref.statefulset() == Some(statefulset);
+        let targets = |p: &PersistentPodState| p.spec.target_ref.targets(workload, statefulset);
         if let Some(p) = self
             .pps
             .get(&ObjectRef::new(statefulset).within(namespace))
@@ -119,10 +125,19 @@ impl Caches {
             .min_by(|a, b| a.name_any().cmp(&b.name_any()))
     }
 
-    /// The lifecycle hooks of StatefulSet `statefulset`'s PersistentPodState ([`Self::pps_for`]);
-    /// `None` without one, or when its spec does not check (hooks then fail open).
-    pub fn lifecycle_for(&self, namespace: &str, statefulset: &str) -> Option<Lifecycle> {
-        self.pps_for(namespace, statefulset)
+    /// The lifecycle hooks of the `workload` StatefulSet `statefulset`'s PersistentPodState
+    /// ([`Self::pps_for`]); `None` without one, or when its spec does not check (hooks then
+    /// fail open), or for an Advanced StatefulSet (ipkeep's hooks stand aside for its own).
+    pub fn lifecycle_for(
+        &self,
+        namespace: &str,
+        workload: Workload,
+        statefulset: &str,
+    ) -> Option<Lifecycle> {
+        if workload == Workload::Kruise {
+            return None;
+        }
+        self.pps_for(namespace, workload, statefulset)
             .and_then(|p| ipkeep_placement::spec::check(&p.spec).ok())
             .map(|c| c.lifecycle)
     }
@@ -233,13 +248,15 @@ mod tests {
         }
         assert_eq!(
             caches
-                .pps_for("prod", "web")
+                .pps_for("prod", Workload::Native, "web")
                 .map(|p| p.name_any())
                 .as_deref(),
             Some("web")
         );
         assert_eq!(
-            caches.pps_for("prod", "db").map(|p| p.name_any()),
+            caches
+                .pps_for("prod", Workload::Native, "db")
+                .map(|p| p.name_any()),
             None,
             "a state targeting an Advanced StatefulSet"
         );

@@ -94,11 +94,11 @@ pub fn review_at(body: &[u8], caches: &Caches, now: u64) -> Result<Reviewed, Req
             None => return Ok(out),
         },
     };
-    let Some(statefulset) = pin::statefulset_name(&pod) else {
+    let Some((workload, statefulset)) = pin::statefulset_of(&pod) else {
         return Ok(out);
     };
     let Some(hooks) = caches
-        .lifecycle_for(&namespace, &statefulset)
+        .lifecycle_for(&namespace, workload, &statefulset)
         .filter(|l| l.pre_delete.is_some())
     else {
         return Ok(out);

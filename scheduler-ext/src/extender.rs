@@ -241,14 +241,14 @@ fn pin_for(pod: &Pod, caches: &Caches) -> Result<(Option<Pinned>, Served), Reque
         skipped: None,
         pinned_at_admission,
     };
-    let Some(statefulset) = pin::statefulset_name(pod) else {
+    let Some((workload, statefulset)) = pin::statefulset_of(pod) else {
         return Ok((None, served));
     };
     if !caches.ready() {
         return Err(RequestError::NotReady);
     }
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let pps = caches.pps_for(&namespace, &statefulset);
+    let pps = caches.pps_for(&namespace, workload, &statefulset);
     let Decision::Manage(managed) = pin::decide(pod, &namespace, pps.as_deref()) else {
         return Ok((None, served));
     };

@@ -5,8 +5,9 @@
 //! `ipkeep-hooks-pending` refuses to create the StatefulSet's pods (its controller retries). The
 //! admission policy `ipkeep-admission-pending` does the same where the pin's policy runs.
 //!
-//! Of the objects, only `spec.lifecycle` and the labels are read; anything else is allowed
-//! unchanged.
+//! Of the objects, only `spec.lifecycle`, `spec.targetRef.apiVersion` (a target outside group
+//! `apps`, an Advanced StatefulSet, gets none of ipkeep's hooks) and the labels are read;
+//! anything else is allowed unchanged.
 
 use std::collections::BTreeMap;
 
@@ -42,9 +43,29 @@ struct LeanMeta {
 }
 
 #[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct LeanSpec {
     #[serde(default)]
     lifecycle: Option<LifecycleSpec>,
+    /// Read leniently: only its `apiVersion` decides (a target outside group `apps` gets none of
+    /// ipkeep's hooks, so nothing waits for them).
+    #[serde(default)]
+    target_ref: Option<serde_json::Value>,
+}
+
+impl LeanSpec {
+    /// Whether the target is in group `apps`, the only one ipkeep's hooks run for (OpenKruise's
+    /// Advanced StatefulSet has hooks of its own), as the admission policy
+    /// `ipkeep-admission-pending` reads it.
+    fn targets_apps(&self) -> bool {
+        let api_version = self
+            .target_ref
+            .as_ref()
+            .and_then(|t| t.get("apiVersion"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        ipkeep_api::statefulset::group_of(api_version) == ipkeep_api::statefulset::GROUP
+    }
 }
 
 /// Reviews one AdmissionReview body.
@@ -80,11 +101,12 @@ pub fn review(body: &[u8], _caches: &Caches) -> Result<Reviewed, RequestError> {
             .unwrap_or_default(),
         new.metadata.name.clone().unwrap_or_default(),
     ));
-    let hooked = admission::gets_hooks(
-        created,
-        old.spec.lifecycle.as_ref(),
-        new.spec.lifecycle.as_ref(),
-    );
+    let hooked = new.spec.targets_apps()
+        && admission::gets_hooks(
+            created,
+            old.spec.lifecycle.as_ref(),
+            new.spec.lifecycle.as_ref(),
+        );
     let labelled = new
         .metadata
         .labels
@@ -158,6 +180,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!((plain.outcome, patch_of(&plain)), (Outcome::Passed, None));
+    }
+
+    /// ipkeep's hooks stand aside for an Advanced StatefulSet (it has its own): nothing waits
+    /// for a plan of them.
+    #[test]
+    fn hooks_for_an_advanced_statefulset_leave_it_unlabelled() {
+        let caches = Caches::new(Default::default()).0;
+        let mut kruise = pps(Some("true"), json!(null));
+        kruise["spec"]["targetRef"]["apiVersion"] = json!("apps.kruise.io/v1beta1");
+        let r = review(&body("CREATE", kruise, None), &caches).unwrap();
+        assert_eq!((r.outcome, patch_of(&r)), (Outcome::Passed, None));
     }
 
     #[test]

@@ -61,14 +61,14 @@ pub fn review(body: &[u8], caches: &Caches) -> Result<Reviewed, RequestError> {
         .or_else(|| pod.metadata.generate_name.clone())
         .unwrap_or_default();
     out.pod = Some((namespace.clone(), name));
-    let Some(statefulset) = pin::statefulset_name(&pod) else {
+    let Some((workload, statefulset)) = pin::statefulset_of(&pod) else {
         out.review.response.warnings = retention_warnings(&pod, &pod);
         return Ok(out);
     };
     if !caches.ready() {
         return Err(RequestError::NotReady);
     }
-    let pps = caches.pps_for(&namespace, &statefulset);
+    let pps = caches.pps_for(&namespace, workload, &statefulset);
     let Decision::Manage(managed) = pin::decide(&pod, &namespace, pps.as_deref()) else {
         out.review.response.warnings = retention_warnings(&pod, &pod);
         if pps.is_none() && caches.undecodable(&namespace, &statefulset) {

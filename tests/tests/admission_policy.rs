@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
+use ipkeep_api::statefulset::Workload;
 use ipkeep_placement::admission::{
     AdmissionPlan, PLAN_BUDGET, PLAN_CONFIGMAP, PLAN_LABEL, PlanTarget, PodPlan, encode, plan,
 };
@@ -160,6 +161,7 @@ async fn write(t: &TestNamespace, pps: &PersistentPodState, template: &PodTempla
         pps.into(),
         &t.name,
         PlanTarget {
+            workload: Workload::Native,
             name: "db",
             uid: STS_UID,
             template,
@@ -363,9 +365,9 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
     }
 
     // A pod whose own constraints are not its template's: no pin from the policy, and why.
-    let pps = pps(&t.name, json!({}));
+    let state = pps(&t.name, json!({}));
     let tpl = template(json!({}));
-    write(&t, &pps, &tpl).await;
+    write(&t, &state, &tpl).await;
     let mut pod = submitted(&t.name, "db-0", &tpl, STS_UID);
     pod.spec.as_mut().expect("a spec").node_selector =
         Some([("disk".to_string(), "ssd".to_string())].into());
@@ -410,6 +412,54 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
         compared(&other),
         "another StatefulSet's pod changed by this one's plan"
     );
+
+    // An OpenKruise Advanced StatefulSet's pods, from the plan of the state targeting it: pinned
+    // as the webhook pins them, without ipkeep's hooks (they stand aside for its own).
+    let mut kruise = pps(
+        &t.name,
+        json!({"lifecycle": {"preNormal": {"labelsHandler": {"example.com/registered": "true"}}}}),
+    );
+    kruise.spec.target_ref.api_version = "apps.kruise.io/v1beta1".into();
+    let plan = plan(
+        (&kruise).into(),
+        &t.name,
+        PlanTarget {
+            workload: Workload::Kruise,
+            name: "db",
+            uid: STS_UID,
+            template: &tpl,
+        },
+    );
+    write_plans(&t, &t.name, plan.as_slice()).await;
+    for name in ["db-0", "db-1", "db-7"] {
+        let mut pod = submitted(&t.name, name, &tpl, STS_UID);
+        pod.metadata.owner_references.as_mut().expect("an owner")[0].api_version =
+            "apps.kruise.io/v1beta1".into();
+        let want = expected(&pod, &through_webhook(&pod, &t.name, &kruise));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let got = loop {
+            let got = compared(&through_policy(&t, &pod).await);
+            if got == want || Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        for ((what, got), (_, want)) in got.iter().zip(&want) {
+            assert_eq!(got, want, "an Advanced StatefulSet's {name}: {what}");
+        }
+        if name == "db-0" {
+            let pinned = through_policy(&t, &pod).await;
+            assert!(
+                field(&pinned, "/metadata/annotations/ipkeep.dev~1pinned-by").is_string(),
+                "db-0 pinned: {:?}",
+                pinned.metadata.annotations
+            );
+            assert!(
+                field(&pinned, "/metadata/labels/ipkeep.dev~1lifecycle-state").is_null(),
+                "no hooks of ipkeep's"
+            );
+        }
+    }
 }
 
 /// A pinned pod plan for `name` on node `node`.
@@ -810,6 +860,25 @@ async fn a_hooked_persistent_pod_state_holds_its_pods_until_the_plan_is_in_place
         .await
         .expect("a PersistentPodState without hooks");
     assert_eq!(pending(&plain), None, "no hooks, no label");
+    // ipkeep's hooks stand aside for an OpenKruise Advanced StatefulSet (it has its own): its
+    // state is not labelled, and labelled by hand it holds no `apps` StatefulSet's pods.
+    let mut kruise = pps(&t.name, hooks.clone());
+    kruise.metadata.name = Some("kv".into());
+    kruise.spec.target_ref.api_version = "apps.kruise.io/v1beta1".into();
+    kruise.spec.target_ref.name = "kv".into();
+    kruise.status = None;
+    let kruise = api
+        .create(&PostParams::default(), &kruise)
+        .await
+        .expect("a hooked PersistentPodState of an Advanced StatefulSet");
+    assert_eq!(pending(&kruise), None, "an Advanced StatefulSet's hooks");
+    api.patch(
+        "kv",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"ipkeep.dev/admission-pending": "true"}}})),
+    )
+    .await
+    .expect("label it by hand");
 
     let tpl = template(json!({}));
     let db0 = submitted(&t.name, "db-0", &tpl, STS_UID);
@@ -840,6 +909,13 @@ async fn a_hooked_persistent_pod_state_holds_its_pods_until_the_plan_is_in_place
     pods.create(&dry, &web0)
         .await
         .expect("another StatefulSet's pod is never held");
+    // The parameters' informer has db's label (db-0 was refused); give it kv's too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut kv0 = submitted(&t.name, "kv-0", &tpl, STS_UID);
+    kv0.metadata.owner_references.as_mut().expect("an owner")[0].name = "kv".into();
+    pods.create(&dry, &kv0)
+        .await
+        .expect("an apps StatefulSet's pod is not held by an Advanced StatefulSet's state");
     // ipkeep-controller's part: the label goes, the pods come.
     api.patch(
         "db",

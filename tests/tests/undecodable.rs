@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 /// The namespace of the objects ipkeep cannot read (test namespaces are `t-<n>-…`).
 const BAD: &str = "tenant-bad";
+const NATIVE: ipkeep_api::statefulset::Workload = ipkeep_api::statefulset::Workload::Native;
 
 fn pps(namespace: &str, name: &str) -> Value {
     json!({
@@ -131,7 +132,7 @@ async fn objects_that_do_not_decode_stall_no_cache() {
     tokio::time::timeout(Duration::from_secs(30), caches.wait_until_ready())
         .await
         .expect("the scheduler extension's caches did not sync within 30 s");
-    let db = caches.pps_for(&ns.name, "db");
+    let db = caches.pps_for(&ns.name, NATIVE, "db");
     let decision = pin::decide(&pod(&ns.name, "db-0", "db"), &ns.name, db.as_deref());
     let Decision::Manage(managed) = decision else {
         panic!("db-0 is not managed: {decision:?}")
@@ -140,8 +141,10 @@ async fn objects_that_do_not_decode_stall_no_cache() {
         matches!(&managed.pin, PinOutcome::Pinned(p) if p.node == "n1"),
         "{managed:?}"
     );
-    assert!(caches.pps_for(BAD, "x").is_some() && caches.pps_for(BAD, "y").is_some());
-    assert!(caches.undecodable(BAD, "z") && caches.pps_for(BAD, "z").is_none());
+    assert!(
+        caches.pps_for(BAD, NATIVE, "x").is_some() && caches.pps_for(BAD, NATIVE, "y").is_some()
+    );
+    assert!(caches.undecodable(BAD, "z") && caches.pps_for(BAD, NATIVE, "z").is_none());
     // A pod of `z`'s StatefulSet passes unpinned, and its creator is told why.
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "u1", "resource": {"group": "", "version": "v1", "resource": "pods"},

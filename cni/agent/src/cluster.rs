@@ -199,7 +199,7 @@ impl Cluster {
             .iter()
             .map(|p| {
                 let view = PpsView {
-                    statefulset: p.spec.target_ref.statefulset().map(str::to_string),
+                    statefulset: p.spec.target_ref.workload().map(|(_, s)| s.to_string()),
                     records: p
                         .status
                         .as_ref()
@@ -370,22 +370,25 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// The sweep's view names a state's StatefulSet only for an `apps` one: a state targeting
-    /// OpenKruise's Advanced StatefulSet of the name (same kind, same pod names) names none, so
-    /// no lease is kept for that name's pods.
+    /// The sweep's view names a state's StatefulSet for an `apps` one and an OpenKruise Advanced
+    /// StatefulSet alike (their pods are named alike), and no other kind.
     #[test]
-    fn a_state_names_its_statefulset_only_for_an_apps_target() {
+    fn a_state_names_its_statefulset_of_either_workload() {
         let (cluster, mut writers) = Cluster::new("n1", Gauge::default());
         let node: Node =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n1"}})).unwrap();
         writers
             .nodes
             .apply_watcher_event(&watcher::Event::Apply(node));
-        for (name, api_version) in [("db", "apps/v1"), ("kv", "apps.kruise.io/v1beta1")] {
+        for (name, api_version, kind) in [
+            ("db", "apps/v1", "StatefulSet"),
+            ("kv", "apps.kruise.io/v1beta1", "StatefulSet"),
+            ("web", "apps/v1", "Deployment"),
+        ] {
             let pps: PersistentPodState = serde_json::from_value(serde_json::json!({
                 "apiVersion": "ipkeep.dev/v1alpha1", "kind": "PersistentPodState",
                 "metadata": {"name": name, "namespace": "prod"},
-                "spec": {"targetRef": {"apiVersion": api_version, "kind": "StatefulSet", "name": name}}
+                "spec": {"targetRef": {"apiVersion": api_version, "kind": kind, "name": name}}
             }))
             .unwrap();
             writers.pps.apply_watcher_event(&watcher::Event::Apply(pps));
@@ -398,7 +401,12 @@ mod tests {
                 .clone()
         };
         assert_eq!(statefulset("db").as_deref(), Some("db"));
-        assert_eq!(statefulset("kv"), None, "an Advanced StatefulSet's state");
+        assert_eq!(
+            statefulset("kv").as_deref(),
+            Some("kv"),
+            "an Advanced StatefulSet's state"
+        );
+        assert_eq!(statefulset("web"), None, "another kind");
     }
 
     #[test]

@@ -7,16 +7,18 @@
 //! The pod is the one the API shows on this node under the command's pod name, if its UID is
 //! the one the runtime passed (`K8S_POD_UID`): a pod created under that name since is another
 //! pod. A pod is managed when, at that moment,
-//! * it is on this node, its controlling owner is a StatefulSet (group `apps`, by
-//!   [`ipkeep_api::statefulset`]: not OpenKruise's Advanced StatefulSet), and that StatefulSet's
-//!   PersistentPodState (the webhook's rule, [`pin::persistent_pod_state_of`]) is not being
+//! * it is on this node, its controlling owner is a StatefulSet (group `apps`) or an OpenKruise
+//!   Advanced StatefulSet (`apps.kruise.io`), by [`ipkeep_api::statefulset`], and the
+//!   PersistentPodState targeting that one (the webhook's rule,
+//!   [`pin::persistent_pod_state_of`]; a state of the other workload of the name is not its) is not being
 //!   deleted ([`pin::decide`], the webhook's own decision, says it manages the pod);
 //! * that StatefulSet is the one the state records (its UID is the state's `status.targetUID`,
 //!   [`pin::controlled_by_recorded_target`]): whoever creates a pod writes its owner reference,
 //!   so the name proves nothing. Only while the state waits to be adopted by a re-created
 //!   StatefulSet ([`pin::awaiting_adoption`]) does the name do;
 //! * its ordinal is in range: its name is `<statefulset>-<ordinal>` with the canonical ordinal
-//!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label.
+//!   the StatefulSet controller writes, agreeing with its `apps.kubernetes.io/pod-index` label
+//!   when it has one (Kruise sets it unless its `PodIndexLabel` gate is off).
 //!   Ordinals beyond `replicas` are held like any other: under `WhenScaled` the controller prunes
 //!   their records once their pods are gone, and the sweep then releases the holdings;
 //! * or, for a pod on this node without a controlling StatefulSet (orphaned by
@@ -113,10 +115,10 @@ pub fn management(
 
 fn of_pod_on_node(asked: &SandboxPod<'_>, pod: &Pod, states: &[&PersistentPodState]) -> Management {
     let name = asked.name;
-    let Some(statefulset) = pin::statefulset_name(pod) else {
+    let Some((workload, statefulset)) = pin::statefulset_of(pod) else {
         return of_orphan(name, pod, states);
     };
-    let pps = pin::persistent_pod_state_of(states.iter().copied(), &statefulset);
+    let pps = pin::persistent_pod_state_of(states.iter().copied(), workload, &statefulset);
     let Decision::Manage(managed) = pin::decide(pod, asked.namespace, pps) else {
         return Management::Unmanaged;
     };
@@ -196,9 +198,10 @@ fn of_pod_gone(asked: &SandboxPod<'_>, states: &[&PersistentPodState]) -> Manage
     let name = asked.name;
     let target = states
         .iter()
-        .filter_map(|p| p.spec.target_ref.statefulset())
-        .find(|statefulset| ordinal::from_name(name, statefulset).is_some());
-    let Some(pps) = target.and_then(|s| pin::persistent_pod_state_of(states.iter().copied(), s))
+        .filter_map(|p| p.spec.target_ref.workload())
+        .find(|(_, statefulset)| ordinal::from_name(name, statefulset).is_some());
+    let Some(pps) =
+        target.and_then(|(w, s)| pin::persistent_pod_state_of(states.iter().copied(), w, s))
     else {
         return Management::Unmanaged;
     };

@@ -369,18 +369,43 @@ fn rows() -> Vec<Row> {
             Management::Unmanaged,
         ),
         row(
-            "not managed: an Advanced StatefulSet's pod, whatever names a state targets",
+            "not managed: an Advanced StatefulSet's pod, with the apps StatefulSet's state of the name",
             "db-0",
             Some(kruise_pod("db-0", "db")),
             db(),
             Management::Unmanaged,
         ),
         row(
-            "gone from the API: named as an Advanced StatefulSet's pod, which no state here manages",
+            "managed: an Advanced StatefulSet's pod, by the state targeting it",
+            "db-0",
+            Some(kruise_pod("db-0", "db")),
+            vec![for_kruise(state(NS, "db", "db", false))],
+            managed("db", "2h"),
+        ),
+        row(
+            "managed: an Advanced StatefulSet's pod without the pod-index label (Kruise's PodIndexLabel off)",
+            "db-3",
+            Some(kruise_pod("db-3", "db")),
+            vec![for_kruise(state(NS, "db", "db", false))],
+            managed("db", "2h"),
+        ),
+        row(
+            "not managed: an Advanced StatefulSet's pod whose pod-index label disagrees with its name",
+            "db-3",
+            Some({
+                let mut pod = kruise_pod("db-3", "db");
+                pod.metadata.labels = Some([(POD_INDEX_LABEL.to_string(), "4".to_string())].into());
+                pod
+            }),
+            vec![for_kruise(state(NS, "db", "db", false))],
+            Management::Unmanaged,
+        ),
+        row(
+            "gone from the API: named as an Advanced StatefulSet's pod, by the name alone",
             "db-5",
             None,
             vec![for_kruise(state(NS, "db", "db", false))],
-            Management::Unmanaged,
+            by_name("db", "2h"),
         ),
         row(
             "gone from the API: its state records this very pod",

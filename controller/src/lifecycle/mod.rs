@@ -322,7 +322,11 @@ fn hooks_of(pod: &Pod, caches: &Caches) -> Lifecycle {
     };
     // The one named after the StatefulSet (what auto-generation creates), else the first by name.
     let mut candidates: Vec<Arc<PersistentPodState>> = caches
-        .pps_targeting(&namespace, &sts.name)
+        .pps_targeting(
+            &namespace,
+            ipkeep_api::statefulset::Workload::Native,
+            &sts.name,
+        )
         .into_iter()
         .filter_map(|r| caches.pps.get(&r))
         .collect();

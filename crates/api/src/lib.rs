@@ -7,10 +7,12 @@
 //! a user migrates by changing the group. Additions are documented field by field.
 //!
 //! [`statefulset`] is the one rule for "this owner reference or `targetRef` is that
-//! StatefulSet" (group `apps`, not only the kind).
+//! StatefulSet" (group `apps`, not only the kind); [`kruise`] the fields ipkeep reads of
+//! OpenKruise's Advanced StatefulSet.
 //!
 //! `kube` and `k8s-openapi` are re-exported so every ipkeep crate uses the same versions.
 
+pub mod kruise;
 mod pps;
 pub mod statefulset;
 

@@ -29,7 +29,8 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PersistentPodStateSpec {
-    /// The workload whose pods are recorded: a StatefulSet (`apps/v1`) in the same namespace.
+    /// The workload whose pods are recorded, in the same namespace: a StatefulSet (`apps/v1`) or
+    /// an OpenKruise Advanced StatefulSet (`apps.kruise.io/v1beta1`).
     pub target_ref: TargetReference,
     /// Pod annotation keys whose values are recorded in status (record only, as in OpenKruise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -157,7 +158,7 @@ fn default_ip_retention() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetReference {
-    /// `apps/v1`.
+    /// `apps/v1`, or `apps.kruise.io/v1beta1` (or `v1alpha1`) for an Advanced StatefulSet.
     #[schemars(length(min = 1, max = MAX_NAME_LENGTH))]
     pub api_version: String,
     /// `StatefulSet`.

@@ -1,9 +1,13 @@
 //! Which StatefulSet an owner reference or a PersistentPodState's `targetRef` names: one rule for
 //! every part of ipkeep. A StatefulSet is kind `StatefulSet` in API group `apps` exactly (any
-//! version, as the API server's own `apps/v1`): OpenKruise's Advanced StatefulSet
-//! (`apps.kruise.io`) has the same kind and names its pods alike, so kind and name alone would
-//! take one for the other. A UID, where the caller knows one, is compared on the reference
-//! [`controller`] returns.
+//! version, as the API server's own `apps/v1`); OpenKruise's Advanced StatefulSet is kind
+//! `StatefulSet` in group `apps.kruise.io` (`v1beta1` or `v1alpha1`), a [`Workload`] of its own:
+//! the two name their pods alike, so kind and name alone would take one for the other. A UID,
+//! where the caller knows one, is compared on the reference [`controller`] returns.
+//!
+//! [`is_statefulset`], [`controller`] and [`TargetReference::statefulset`] answer for Kubernetes'
+//! StatefulSet only (the lifecycle hooks and their predictions are for it alone);
+//! [`workload`], [`controller_workload`] and [`TargetReference::workload`] for either.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
@@ -13,6 +17,53 @@ use crate::TargetReference;
 pub const GROUP: &str = "apps";
 /// The kind of Kubernetes' StatefulSet.
 pub const KIND: &str = "StatefulSet";
+
+/// Which StatefulSet controller a StatefulSet belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Workload {
+    /// Kubernetes' StatefulSet (`apps`).
+    Native,
+    /// OpenKruise's Advanced StatefulSet (`apps.kruise.io`).
+    Kruise,
+}
+
+impl Workload {
+    /// Its API group.
+    pub fn group(self) -> &'static str {
+        match self {
+            Workload::Native => GROUP,
+            Workload::Kruise => crate::kruise::GROUP,
+        }
+    }
+
+    /// How messages name it: `StatefulSet`, or `Advanced StatefulSet (apps.kruise.io)`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Workload::Native => "StatefulSet",
+            Workload::Kruise => "Advanced StatefulSet (apps.kruise.io)",
+        }
+    }
+}
+
+/// The StatefulSet workload `api_version` and `kind` name, if any.
+pub fn workload(api_version: &str, kind: &str) -> Option<Workload> {
+    if kind != KIND {
+        return None;
+    }
+    match group_of(api_version) {
+        GROUP => Some(Workload::Native),
+        crate::kruise::GROUP => Some(Workload::Kruise),
+        _ => None,
+    }
+}
+
+/// The controlling owner among `owners` when it is a StatefulSet of either workload.
+pub fn controller_workload<'a>(
+    owners: impl IntoIterator<Item = &'a OwnerReference>,
+) -> Option<(Workload, &'a OwnerReference)> {
+    let owner = owners.into_iter().find(|o| o.controller == Some(true))?;
+    workload(&owner.api_version, &owner.kind).map(|w| (w, owner))
+}
 
 /// The API group of an `apiVersion`: `apps` of `apps/v1`, `""` (the core group) of `v1`.
 pub fn group_of(api_version: &str) -> &str {
@@ -39,6 +90,16 @@ impl TargetReference {
     /// The name of the StatefulSet this targets, `None` when it targets another kind or group.
     pub fn statefulset(&self) -> Option<&str> {
         is_statefulset(&self.api_version, &self.kind).then_some(self.name.as_str())
+    }
+
+    /// The workload and name of the StatefulSet this targets, of either workload.
+    pub fn workload(&self) -> Option<(Workload, &str)> {
+        workload(&self.api_version, &self.kind).map(|w| (w, self.name.as_str()))
+    }
+
+    /// Whether this targets the `workload` StatefulSet `name`.
+    pub fn targets(&self, workload: Workload, name: &str) -> bool {
+        self.workload() == Some((workload, name))
     }
 }
 
@@ -119,5 +180,42 @@ mod tests {
             None
         );
         assert_eq!(target("apps/v1", "Deployment").statefulset(), None);
+    }
+
+    #[test]
+    fn either_workload_by_group() {
+        for (api_version, kind, want) in [
+            ("apps/v1", "StatefulSet", Some(Workload::Native)),
+            (
+                "apps.kruise.io/v1beta1",
+                "StatefulSet",
+                Some(Workload::Kruise),
+            ),
+            (
+                "apps.kruise.io/v1alpha1",
+                "StatefulSet",
+                Some(Workload::Kruise),
+            ),
+            ("apps.kruise.io/v1alpha1", "CloneSet", None),
+            ("kruise.io/v1beta1", "StatefulSet", None),
+            ("apps.kruise.io", "StatefulSet", None),
+            ("v1", "StatefulSet", None),
+        ] {
+            assert_eq!(workload(api_version, kind), want, "{api_version} {kind}");
+        }
+        let kruise = owner("apps.kruise.io/v1beta1", "StatefulSet", "db", Some(true));
+        let other = owner("apps.kruise.io/v1beta1", "StatefulSet", "db", Some(false));
+        assert_eq!(
+            controller_workload([&other, &kruise]),
+            Some((Workload::Kruise, &kruise))
+        );
+        assert_eq!(controller_workload([&other]), None);
+        let target = TargetReference {
+            api_version: "apps.kruise.io/v1beta1".into(),
+            kind: "StatefulSet".into(),
+            name: "db".into(),
+        };
+        assert!(target.targets(Workload::Kruise, "db"));
+        assert!(!target.targets(Workload::Native, "db"));
     }
 }

@@ -40,6 +40,7 @@ use ipkeep_api::k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PodTemplateSpec,
 };
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use ipkeep_api::statefulset::Workload;
 use ipkeep_values::keys::{PIN_SKIPPED, POD_INDEX_LABEL};
 use ipkeep_values::ordinal;
 
@@ -108,6 +109,8 @@ pub enum PodPlan {
 /// The StatefulSet a plan is made for.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanTarget<'a> {
+    /// Which StatefulSet it is: its pods' controller ownerReference names that group.
+    pub workload: Workload,
     /// `metadata.name`.
     pub name: &'a str,
     /// `metadata.uid`.
@@ -225,8 +228,15 @@ fn pod_from_template(target: PlanTarget<'_>, name: Option<&str>) -> Pod {
     if let Some(name) = name {
         metadata.name = Some(name.to_string());
         metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "StatefulSet".into(),
+            api_version: match target.workload {
+                Workload::Native => "apps/v1".into(),
+                Workload::Kruise => format!(
+                    "{}/{}",
+                    ipkeep_api::kruise::GROUP,
+                    ipkeep_api::kruise::VERSION
+                ),
+            },
+            kind: ipkeep_api::statefulset::KIND.into(),
             name: target.name.to_string(),
             uid: target.uid.to_string(),
             controller: Some(true),

@@ -60,6 +60,7 @@ fn plan_of(pps: &PersistentPodState, t: &PodTemplateSpec) -> Option<AdmissionPla
         pps.into(),
         "prod",
         PlanTarget {
+            workload: ipkeep_api::statefulset::Workload::Native,
             name: "db",
             uid: "sts-uid",
             template: t,

@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_api::statefulset;
+use ipkeep_api::statefulset::{self, Workload};
 use ipkeep_api::{
     DEFAULT_IP_RETENTION, NodeLossAction, NodeLossPolicy, NodeTopologyTerm, PersistentPodState,
     PersistentPodStateSpec, PreferredTopologyTerm, RecordRetention, TargetReference,
@@ -87,6 +87,17 @@ pub fn generated_spec(
     annotations: Option<&BTreeMap<String, String>>,
     namespace_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<Option<Generated>, AutoGenerateError> {
+    generated_spec_for(Workload::Native, name, annotations, namespace_labels)
+}
+
+/// [`generated_spec`] for a StatefulSet of `workload`: the same annotations ask for the same
+/// spec, targeting that workload.
+pub fn generated_spec_for(
+    workload: Workload,
+    name: &str,
+    annotations: Option<&BTreeMap<String, String>>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> Result<Option<Generated>, AutoGenerateError> {
     let namespace_on = namespace_labels
         .and_then(|l| l.get(keys::AUTO_GENERATE))
         .is_some_and(|v| v.trim() == "true");
@@ -122,8 +133,15 @@ pub fn generated_spec(
     }
     let spec = PersistentPodStateSpec {
         target_ref: TargetReference {
-            api_version: "apps/v1".into(),
-            kind: "StatefulSet".into(),
+            api_version: match workload {
+                Workload::Native => "apps/v1".into(),
+                Workload::Kruise => format!(
+                    "{}/{}",
+                    ipkeep_api::kruise::GROUP,
+                    ipkeep_api::kruise::VERSION
+                ),
+            },
+            kind: statefulset::KIND.into(),
             name: name.to_string(),
         },
         persistent_pod_annotations: Vec::new(),
@@ -175,6 +193,8 @@ fn node_loss_policy(
 /// What the generate loop gathers about one StatefulSet to [`decide`].
 #[derive(Debug, Clone, Copy)]
 pub struct GenerateInput<'a> {
+    /// Which StatefulSet it is.
+    pub workload: Workload,
     /// The StatefulSet's name (and the generated PersistentPodState's).
     pub name: &'a str,
     /// Its namespace.
@@ -308,25 +328,30 @@ pub fn decide(input: &GenerateInput) -> GenerateAction {
     };
     let owned = existing.is_some_and(|p| controller_uid(p) == Some(input.uid));
     let uid = || existing.and_then(|p| p.metadata.uid.clone());
-    let Generated { spec, by } =
-        match generated_spec(name, input.annotations, input.namespace_labels) {
-            Ok(Some(generated)) => generated,
-            Ok(None) if owned => {
-                return GenerateAction::DeleteOwned {
-                    uid: uid(),
-                    why: Unwanted::Off,
-                };
-            }
-            Ok(None) => return GenerateAction::StandAside(Aside::Off),
-            Err(e) => return GenerateAction::Refuse(Refusal::Invalid(e)),
-        };
+    let Generated { spec, by } = match generated_spec_for(
+        input.workload,
+        name,
+        input.annotations,
+        input.namespace_labels,
+    ) {
+        Ok(Some(generated)) => generated,
+        Ok(None) if owned => {
+            return GenerateAction::DeleteOwned {
+                uid: uid(),
+                why: Unwanted::Off,
+            };
+        }
+        Ok(None) => return GenerateAction::StandAside(Aside::Off),
+        Err(e) => return GenerateAction::Refuse(Refusal::Invalid(e)),
+    };
     let adopt_marker = adopts(input.annotations);
-    let adopting = !owned && adopt_marker && existing.is_some_and(|p| adoptable(p, name));
+    let adopting =
+        !owned && adopt_marker && existing.is_some_and(|p| adoptable(p, input.workload, name));
     if by == GeneratedBy::NamespaceLabel && !adopting {
         let theirs = input
             .targeting
             .iter()
-            .filter(|p| written_for(p, name))
+            .filter(|p| written_for(p, input.workload, name))
             .filter_map(|p| p.metadata.name.clone())
             .min();
         if let Some(theirs) = theirs {
@@ -349,7 +374,9 @@ pub fn decide(input: &GenerateInput) -> GenerateAction {
     match existing {
         None => apply(Verb::Created),
         Some(_) if adopting => apply(Verb::Adopted),
-        Some(p) if !owned && stale_generated(p, name) => GenerateAction::DeleteStale { uid: uid() },
+        Some(p) if !owned && stale_generated(p, input.workload, name) => {
+            GenerateAction::DeleteStale { uid: uid() }
+        }
         Some(_) if !owned => GenerateAction::Refuse(Refusal::NotOwned(by)),
         Some(p) if p.spec == spec && adopts(p.metadata.annotations.as_ref()) == adopt_marker => {
             GenerateAction::Unchanged
@@ -370,6 +397,11 @@ impl GenerateAction {
                     Verb::Adopted => ("PersistentPodStateAdopted", "adopted"),
                 };
                 let note = match by {
+                    GeneratedBy::Annotation if by_kruise_spelling(input.annotations) => format!(
+                        "{verb} PersistentPodState {name} from the annotations, read from OpenKruise's spelling {} (ipkeep reads {} first): if OpenKruise's own PersistentPodState also runs for this workload, both pin its pods; keep one of the two",
+                        keys::KRUISE_AUTO_GENERATE,
+                        keys::AUTO_GENERATE
+                    ),
                     GeneratedBy::Annotation => {
                         format!("{verb} PersistentPodState {name} from the annotations")
                     }
@@ -421,6 +453,13 @@ impl GenerateAction {
     }
 }
 
+/// Whether only OpenKruise's spelling of the auto-generate annotation is set.
+fn by_kruise_spelling(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| {
+        !a.contains_key(keys::AUTO_GENERATE) && a.contains_key(keys::KRUISE_AUTO_GENERATE)
+    })
+}
+
 /// The UID of `pps`'s controlling owner.
 fn controller_uid(pps: &PersistentPodState) -> Option<&str> {
     pps.metadata
@@ -431,36 +470,37 @@ fn controller_uid(pps: &PersistentPodState) -> Option<&str> {
         .map(|o| o.uid.as_str())
 }
 
-/// Whether a StatefulSet named `name` that asks to adopt may take `pps` over: it targets a
-/// StatefulSet of that name, and no controller owns it but (if any) an earlier StatefulSet of
-/// that name (names are unique, so one with another UID was deleted).
-pub fn adoptable(pps: &PersistentPodState, name: &str) -> bool {
-    let target = &pps.spec.target_ref;
+/// Whether a `workload` StatefulSet named `name` that asks to adopt may take `pps` over: it
+/// targets that StatefulSet, and no controller owns it but (if any) an earlier StatefulSet of
+/// that workload and name (names are unique, so one with another UID was deleted).
+pub fn adoptable(pps: &PersistentPodState, workload: Workload, name: &str) -> bool {
     let controller = pps
         .metadata
         .owner_references
         .iter()
         .flatten()
         .find(|o| o.controller == Some(true));
-    target.statefulset() == Some(name)
-        && controller
-            .is_none_or(|o| statefulset::is_statefulset(&o.api_version, &o.kind) && o.name == name)
+    pps.spec.target_ref.targets(workload, name)
+        && controller.is_none_or(|o| {
+            statefulset::workload(&o.api_version, &o.kind) == Some(workload) && o.name == name
+        })
 }
 
-/// Whether `pps` was written for StatefulSet `name` rather than generated: it targets it and no
-/// StatefulSet controls it (a generated one, even one left by an earlier StatefulSet of the
-/// name, is controlled by the StatefulSet it was generated for).
-pub fn written_for(pps: &PersistentPodState, name: &str) -> bool {
-    let target = &pps.spec.target_ref;
-    target.statefulset() == Some(name)
-        && statefulset::controller(pps.metadata.owner_references.iter().flatten()).is_none()
+/// Whether `pps` was written for the `workload` StatefulSet `name` rather than generated: it
+/// targets it and no StatefulSet of that workload controls it (a generated one, even one left
+/// by an earlier StatefulSet of the name, is controlled by the StatefulSet it was generated
+/// for).
+pub fn written_for(pps: &PersistentPodState, workload: Workload, name: &str) -> bool {
+    pps.spec.target_ref.targets(workload, name)
+        && statefulset::controller_workload(pps.metadata.owner_references.iter().flatten())
+            .is_none_or(|(w, _)| w != workload)
 }
 
-/// Whether `pps` is controlled by a StatefulSet named `name`: for one that does not own it, a
-/// PersistentPodState left over from an earlier StatefulSet of the name.
-pub fn stale_generated(pps: &PersistentPodState, name: &str) -> bool {
-    statefulset::controller(pps.metadata.owner_references.iter().flatten())
-        .is_some_and(|o| o.name == name)
+/// Whether `pps` is controlled by a `workload` StatefulSet named `name`: for one that does not
+/// own it, a PersistentPodState left over from an earlier StatefulSet of the name.
+pub fn stale_generated(pps: &PersistentPodState, workload: Workload, name: &str) -> bool {
+    statefulset::controller_workload(pps.metadata.owner_references.iter().flatten())
+        .is_some_and(|(w, o)| w == workload && o.name == name)
 }
 
 #[cfg(test)]

@@ -12,6 +12,10 @@ pub const NODE_LOST: &str = "NodeLost";
 /// from the plan (its template's node constraints are too large to compare).
 pub const ADMISSION_PLANNED: &str = "AdmissionPlanned";
 
+/// Condition type: set (False) only when `spec.lifecycle` asks for ipkeep's hooks on a target
+/// they do not run for (an OpenKruise Advanced StatefulSet, which has hooks of its own).
+pub const LIFECYCLE_HOOKS: &str = "LifecycleHooks";
+
 /// A condition to set, without its transition time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DesiredCondition {

@@ -6,7 +6,8 @@
 //! - [`spec`]: checking a PersistentPodState spec and reading it into a [`spec::CheckedSpec`]
 //!   (or a [`spec_error::SpecError`] that says what to fix); [`label_syntax`]: label keys and
 //!   values as the API server accepts them.
-//! - [`view`]: the few fields of pods, nodes and StatefulSets the decisions look at.
+//! - [`view`]: the few fields of pods, nodes and StatefulSets the decisions look at;
+//!   [`ordinals`]: which ordinals a StatefulSet (or an OpenKruise Advanced StatefulSet) wants.
 //! - [`status`]: the whole status of a PersistentPodState (records and conditions) from what
 //!   the caches hold, in one pure function; [`record`]: its records (recording Ready pods,
 //!   pruning by policy, the node-loss policy); [`condition`]: conditions that keep their
@@ -24,6 +25,7 @@ pub mod autogen;
 pub mod condition;
 pub mod label_syntax;
 pub mod lifecycle;
+pub mod ordinals;
 pub mod pin;
 pub mod pinned;
 pub mod record;

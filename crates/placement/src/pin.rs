@@ -1,11 +1,12 @@
-//! The pin decision: what the scheduler extension does to a StatefulSet pod, from the pod, the
+//! The pin decision: what the scheduler extension does to a StatefulSet pod (Kubernetes' or
+//! OpenKruise's Advanced StatefulSet's, whose pods get no lifecycle hooks of ipkeep's), from the pod, the
 //! PersistentPodState of its StatefulSet and the record kept under the pod's name. The webhook
 //! turns a [`Decision`] into a patch ([`crate::affinity::apply`]); the extender turns it into a
 //! node filter and scores ([`Pinned::admits`], [`Pinned::score`]). Both front doors make the same
 //! decision, so a pod that skipped the webhook is still pinned at scheduling time.
 
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
-use ipkeep_api::statefulset;
+use ipkeep_api::statefulset::{self, Workload};
 use ipkeep_api::{PersistentPodState, PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 use ipkeep_values::keys::POD_INDEX_LABEL;
 use ipkeep_values::ordinal;
@@ -29,7 +30,8 @@ pub enum Decision {
 /// Why a pod is not ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PassReason {
-    /// No ownerReference with `controller: true` to an `apps` StatefulSet.
+    /// No ownerReference with `controller: true` to a StatefulSet (`apps`, or OpenKruise's
+    /// Advanced StatefulSet, `apps.kruise.io`).
     NotStatefulSetPod,
     /// Its StatefulSet has no PersistentPodState.
     NoPersistentPodState,
@@ -99,7 +101,7 @@ pub fn decide_from(pod: &Pod, namespace: &str, pps: Option<Source<'_>>) -> Decis
         return Decision::Pass(PassReason::NoPersistentPodState);
     };
     if pps.namespace.unwrap_or(namespace) != namespace
-        || pps.spec.target_ref.statefulset() != Some(owner.name.as_str())
+        || !pps.spec.target_ref.targets(owner.workload, &owner.name)
     {
         return Decision::Pass(PassReason::OtherWorkload);
     }
@@ -110,6 +112,10 @@ pub fn decide_from(pod: &Pod, namespace: &str, pps: Option<Source<'_>>) -> Decis
     // `ipRetention` is read once: by the check, or (the spec refused for another reason, or
     // before the check reached it) on its own.
     let (lifecycle, retention, invalid) = match spec::check(pps.spec) {
+        // ipkeep's hooks stand aside for an Advanced StatefulSet: it has its own.
+        Ok(checked) if owner.workload == Workload::Kruise => {
+            (Default::default(), Some(checked.ip_retention), None)
+        }
         Ok(checked) => (checked.lifecycle, Some(checked.ip_retention), None),
         Err(e) => (Default::default(), retention_of(pps.spec), Some(e)),
     };
@@ -250,37 +256,42 @@ fn of_recorded_statefulset(owner: &Owner, status: Option<&PersistentPodStateStat
 
 /// The pod's controlling StatefulSet.
 struct Owner {
+    workload: Workload,
     name: String,
     uid: String,
 }
 
 fn statefulset_owner(pod: &Pod) -> Option<Owner> {
-    statefulset::controller(pod.metadata.owner_references.iter().flatten()).map(|o| Owner {
-        name: o.name.clone(),
-        uid: o.uid.clone(),
-    })
+    statefulset::controller_workload(pod.metadata.owner_references.iter().flatten()).map(
+        |(workload, o)| Owner {
+            workload,
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+        },
+    )
 }
 
-/// Which of `states` (PersistentPodStates of one namespace) is StatefulSet `statefulset`'s: the
-/// one named after it if it targets it, else the first by name that targets it. The webhook's
-/// cache looks it up by the same rule.
+/// Which of `states` (PersistentPodStates of one namespace) is the `workload` StatefulSet
+/// `statefulset`'s: the one named after it if it targets it, else the first by name that targets
+/// it. The webhook's cache looks it up by the same rule.
 pub fn persistent_pod_state_of<'a>(
     states: impl IntoIterator<Item = &'a PersistentPodState>,
+    workload: Workload,
     statefulset: &str,
 ) -> Option<&'a PersistentPodState> {
     states
         .into_iter()
-        .filter(|p| p.spec.target_ref.statefulset() == Some(statefulset))
+        .filter(|p| p.spec.target_ref.targets(workload, statefulset))
         .min_by_key(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
             (name != statefulset, name)
         })
 }
 
-/// The name of the StatefulSet controlling `pod`, if one does: where to look for its
-/// PersistentPodState.
-pub fn statefulset_name(pod: &Pod) -> Option<String> {
-    statefulset_owner(pod).map(|o| o.name)
+/// The workload and name of the StatefulSet controlling `pod`, if one does: where to look for
+/// its PersistentPodState.
+pub fn statefulset_of(pod: &Pod) -> Option<(Workload, String)> {
+    statefulset_owner(pod).map(|o| (o.workload, o.name))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use ipkeep_api::PersistentPodState;
 use ipkeep_api::k8s_openapi::api::core::v1::Pod;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_values::keys::{IP_RETENTION, PERSISTENT_POD_STATE, PIN_SKIPPED, PINNED_BY};
 
 use crate::affinity;
@@ -259,14 +260,48 @@ fn rows() -> Vec<Row> {
             Want::Pass("not-statefulset-pod"),
         ),
         row(
-            "OpenKruise Advanced StatefulSet is not ours",
+            "an OpenKruise Advanced StatefulSet's pod, with the apps StatefulSet's state of the name",
             with(
                 pod(json!({})),
                 "/metadata/ownerReferences",
                 owner("StatefulSet", "apps.kruise.io/v1beta1", "db", true),
             ),
             Some(pps()),
-            Want::Pass("not-statefulset-pod"),
+            Want::Pass("other-workload"),
+        ),
+        row(
+            "an OpenKruise Advanced StatefulSet's pod, with its own state: pinned alike",
+            with(
+                pod(json!({})),
+                "/metadata/ownerReferences",
+                owner("StatefulSet", "apps.kruise.io/v1beta1", "db", true),
+            ),
+            Some(with(
+                pps(),
+                "/spec/targetRef/apiVersion",
+                json!("apps.kruise.io/v1beta1"),
+            )),
+            Want::Pinned(json!({
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [pinned_host()]}]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [preferred_zone()]})),
+        ),
+        row(
+            "an Advanced StatefulSet's pod whose pod-index label disagrees with its name",
+            with(
+                with(
+                    pod(json!({})),
+                    "/metadata/ownerReferences",
+                    owner("StatefulSet", "apps.kruise.io/v1alpha1", "db", true),
+                ),
+                "/metadata/labels",
+                json!({"apps.kubernetes.io/pod-index": "1"}),
+            ),
+            Some(with(
+                pps(),
+                "/spec/targetRef/apiVersion",
+                json!("apps.kruise.io/v1beta1"),
+            )),
+            Want::Unrecorded("first-creation", Some("24h")),
         ),
         row(
             "StatefulSet without a PersistentPodState",
@@ -676,9 +711,11 @@ fn which_persistent_pod_state_is_a_statefulsets() {
         named("db", "db", "StatefulSet"),
         named("web", "web", "Deployment"),
     ];
-    let of = |sts: &str, from: &[PersistentPodState]| {
-        crate::pin::persistent_pod_state_of(from, sts).and_then(|p| p.metadata.name.clone())
+    let of_workload = |workload, sts: &str, from: &[PersistentPodState]| {
+        crate::pin::persistent_pod_state_of(from, workload, sts)
+            .and_then(|p| p.metadata.name.clone())
     };
+    let of = |sts: &str, from: &[PersistentPodState]| of_workload(Workload::Native, sts, from);
     assert_eq!(of("db", &states).as_deref(), Some("db"));
     assert_eq!(of("db", &states[..2]).as_deref(), Some("a"));
     assert_eq!(of("web", &states), None, "a StatefulSet only");
@@ -686,11 +723,17 @@ fn which_persistent_pod_state_is_a_statefulsets() {
     let mut kruise = pps();
     kruise["spec"]["targetRef"]["apiVersion"] = json!("apps.kruise.io/v1beta1");
     let kruise: PersistentPodState = serde_json::from_value(kruise).unwrap();
+    let kruise = [kruise];
     assert_eq!(
-        of("db", &[kruise]),
+        of("db", &kruise),
         None,
         "an Advanced StatefulSet (apps.kruise.io) of the name is another workload"
     );
+    assert_eq!(
+        of_workload(Workload::Kruise, "db", &kruise).as_deref(),
+        Some("db")
+    );
+    assert_eq!(of_workload(Workload::Kruise, "db", &states), None);
 }
 
 /// A PersistentPodState waits for adoption only while nothing controls it: one an OpenKruise
@@ -716,4 +759,32 @@ fn only_an_uncontrolled_state_awaits_adoption() {
         !awaiting(owner("StatefulSet", "apps.kruise.io/v1beta1", "db", true)),
         "an Advanced StatefulSet controls it"
     );
+}
+
+/// ipkeep's lifecycle hooks stand aside for an Advanced StatefulSet's pod (it has its own): the
+/// pin is decided, the hooks are not given.
+#[test]
+fn an_advanced_statefulsets_pod_gets_no_hooks() {
+    let mut state = pps();
+    state["spec"]["lifecycle"] =
+        json!({"preDelete": {"labelsHandler": {"example.com/drained": "true"}}});
+    let native: Pod = serde_json::from_value(pod(json!({}))).unwrap();
+    let apps: PersistentPodState = serde_json::from_value(state.clone()).unwrap();
+    let Decision::Manage(m) = decide(&native, "prod", Some(&apps)) else {
+        panic!("an apps StatefulSet's pod is managed");
+    };
+    assert!(m.lifecycle.pre_delete.is_some(), "its hooks run");
+    state["spec"]["targetRef"]["apiVersion"] = json!("apps.kruise.io/v1beta1");
+    let kruise: PersistentPodState = serde_json::from_value(state).unwrap();
+    let asts_pod: Pod = serde_json::from_value(with(
+        pod(json!({})),
+        "/metadata/ownerReferences",
+        owner("StatefulSet", "apps.kruise.io/v1beta1", "db", true),
+    ))
+    .unwrap();
+    let Decision::Manage(m) = decide(&asts_pod, "prod", Some(&kruise)) else {
+        panic!("an Advanced StatefulSet's pod is managed");
+    };
+    assert!(matches!(m.pin, PinOutcome::Pinned(_)), "{:?}", m.pin);
+    assert_eq!(*m.lifecycle, Default::default(), "no hooks of ipkeep's");
 }

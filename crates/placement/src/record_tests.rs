@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::ordinals::{ReservedOrdinals, ValidOrdinals};
 use crate::view::NodeHealth;
 use ipkeep_api::k8s_openapi::jiff::Timestamp;
 
@@ -20,12 +21,11 @@ fn config(policy: RecordRetention, action: NodeLossAction) -> CheckedSpec {
     }
 }
 
-fn target(replicas: i32, start: i32) -> TargetView {
+fn target(replicas: u32, start: u32) -> TargetView {
     TargetView {
         name: "db".into(),
         uid: "sts-1".into(),
-        replicas,
-        ordinals_start: start,
+        ordinals: ValidOrdinals::native(replicas, start),
         adopts_records: false,
     }
 }
@@ -414,4 +414,118 @@ fn an_annotation_value_over_the_bound_is_not_recorded() {
     c.pods = vec![p];
     let recorded = &c.plan().pod_states["db-0"].annotations;
     assert_eq!(recorded.keys().collect::<Vec<_>>(), ["short"]);
+}
+
+/// An Advanced StatefulSet of `replicas` with `reserve` reserved and `ordinals.start` `start`.
+fn kruise_target(replicas: u32, start: u32, reserve: serde_json::Value) -> TargetView {
+    let entries = serde_json::from_value::<Vec<ipkeep_api::kruise::ReserveOrdinal>>(reserve);
+    TargetView {
+        ordinals: ValidOrdinals::kruise(
+            replicas,
+            start,
+            &ReservedOrdinals::parse(&entries.unwrap()).unwrap(),
+        ),
+        ..target(replicas, 0)
+    }
+}
+
+/// Reserving ordinal 1 of an Advanced StatefulSet of 3 condemns db-1 without any change of
+/// `replicas` (Kruise deletes it and creates db-3): `WhenScaled` prunes its record once the pod
+/// is gone.
+#[test]
+fn when_scaled_prunes_a_reserved_ordinal() {
+    let mut c = Case::new();
+    c.target = kruise_target(3, 0, serde_json::json!([]));
+    c.pods = ["db-0", "db-1", "db-2"]
+        .iter()
+        .map(|n| pod(n, "n1", true))
+        .collect();
+    assert_eq!(c.step().pod_states.len(), 3);
+    c.target = kruise_target(3, 0, serde_json::json!([1]));
+    let mut leaving = pod("db-1", "n1", false);
+    leaving.terminating = true;
+    c.pods = vec![pod("db-0", "n1", true), leaving, pod("db-2", "n1", true)];
+    assert!(c.step().changes.is_empty(), "db-1's pod still exists");
+    c.pods = vec![
+        pod("db-0", "n1", true),
+        pod("db-2", "n1", true),
+        pod("db-3", "n2", true),
+    ];
+    let p = c.step();
+    assert_eq!(
+        p.changes,
+        vec![
+            RecordChange::Pruned { pod: "db-1".into() },
+            RecordChange::Recorded {
+                pod: "db-3".into(),
+                node: "n2".into()
+            },
+        ]
+    );
+    assert_eq!(
+        p.pod_states.keys().collect::<Vec<_>>(),
+        ["db-0", "db-2", "db-3"]
+    );
+}
+
+/// Under `WhenDeleted` a reserved ordinal's record stays; un-reserving it gives db-1 the same
+/// record (node and addresses) back.
+#[test]
+fn when_deleted_keeps_a_reserved_ordinal_for_its_return() {
+    let mut c = Case::new();
+    c.config = config(RecordRetention::WhenDeleted, NodeLossAction::Wait);
+    c.target = kruise_target(3, 0, serde_json::json!([]));
+    c.pods = vec![
+        pod("db-0", "n1", true),
+        pod("db-1", "n2", true),
+        pod("db-2", "n1", true),
+    ];
+    let first = c.step().pod_states["db-1"].clone();
+    c.target = kruise_target(3, 0, serde_json::json!(["1-1"]));
+    c.pods = vec![
+        pod("db-0", "n1", true),
+        pod("db-2", "n1", true),
+        pod("db-3", "n1", true),
+    ];
+    let reserved = c.step();
+    assert_eq!(reserved.pod_states["db-1"], first, "kept while reserved");
+    c.target = kruise_target(3, 0, serde_json::json!([]));
+    c.pods = vec![pod("db-0", "n1", true), pod("db-2", "n1", true)];
+    let back = c.step();
+    assert_eq!(
+        back.pod_states["db-1"], first,
+        "the same record to pin db-1 with"
+    );
+    assert!(
+        back.changes.is_empty(),
+        "nothing pruned: {:?}",
+        back.changes
+    );
+}
+
+/// `ordinals.start` 2 on an Advanced StatefulSet of 2: Kruise's gate decides whether db-0,db-1
+/// or db-2,db-3 run; neither reading's records are pruned, an ordinal outside both is.
+#[test]
+fn a_kruise_start_prunes_only_what_neither_reading_wants() {
+    let mut c = Case::new();
+    c.target = kruise_target(4, 0, serde_json::json!([]));
+    c.pods = ["db-0", "db-1", "db-2", "db-3"]
+        .iter()
+        .map(|n| pod(n, "n1", true))
+        .collect();
+    c.step();
+    c.target = kruise_target(2, 2, serde_json::json!([]));
+    c.pods.clear();
+    let p = c.step();
+    assert!(p.changes.is_empty(), "{:?}", p.changes);
+    c.target = kruise_target(1, 2, serde_json::json!([]));
+    let p = c.step();
+    assert_eq!(
+        p.changes,
+        vec![
+            RecordChange::Pruned { pod: "db-1".into() },
+            RecordChange::Pruned { pod: "db-3".into() },
+        ]
+    );
+    assert_eq!(p.pod_states.keys().collect::<Vec<_>>(), ["db-0", "db-2"]);
 }

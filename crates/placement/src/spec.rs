@@ -34,7 +34,7 @@ pub struct CheckedSpec {
 /// Checks `spec` and reads it into a [`CheckedSpec`].
 pub fn check(spec: &PersistentPodStateSpec) -> Result<CheckedSpec, SpecError> {
     let target = &spec.target_ref;
-    if target.statefulset().is_none() {
+    if target.workload().is_none() {
         return Err(SpecError::UnsupportedTarget {
             api_version: target.api_version.clone(),
             kind: target.kind.clone(),
@@ -125,6 +125,14 @@ mod tests {
         );
         assert_eq!(config.node_loss_after, Duration::from_secs(300));
         assert_eq!(config.node_loss_action, NodeLossAction::FallbackToPreferred);
+        for api_version in ["apps.kruise.io/v1beta1", "apps.kruise.io/v1alpha1"] {
+            let mut kruise = base();
+            kruise["targetRef"]["apiVersion"] = api_version.into();
+            assert!(
+                check(&spec(kruise)).is_ok(),
+                "an Advanced StatefulSet: {api_version}"
+            );
+        }
     }
 
     #[test]
@@ -137,8 +145,8 @@ mod tests {
             ),
             (
                 "/spec/targetRef/apiVersion",
-                "apps.kruise.io/v1beta1".into(),
-                "apps/v1 StatefulSet",
+                "apps.kruise.io.example/v1beta1".into(),
+                "apps/v1 StatefulSet or an apps.kruise.io/v1beta1 (Advanced) StatefulSet",
             ),
             (
                 "/spec/targetRef/name",

@@ -7,9 +7,10 @@ use ipkeep_values::RetentionError;
 /// A spec the controller cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    /// `targetRef` is not an `apps` StatefulSet.
+    /// `targetRef` is neither an `apps` StatefulSet nor an `apps.kruise.io` Advanced
+    /// StatefulSet.
     #[error(
-        "targetRef must be an apps/v1 StatefulSet, not {api_version} {kind}; ipkeep records native StatefulSets only"
+        "targetRef must be an apps/v1 StatefulSet or an apps.kruise.io/v1beta1 (Advanced) StatefulSet, not {api_version} {kind}"
     )]
     UnsupportedTarget {
         /// As given.

@@ -11,6 +11,9 @@
 //!   cleared, whatever the retention policy;
 //! - `Recording` (True): the records follow the pods ([`crate::record::plan`]).
 //!
+//! `LifecycleHooks` is written (False) only when `spec.lifecycle` asks for ipkeep's hooks on an
+//! OpenKruise Advanced StatefulSet: they stand aside for its own.
+//!
 //! `NodeLost` is written only while recording; in the three other cases it is removed, since
 //! nothing watches the recorded nodes then.
 //!
@@ -24,11 +27,14 @@ use std::time::Duration;
 
 use ipkeep_api::k8s_openapi::api::core::v1::PodTemplateSpec;
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ipkeep_api::statefulset::Workload;
 use ipkeep_api::{PersistentPodStateSpec, PersistentPodStateStatus, PodState};
 use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 
 use crate::admission::{self, AdmissionPlan, MAX_DECIDED_ON, PlanTarget};
-use crate::condition::{self, ADMISSION_PLANNED, DesiredCondition, NODE_LOST, READY};
+use crate::condition::{
+    self, ADMISSION_PLANNED, DesiredCondition, LIFECYCLE_HOOKS, NODE_LOST, READY,
+};
 use crate::pin::Source;
 use crate::record::{self, RecordChange, RecordInput};
 use crate::spec::{self, SpecError};
@@ -97,6 +103,9 @@ pub struct Reconciled {
 /// Decides the status and the admission plan. Pure: same input, same answer.
 pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
     let mut decided = decide_status(input);
+    let conditions = std::mem::take(&mut decided.status.conditions);
+    decided.status.conditions =
+        with_condition(conditions, LIFECYCLE_HOOKS, hooks_stand_aside(input), input);
     let (Some(target), Some(template)) = (input.target, input.template) else {
         return decided;
     };
@@ -112,6 +121,11 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
         source,
         input.namespace,
         PlanTarget {
+            workload: input
+                .spec
+                .target_ref
+                .workload()
+                .map_or(Workload::Native, |(w, _)| w),
             name: &target.name,
             uid: &target.uid,
             template,
@@ -132,6 +146,23 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
     let conditions = std::mem::take(&mut decided.status.conditions);
     decided.status.conditions = with_condition(conditions, ADMISSION_PLANNED, planned, input);
     decided
+}
+
+/// `LifecycleHooks` False when `spec.lifecycle` asks for ipkeep's hooks on an Advanced
+/// StatefulSet: they stand aside for its own (`spec.lifecycle` of the Advanced StatefulSet).
+fn hooks_stand_aside(input: &StatusInput<'_>) -> Option<DesiredCondition> {
+    let (Workload::Kruise, name) = input.spec.target_ref.workload()? else {
+        return None;
+    };
+    input.spec.lifecycle.as_ref()?;
+    Some(DesiredCondition {
+        type_: LIFECYCLE_HOOKS,
+        status: false,
+        reason: "AdvancedStatefulSetHasItsOwn".into(),
+        message: format!(
+            "spec.lifecycle asks for ipkeep's lifecycle hooks, but {name} is an OpenKruise Advanced StatefulSet: ipkeep's hooks do not run for its pods (no readiness gate, no held deletion). Use the Advanced StatefulSet's own spec.lifecycle (preDelete, inPlaceUpdate, preNormal) and remove spec.lifecycle here"
+        ),
+    })
 }
 
 /// `conditions` with the condition `type_` set to `wanted` (or removed).
@@ -160,12 +191,19 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
     };
     let target_name = &input.spec.target_ref.name;
     let namespace = input.namespace;
+    // "StatefulSet", or "Advanced StatefulSet (apps.kruise.io)": which one the messages mean.
+    let what = input
+        .spec
+        .target_ref
+        .workload()
+        .map_or(Workload::Native, |(w, _)| w)
+        .describe();
     let Some(target) = input.target else {
         if input.adopts {
             let ready = not_ready(
                 "WaitingForAdoption",
                 format!(
-                    "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
+                    "{what} {namespace}/{target_name} does not exist (or is being deleted); its {} record(s) and held IPs are kept for the next StatefulSet of this name ({ADOPT_PERSISTENT_POD_STATE}: \"true\"). Delete this PersistentPodState if it will not come back",
                     input.previous.pod_states.len()
                 ),
             );
@@ -175,7 +213,12 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
         let ready = not_ready(
             "TargetNotFound",
             format!(
-                "StatefulSet {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists"
+                "{what} {namespace}/{target_name} does not exist (or is being deleted); records are cleared and recording starts when it exists{}",
+                if what == Workload::Kruise.describe() {
+                    " (the API server serves Advanced StatefulSets only where OpenKruise is installed)"
+                } else {
+                    ""
+                }
             ),
         );
         return Reconciled {
@@ -203,7 +246,7 @@ fn decide_status(input: &StatusInput<'_>) -> Reconciled {
         type_: READY,
         status: true,
         reason: "Recording".into(),
-        message: format!("recording the pods of StatefulSet {target_name}"),
+        message: format!("recording the pods of {what} {target_name}"),
     };
     let lost = record::node_lost_condition(&plan.lost, checked.node_loss_after);
     let status = next_status(

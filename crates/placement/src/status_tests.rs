@@ -28,8 +28,7 @@ fn target() -> TargetView {
     TargetView {
         name: "db".into(),
         uid: "sts-1".into(),
-        replicas: 2,
-        ordinals_start: 0,
+        ordinals: crate::ordinals::ValidOrdinals::native(2, 0),
         adopts_records: false,
     }
 }
@@ -447,4 +446,79 @@ fn too_large_node_constraints_say_so_in_a_condition() {
     w.previous = decided.status;
     w.template = Some(PodTemplateSpec::default());
     assert!(w.reconcile().status.condition(ADMISSION_PLANNED).is_none());
+}
+
+/// `spec.lifecycle` on an Advanced StatefulSet's state: recording goes on, and `LifecycleHooks`
+/// says ipkeep's hooks stand aside for its own; without hooks, or on an `apps` StatefulSet, the
+/// condition is not there.
+#[test]
+fn hooks_asked_for_an_advanced_statefulset_say_they_stand_aside() {
+    let hooks = json!({"preDelete": {"labelsHandler": {"example.com/drained": "true"}}});
+    let kruise =
+        json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "StatefulSet", "name": "db"});
+    let mut w = World::new();
+    w.spec = spec(json!({"targetRef": kruise, "lifecycle": hooks}));
+    let asked = w.reconcile();
+    assert_eq!(asked.verdict, Verdict::Recording);
+    let c = asked
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == LIFECYCLE_HOOKS)
+        .expect("LifecycleHooks");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "AdvancedStatefulSetHasItsOwn")
+    );
+    assert!(
+        c.message.contains("OpenKruise Advanced StatefulSet"),
+        "{}",
+        c.message
+    );
+    w.previous = asked.status;
+    w.spec = spec(json!({"targetRef": kruise}));
+    let removed = w.reconcile();
+    assert!(
+        removed
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != LIFECYCLE_HOOKS),
+        "hooks removed: the condition goes"
+    );
+    w.spec = spec(json!({"lifecycle": hooks}));
+    assert!(
+        w.reconcile()
+            .status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != LIFECYCLE_HOOKS),
+        "an apps StatefulSet's hooks run"
+    );
+}
+
+/// The messages name an Advanced StatefulSet as such.
+#[test]
+fn messages_name_the_workload() {
+    let kruise =
+        json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "StatefulSet", "name": "db"});
+    let mut w = World::new();
+    w.spec = spec(json!({"targetRef": kruise}));
+    let recording = w.reconcile();
+    let ready = recording.status.condition(READY).unwrap();
+    assert_eq!(
+        ready.message,
+        "recording the pods of Advanced StatefulSet (apps.kruise.io) db"
+    );
+    w.target = None;
+    let gone = w.reconcile();
+    let ready = gone.status.condition(READY).unwrap();
+    assert!(
+        ready
+            .message
+            .starts_with("Advanced StatefulSet (apps.kruise.io) prod/db does not exist")
+            && ready.message.contains("where OpenKruise is installed"),
+        "{}",
+        ready.message
+    );
 }

@@ -8,6 +8,10 @@ use ipkeep_api::k8s_openapi::api::core::v1::{Node, Pod};
 use ipkeep_api::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ipkeep_values::ordinal;
 
+use ipkeep_api::kruise::AdvancedStatefulSet;
+
+use crate::ordinals::{ReservedOrdinals, ValidOrdinals};
+
 /// A pod, as recording and pruning see it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct PodView {
@@ -132,16 +136,16 @@ impl NodeView {
 }
 
 /// The recorded StatefulSet.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TargetView {
     /// `metadata.name`.
     pub name: String,
     /// `metadata.uid`.
     pub uid: String,
-    /// `spec.replicas` (1 when unset, as the API defaults it).
-    pub replicas: i32,
-    /// `spec.ordinals.start` (0 when unset).
-    pub ordinals_start: i32,
+    /// The ordinals it wants: from `spec.replicas` (1 when unset, as the API defaults it),
+    /// `spec.ordinals.start` (0 when unset) and, for an Advanced StatefulSet,
+    /// `spec.reserveOrdinals` ([`crate::ordinals`]).
+    pub ordinals: ValidOrdinals,
     /// Records of an earlier StatefulSet with this name are this one's: the PersistentPodState
     /// carries [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] (see [`adopts`]).
     pub adopts_records: bool,
@@ -164,29 +168,50 @@ impl TargetView {
         Self {
             name: sts.metadata.name.clone().unwrap_or_default(),
             uid: sts.metadata.uid.clone().unwrap_or_default(),
-            replicas: spec.and_then(|s| s.replicas).unwrap_or(1).max(0),
-            ordinals_start: spec
-                .and_then(|s| s.ordinals.as_ref())
-                .and_then(|o| o.start)
-                .unwrap_or(0)
-                .max(0),
+            ordinals: ValidOrdinals::native(
+                count(spec.and_then(|s| s.replicas), 1),
+                count(
+                    spec.and_then(|s| s.ordinals.as_ref()).and_then(|o| o.start),
+                    0,
+                ),
+            ),
             adopts_records: false,
         }
     }
 
-    /// The pod names the StatefulSet wants now: `<name>-<start>` … `<name>-<start+replicas-1>`.
+    /// Reads the fields from an OpenKruise Advanced StatefulSet: its ordinals follow Kruise's
+    /// rules ([`ValidOrdinals::kruise`]); `reserveOrdinals` with an entry that does not parse
+    /// reserve nothing, as in Kruise.
+    pub fn from_advanced(asts: &AdvancedStatefulSet) -> Self {
+        let spec = &asts.spec;
+        let reserved = ReservedOrdinals::parse(&spec.reserve_ordinals).unwrap_or_default();
+        Self {
+            name: asts.metadata.name.clone().unwrap_or_default(),
+            uid: asts.metadata.uid.clone().unwrap_or_default(),
+            ordinals: ValidOrdinals::kruise(
+                count(spec.replicas, 1),
+                count(spec.ordinals.as_ref().map(|o| o.start), 0),
+                &reserved,
+            ),
+            adopts_records: false,
+        }
+    }
+
+    /// The pod names the StatefulSet wants now: `<name>-<ordinal>` for each of its
+    /// [`Self::ordinals`].
     pub fn wanted_pod_names(&self) -> impl Iterator<Item = String> + '_ {
-        let start = i64::from(self.ordinals_start);
-        (start..start + i64::from(self.replicas)).map(|o| format!("{}-{o}", self.name))
+        self.ordinals.iter().map(|o| format!("{}-{o}", self.name))
     }
 
     /// Whether `pod_name` is one of [`Self::wanted_pod_names`].
     pub fn wants(&self, pod_name: &str) -> bool {
-        ordinal::from_name(pod_name, &self.name).is_some_and(|o| {
-            let start = i64::from(self.ordinals_start);
-            (start..start + i64::from(self.replicas)).contains(&i64::from(o))
-        })
+        ordinal::from_name(pod_name, &self.name).is_some_and(|o| self.ordinals.contains(o))
     }
+}
+
+/// A count from the API (`replicas`, `ordinals.start`): `default` when unset, 0 when negative.
+fn count(value: Option<i32>, default: u32) -> u32 {
+    value.map_or(default, |v| u32::try_from(v).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -199,8 +224,7 @@ mod tests {
         let t = TargetView {
             name: "db".into(),
             uid: "u".into(),
-            replicas: 3,
-            ordinals_start: 5,
+            ordinals: ValidOrdinals::native(3, 5),
             adopts_records: false,
         };
         assert_eq!(
@@ -220,6 +244,33 @@ mod tests {
         ] {
             assert_eq!(t.wants(name), want, "{name}");
         }
+    }
+
+    #[test]
+    fn an_advanced_statefulset_wants_kruise_ordinals() {
+        let asts: AdvancedStatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "uid": "u1"},
+            "spec": {"replicas": 3, "reserveOrdinals": [1]}
+        }))
+        .unwrap();
+        let t = TargetView::from_advanced(&asts);
+        assert_eq!(
+            t.wanted_pod_names().collect::<Vec<_>>(),
+            ["db-0", "db-2", "db-3"]
+        );
+        assert_eq!(t.uid, "u1");
+        let bad: AdvancedStatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db"},
+            "spec": {"replicas": 2, "reserveOrdinals": [0, "1-x"]}
+        }))
+        .unwrap();
+        assert_eq!(
+            TargetView::from_advanced(&bad)
+                .wanted_pod_names()
+                .collect::<Vec<_>>(),
+            ["db-0", "db-1"],
+            "an entry Kruise cannot parse reserves nothing"
+        );
     }
 
     #[test]
