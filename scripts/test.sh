@@ -58,6 +58,10 @@ if command -v go >/dev/null; then
 else
   echo "test.sh: Go is not installed: the tests on a real cluster will skip (under CI: fail)" >&2
 fi
+# OpenKruise v1.9.0's source archive, whose CRDs the Advanced StatefulSet tests load
+# (scripts/kruise-src.sh: $IPKEEP_KRUISE_SRC, which .ci/run sets to a local copy, or fetched).
+IPKEEP_KRUISE_SRC=$(scripts/kruise-src.sh)
+export IPKEEP_KRUISE_SRC
 IPKEEP_KUBECTL=$kubectl_bin IPKEEP_HELM=$helm_bin IPKEEP_PROMTOOL=$promtool_bin \
   scripts/validate-deploy.sh
 cargo fmt --all -- --check
