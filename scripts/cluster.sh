@@ -8,6 +8,7 @@
 #                         [--cni-data-size SIZE]
 #                         [--network bridge|flannel] [--node-layout kubeadm|k3s|kind]
 #                         [--ip-family ipv4|dual] [--admission auto|policy|webhook]
+#                         [--with-kruise ARCHIVE]
 #   scripts/cluster.sh status [--state DIR]
 #   scripts/cluster.sh node stop|start|kill NAME [--state DIR]
 #   scripts/cluster.sh node exec NAME [--state DIR] -- CMD...
@@ -84,7 +85,7 @@
 # Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
 # extender, local processes), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers'
 # probes), P+7 (kube-scheduler's), P+8 (kube-controller-manager's), P+9 and P+10 (the host's
-# kube-proxy); P defaults to 16440. With real nodes kube-apiserver listens on 10.200.0.1 (the
+# kube-proxy), P+11 and P+12 (kruise-manager's webhooks and probes); P defaults to 16440. With real nodes kube-apiserver listens on 10.200.0.1 (the
 # nodes' bridge), else on 127.0.0.1. The state (certificates, data, logs in DIR/logs, pids in
 # DIR/pids, the nodes' disks in DIR/nodes) is in DIR, default $IPKEEP_CLUSTER_STATE or
 # /tmp/ipkeep-cluster. --without-ipkeep leaves ipkeep out (real nodes then run Debian's bridge
@@ -99,6 +100,10 @@
 # MutatingAdmissionPolicy ipkeep-pin inside kube-apiserver (Kubernetes 1.36 and later); webhook,
 # the mutating webhook; auto (the default), policy where kube-apiserver serves it, else webhook,
 # as the chart's admission.mode=auto does. The choice is written to DIR/admission.
+# --with-kruise ARCHIVE also runs OpenKruise's kruise-manager, built from Kruise's source archive
+# ARCHIVE by scripts/kruise-build.sh, as a local process with its CRDs, its Advanced StatefulSet
+# controller and its webhooks (at a URL on loopback), feature gates PodWebhook=false and
+# KruiseDaemon=false (scripts/lib/kruise.sh says what exactly).
 # --webhook-client-auth (with --nodes 0) makes ipkeep-scheduler-ext require client
 # certificates (--client-ca, the cluster's CA): kube-apiserver presents one to the webhooks
 # through an AdmissionConfiguration (--admission-control-config-file: a WebhookAdmission
@@ -137,6 +142,7 @@ network=bridge
 ip_family=ipv4
 admission=auto
 node_grace=8s lease_seconds=8 toleration_seconds=10
+kruise_archive=
 
 say() { echo "cluster: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -171,6 +177,7 @@ while [ $# -gt 0 ]; do
     --ip-family) ip_family=${2:?--ip-family needs ipv4 or dual}; shift 2 ;;
     --admission) admission=${2:?--admission needs auto, policy or webhook}; shift 2 ;;
     --node-layout) node_layout=${2:?--node-layout needs kubeadm, k3s or kind}; shift 2 ;;
+    --with-kruise) kruise_archive=$(realpath -m "${2:?--with-kruise needs the Kruise source archive}"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -235,7 +242,8 @@ pki() {
 up() {
   [ ! -e "$state/pids" ] || die "$state is in use by another cluster (scripts/cluster.sh down --state $state)"
   local p
-  for p in $p_etcd $p_peer $p_api $p_ext $p_ext_probe $p_ctl0 $p_ctl1 $p_sched $p_kcm $p_proxy_health $p_proxy_metrics; do
+  for p in $p_etcd $p_peer $p_api $p_ext $p_ext_probe $p_ctl0 $p_ctl1 $p_sched $p_kcm $p_proxy_health $p_proxy_metrics \
+    ${kruise_archive:+$p_kruise $p_kruise_probe}; do
     port_taken "$p" && die "port $p on 127.0.0.1 is taken (choose other ports with --port-base)"
   done
   command -v openssl >/dev/null || die "openssl is not installed (apt-get install openssl)"
@@ -256,6 +264,7 @@ up() {
     runtime_use debian
   fi
   [ "$network" = flannel ] && flannel_build
+  [ -n "$kruise_archive" ] && kruise_build
   local ib=""
   local plugin=""
   if [ "$nodes" -gt 0 ]; then
@@ -330,6 +339,7 @@ up() {
   [ "$nodes" -eq 0 ] && [ "$ipkeep" = 1 ] && [ "$extender" = 1 ] && url=https://127.0.0.1:$p_ext
   scheduler_start "$url" "$(base64 -w0 <"$state/pki/ca.crt")"
   wait_for "the default ServiceAccount" 60 kube-controller-manager "${kubectl[@]}" get serviceaccount default
+  [ -n "$kruise_archive" ] && kruise_up
 
   [ "$network" = flannel ] && flannel_setup
   [ "$nodes" -gt 0 ] && nodes_up "$nodes"
@@ -552,6 +562,8 @@ images() {
 . "$repo/scripts/lib/flannel.sh"
 # shellcheck source=scripts/lib/dualstack.sh
 . "$repo/scripts/lib/dualstack.sh"
+# shellcheck source=scripts/lib/kruise.sh
+. "$repo/scripts/lib/kruise.sh"
 ip_family_use "$ip_family"
 node_layout_use "$node_layout"
 

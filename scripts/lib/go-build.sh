@@ -1,6 +1,6 @@
 # Building real components from their published Go modules into a cache outside the repository
-# (sourced by k8s-build.sh, helm-build.sh, promtool-build.sh, flannel-build.sh, runtime-build.sh
-# and e2e-build.sh): Go, the wrapper modules' versions and `go build` with progress; the options,
+# (sourced by k8s-build.sh, helm-build.sh, promtool-build.sh, flannel-build.sh, runtime-build.sh,
+# e2e-build.sh and kruise-build.sh): Go, the wrapper modules' versions and `go build` with progress; the options,
 # directory and last line such scripts share are lib/cached-build.sh's.
 # shellcheck source=scripts/lib/cached-build.sh
 . "${BASH_SOURCE[0]%/*}/cached-build.sh"
@@ -20,18 +20,20 @@ version_of() {
   (cd "$tools/$2" && go list -m -f '{{.Version}}' "$1")
 }
 
-# go_run NAME WRAPPER ENV GO-ARGS...: `go GO-ARGS...` in tests/k8s/tools/WRAPPER with ENV (a
+# go_run NAME WRAPPER ENV GO-ARGS...: `go GO-ARGS...` in tests/k8s/tools/WRAPPER (or in WRAPPER
+# itself when it is an absolute path: a main module unpacked from a source archive) with ENV (a
 # list of VAR=value words), a line every 30 s saying how far it got (lines of `-v` output: the
 # packages compiled so far); the output goes to $log, and its last lines to stderr if it fails.
 go_run() {
   local name=$1 wrapper=$2 env=$3; shift 3
+  [[ $wrapper == /* ]] || wrapper=$tools/$wrapper
   say "building $name (log: $log)"
   local t0 pid next
   t0=$(date +%s)
   next=$((t0 + 30))
   : >"$log.pkgs"
   # shellcheck disable=SC2086 # env is a list of VAR=value words
-  (cd "$tools/$wrapper" && env $env go "$@" 2>"$log.pkgs") &
+  (cd "$wrapper" && env $env go "$@" 2>"$log.pkgs") &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
