@@ -85,8 +85,8 @@
 # Ports: P (etcd client), P+1 (etcd peer), P+2 (kube-apiserver), P+3 (scheduler-ext webhook and
 # extender, local processes), P+4 (scheduler-ext probes), P+5 and P+6 (the controllers'
 # probes), P+7 (kube-scheduler's), P+8 (kube-controller-manager's), P+9 and P+10 (the host's
-# kube-proxy), P+11 and P+12 (kruise-manager's webhooks and probes); P defaults to 16440. With real nodes kube-apiserver listens on 10.200.0.1 (the
-# nodes' bridge), else on 127.0.0.1. The state (certificates, data, logs in DIR/logs, pids in
+# kube-proxy), P+11 and P+12 (kruise-manager's webhooks and probes); P defaults to 16440. With
+# real nodes kube-apiserver listens on 10.200.0.1 (the nodes' bridge), else on 127.0.0.1. The state (certificates, data, logs in DIR/logs, pids in
 # DIR/pids, the nodes' disks in DIR/nodes) is in DIR, default $IPKEEP_CLUSTER_STATE or
 # /tmp/ipkeep-cluster. --without-ipkeep leaves ipkeep out (real nodes then run Debian's bridge
 # with host-local: the baseline); --without-extender leaves the extender out of kube-scheduler's
