@@ -3,14 +3,15 @@
 # source archive as the main module, with its dependencies from the Go module proxy, into a cache
 # outside the repository, and skips the build when it is already there.
 #
-#   scripts/kruise-build.sh ARCHIVE [--cache DIR] [--print-dir]
+#   scripts/kruise-build.sh [ARCHIVE] [--cache DIR] [--print-dir]
 #
-# ARCHIVE is the source archive of the Kruise release pinned here (v1.9.0: the GitHub archive of
-# the tag, https://github.com/openkruise/kruise/archive/refs/tags/v1.9.0.tar.gz); its sha256 must
-# be the one recorded below, else the script stops. The Go module proxy does not serve Kruise's
-# own module (github.com/openkruise/kruise), but serves every module its go.mod and go.sum pin,
-# so the archive is unpacked and built with `go build ./main.go` (CGO off), as Kruise's
-# Dockerfile builds its manager. Nothing of Kruise is in this repository. The cache is
+# ARCHIVE is the source archive of the Kruise release scripts/kruise-src.sh pins (v1.9.0: the
+# GitHub archive of the tag, https://github.com/openkruise/kruise/archive/refs/tags/v1.9.0.tar.gz);
+# without it, the one scripts/kruise-src.sh finds ($IPKEEP_KRUISE_SRC, its cache, or fetched).
+# Either way scripts/kruise-src.sh checks it against the sha256 it records, and a mismatch stops
+# the build. The Go module proxy does not serve Kruise's own module (github.com/openkruise/kruise),
+# but serves every module its go.mod and go.sum pin, so the archive is unpacked and built with
+# `go build ./main.go` (CGO off), as Kruise's Dockerfile builds its manager. Nothing of Kruise is in this repository. The cache is
 # $IPKEEP_KRUISE_CACHE or --cache (default /var/cache/ipkeep-kruise); the build goes in a
 # directory named by the Kruise and Go versions: DIR/bin/kruise-manager, DIR/crd (Kruise's
 # CustomResourceDefinitions, config/crd/bases of the archive) and DIR/webhook/manifests.yaml (its
@@ -25,9 +26,9 @@ die() { say "error: $*"; exit 1; }
 # shellcheck source=scripts/lib/go-build.sh
 . "$repo/scripts/lib/go-build.sh"
 
-# The release and its archive's checksum (what `sha256sum` prints for the tag's archive).
-kruise=v1.9.0
-kruise_sha256=ca079d6477f6c600930552a185f4439a79e45189c54bff1a32969ed4eec1086b
+# The release and its archive's sha256 are scripts/kruise-src.sh's (one place to change them).
+kruise=$(sed -n 's/^version=//p' "$repo/scripts/kruise-src.sh")
+[[ $kruise =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "scripts/kruise-src.sh has no version=vX.Y.Z line"
 
 archive=
 case ${1:-} in
@@ -35,11 +36,11 @@ case ${1:-} in
   *) archive=$1; shift ;;
 esac
 cached_build_args IPKEEP_KRUISE_CACHE /var/cache/ipkeep-kruise "$@"
-[ -n "$archive" ] || die "usage: $0 ARCHIVE [--cache DIR] [--print-dir] (ARCHIVE: Kruise $kruise's source archive; see --help)"
-[ -f "$archive" ] || die "no file $archive (Kruise $kruise's source archive: https://github.com/openkruise/kruise/archive/refs/tags/$kruise.tar.gz)"
-sum=$(sha256sum "$archive" | cut -d' ' -f1)
-[ "$sum" = "$kruise_sha256" ] ||
-  die "$archive has sha256 $sum, not $kruise_sha256 (Kruise $kruise's source archive, https://github.com/openkruise/kruise/archive/refs/tags/$kruise.tar.gz): another release, or a damaged download"
+if [ -n "$archive" ]; then
+  IPKEEP_KRUISE_SRC=$archive "$repo/scripts/kruise-src.sh" >/dev/null || die "$archive is not Kruise $kruise's source archive"
+else
+  archive=$("$repo/scripts/kruise-src.sh") || die "no source archive of Kruise $kruise found (pass its path)"
+fi
 go_require "kruise-manager from Kruise's source"
 cached_build_dir "$cache/kruise$kruise-$gover" bin
 
