@@ -21,8 +21,8 @@
 # ipkeep runs its release build (scripts/cluster.sh --release).
 # Then, for each shape SxR (--shapes; default "1x1000", --pods N is "1xN"), S StatefulSets of R
 # pods each (podManagementPolicy Parallel) in one namespace, each with a PersistentPodState
-# (not in modes none and noop), are created together and timed until kube-scheduler has bound
-# all S*R ("create"); once every pod is recorded, all of them are deleted at once and the
+# (not in modes none and noop; applied just before the wave), are created together and timed
+# until kube-scheduler has bound all S*R ("create"); once every pod is recorded, all of them are deleted at once and the
 # StatefulSet controller re-creates them, through the webhook or the policy and pinned to their
 # recorded nodes when ipkeep runs, timed again until all are bound ("rebuild"); then the
 # namespace is emptied for the next shape. Throughput is N over the wall time
@@ -159,11 +159,12 @@ print(f"{len(items)} PersistentPodStates with {len(states)} records: {sum(compac
 PY
 }
 
-# The StatefulSets of shape $1 (SxR) as YAML, each with a PersistentPodState when $2 is yes.
+# The StatefulSets of shape $1 (SxR) as YAML, each with a PersistentPodState when $2 is yes
+# ("only": the PersistentPodStates alone).
 statefulsets() {
   local n=${1%x*} r=${1#*x} with_pps=$2 i
   for ((i = 0; i < n; i++)); do
-    if [ "$with_pps" = yes ]; then
+    if [ "$with_pps" != no ]; then
       cat <<EOF
 ---
 apiVersion: ipkeep.dev/v1alpha1
@@ -177,6 +178,7 @@ spec:
       preference: {nodeTopologyKeys: [topology.kubernetes.io/zone]}
 EOF
     fi
+    [ "$with_pps" = only ] && continue
     cat <<EOF
 ---
 apiVersion: apps/v1
@@ -252,7 +254,11 @@ for mode in $modes; do
   [ "$cold" = yes ] || warm_up "$with_pps"
   for shape in $shapes; do
     pods=$(( ${shape%x*} * ${shape#*x} ))
-    statefulsets "$shape" "$with_pps" >"$state/workload.yaml"
+    statefulsets "$shape" no >"$state/workload.yaml"
+    # The PersistentPodStates exist before the wave, so every mode's wave creates the same
+    # objects: kubectl applies a file's objects one after another, and 200 more of them
+    # delayed the last StatefulSets by seconds.
+    [ "$with_pps" = yes ] && statefulsets "$shape" only | $k apply -f - >/dev/null
     scrape "$state/m0"
     ascrape "$state/a0"
     base=$(scheduled)
