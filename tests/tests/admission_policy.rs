@@ -197,6 +197,28 @@ fn field(pod: &Pod, pointer: &str) -> Value {
 }
 
 /// The fields the policy sets on a pod, by name.
+/// Asserts that the policy gives `pod` what `want` compares, field by field. A status or plan
+/// write reaches the policy's informer asynchronously: retried for 30 s until every compared
+/// field matches.
+async fn assert_policy_gives(
+    t: &TestNamespace,
+    pod: &Pod,
+    want: &[(&'static str, Value)],
+    label: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        let got = compared(&through_policy(t, pod).await);
+        if got == want || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for ((what, got), (_, want)) in got.iter().zip(want) {
+        assert_eq!(got, want, "{label}: {what}");
+    }
+}
+
 fn compared(pod: &Pod) -> Vec<(&'static str, Value)> {
     let selector = pod.spec.as_ref().and_then(|s| s.node_selector.clone());
     vec![
@@ -350,17 +372,7 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
             // The status write reaches the policy's informer asynchronously: wait until every
             // compared field matches (the previous case's plan may share some of them).
             let want = expected(&pod, &through_webhook(&pod, &t.name, &pps));
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let got = loop {
-                let got = compared(&through_policy(&t, &pod).await);
-                if got == want || Instant::now() > deadline {
-                    break got;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            };
-            for ((what, got), (_, want)) in got.iter().zip(&want) {
-                assert_eq!(got, want, "{case}, {name}: {what}");
-            }
+            assert_policy_gives(&t, &pod, &want, &format!("{case}, {name}")).await;
         }
     }
 
@@ -436,17 +448,8 @@ async fn the_policy_gives_a_new_pod_what_the_webhook_gives_it() {
         pod.metadata.owner_references.as_mut().expect("an owner")[0].api_version =
             "apps.kruise.io/v1beta1".into();
         let want = expected(&pod, &through_webhook(&pod, &t.name, &kruise));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let got = loop {
-            let got = compared(&through_policy(&t, &pod).await);
-            if got == want || Instant::now() > deadline {
-                break got;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        for ((what, got), (_, want)) in got.iter().zip(&want) {
-            assert_eq!(got, want, "an Advanced StatefulSet's {name}: {what}");
-        }
+        let what = format!("an Advanced StatefulSet's {name}");
+        assert_policy_gives(&t, &pod, &want, &what).await;
         if name == "db-0" {
             let pinned = through_policy(&t, &pod).await;
             assert!(
