@@ -4,7 +4,7 @@
 #   scripts/bench-cluster.sh [--shapes "1x1000 200x5 1x10"] [--nodes M]
 #                            [--modes "none webhook policy full policy-full noop"]
 #                            [--pin-cpus A:B] [--k8s-version V] [--keep-metrics DIR]
-#                            [--port-base P] [--pods N] [--cold]
+#                            [--port-base P] [--pods N] [--cold] [--stop-controller-in-create]
 #
 # For each mode it starts a fresh cluster (scripts/cluster.sh) with M kwok nodes (default 500):
 #   none         no ipkeep at all (the baseline);
@@ -53,6 +53,12 @@
 # has finished (1.37.2: no static type converter, no single flight): a burst of pod CREATEs right
 # after it starts pays seconds each (docs/benchmarks.md, "The policy's first burst after
 # kube-apiserver starts"). --cold skips the warm-up, to measure that burst.
+# Where ipkeep runs, each wave also logs the CPU time (ms) each ipkeep process used in it, and
+# scheduler-ext's own time per mutate-pods request (its ipkeep_scheduler_ext_request_duration_
+# seconds: from the request's last body byte to its response), against kube-apiserver's view of
+# the same calls above. --stop-controller-in-create (a diagnostic) stops both ipkeep-controller
+# replicas (SIGSTOP) for the create wave and resumes them after it: what the wave costs when
+# nothing records the new pods meanwhile (the rebuild needs the records, so it is not stopped).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,6 +70,7 @@ k8s_version=
 keep_metrics=
 port_base=
 cold=no
+stop_controller=no
 while [ $# -gt 0 ]; do
   case $1 in
     --pods) shapes="1x${2:?}"; shift 2 ;;
@@ -75,6 +82,7 @@ while [ $# -gt 0 ]; do
     --keep-metrics) keep_metrics=${2:?}; shift 2 ;;
     --port-base) port_base=${2:?}; shift 2 ;;
     --cold) cold=yes; shift ;;
+    --stop-controller-in-create) stop_controller=yes; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-cluster: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -157,6 +165,41 @@ print(f"{len(items)} PersistentPodStates with {len(states)} records: {sum(compac
       f"admission plan {len(plan.get('data', {}))} entries, {sum(len(k) + len(v) for k, v in plan.get('data', {}).items())} bytes of entries; "
       f"{len(pods)} re-created pods: {by} with ipkeep.dev/pinned-by, {sel} with nodeSelector = recorded node, {on} bound to it")
 PY
+}
+
+# CPU time (ms, user + system) of each ipkeep process so far, "name=ms ...", from /proc; empty
+# without ipkeep.
+ipkeep_cpu() {
+  local f pid
+  for f in "$state"/c/pids/scheduler-ext "$state"/c/pids/controller-*; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    # Fields 14 and 15 of /proc/PID/stat, after the command name in parentheses.
+    awk -v n="$(basename "$f")" -v hz="$(getconf CLK_TCK)" '{sub(/^.*\) /, ""); printf "%s=%d ", n, ($12 + $13) * 1000 / hz}' "/proc/$pid/stat" 2>/dev/null || true
+  done
+}
+
+# The CPU ms each ipkeep process used between two ipkeep_cpu readings.
+cpu_delta() {
+  python3 -c '
+import sys
+a = dict(kv.split("=") for kv in sys.argv[1].split())
+b = dict(kv.split("=") for kv in sys.argv[2].split())
+print(" ".join(f"{k} {int(b[k]) - int(a.get(k, 0))}" for k in b) or "-")' "$1" "$2"
+}
+
+# scheduler-ext's /metrics into $1 (empty without ipkeep).
+escrape() {
+  local probe
+  probe=$(sed -n 's/^IPKEEP_EXT_PROBE=//p' "$state/c/ipkeep.env" 2>/dev/null || true)
+  if [ -n "$probe" ]; then curl -fsS "$probe/metrics" >"$1" 2>/dev/null || : >"$1"; else : >"$1"; fi
+}
+
+# scheduler-ext's own time per mutate-pods request between two scrapes: "count/mean ms".
+ext_time() {
+  [ -s "$1" ] && [ -s "$2" ] || { echo -; return; }
+  "$report" histogram ipkeep_scheduler_ext_request_duration_seconds "$1" "$2" --label endpoint=mutate-pods \
+    --quantiles 0.5 --scale 1000 --mean | awk '{print $1 "/" $3}'
 }
 
 # The StatefulSets of shape $1 (SxR) as YAML, each with a PersistentPodState when $2 is yes
@@ -261,12 +304,22 @@ for mode in $modes; do
     [ "$with_pps" = yes ] && statefulsets "$shape" only | $k apply -f - >/dev/null
     scrape "$state/m0"
     ascrape "$state/a0"
+    escrape "$state/e0"
+    cpu0=$(ipkeep_cpu)
+    if [ "$stop_controller" = yes ]; then
+      for f in "$state"/c/pids/controller-*; do kill -STOP "$(cat "$f")"; done
+    fi
     base=$(scheduled)
     t0=$(date +%s%N)
     $k apply -f "$state/workload.yaml" >/dev/null
     create=$(wave $((base + pods)) "$t0")
     scrape "$state/m1"
     ascrape "$state/a1"
+    escrape "$state/e1"
+    cpu1=$(ipkeep_cpu)
+    if [ "$stop_controller" = yes ]; then
+      for f in "$state"/c/pids/controller-*; do kill -CONT "$(cat "$f")"; done
+    fi
     if [ "$with_pps" = yes ]; then
       # The records must be complete before the rebuild, or some pods come back unpinned.
       # kwok marks pods Ready slowly under load; give up on the rebuild after 3 minutes.
@@ -285,6 +338,8 @@ for mode in $modes; do
     rebuild=$(wave $((base + pods)) "$t0")
     scrape "$state/m2"
     ascrape "$state/a2"
+    escrape "$state/e2"
+    cpu2=$(ipkeep_cpu)
     read -r n1 p50c p99c <<<"$(attempts "$state/m0" "$state/m1")"
     read -r n2 p50r p99r <<<"$(attempts "$state/m1" "$state/m2")"
     admit_c=$(admit "$state/a0" "$state/a1") admit_r=$(admit "$state/a1" "$state/a2")
@@ -292,12 +347,17 @@ for mode in $modes; do
     say "mode $mode, $shape: create ${create} ms (${n1} attempts, p50 ${p50c} ms, p99 ${p99c} ms; mutating admission p50/p99/mean ${admit_c} ms, ipkeep's mutation calls/mean ${mut_c} ms), rebuild ${rebuild} ms (${n2} attempts, p50 ${p50r} ms, p99 ${p99r} ms; mutating admission ${admit_r} ms, ipkeep's mutation ${mut_r} ms)"
     say "mode $mode, $shape: create admission: $(admission_detail "$state/a0" "$state/a1")"
     say "mode $mode, $shape: rebuild admission: $(admission_detail "$state/a1" "$state/a2")"
+    if [ "$mode" != none ]; then
+      say "mode $mode, $shape: ipkeep's CPU ms in the create wave: $(cpu_delta "$cpu0" "$cpu1"); in the rebuild wave: $(cpu_delta "$cpu1" "$cpu2")"
+      say "mode $mode, $shape: scheduler-ext's own time per mutate-pods request, count/mean ms: create $(ext_time "$state/e0" "$state/e1"), rebuild $(ext_time "$state/e1" "$state/e2")"
+    fi
     if [ "$with_pps" = yes ]; then say "mode $mode, $shape: $(records)"; fi
     if [ -n "$keep_metrics" ]; then
       mkdir -p "$keep_metrics/$mode/$shape"
       for i in 0 1 2; do
         cp "$state/a$i" "$keep_metrics/$mode/$shape/apiserver-$i.txt"
         cp "$state/m$i" "$keep_metrics/$mode/$shape/scheduler-$i.txt"
+        cp "$state/e$i" "$keep_metrics/$mode/$shape/scheduler-ext-$i.txt"
       done
       if [ "$with_pps" = yes ]; then cp "$state/pps.json" "$state/pods.json" "$state/plan.json" "$keep_metrics/$mode/$shape/"; fi
     fi
