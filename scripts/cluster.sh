@@ -100,10 +100,11 @@
 # MutatingAdmissionPolicy ipkeep-pin inside kube-apiserver (Kubernetes 1.36 and later); webhook,
 # the mutating webhook; auto (the default), policy where kube-apiserver serves it, else webhook,
 # as the chart's admission.mode=auto does. The choice is written to DIR/admission.
-# --with-kruise ARCHIVE also runs OpenKruise's kruise-manager, built from Kruise's source archive
-# ARCHIVE by scripts/kruise-build.sh, as a local process with its CRDs, its Advanced StatefulSet
-# controller and its webhooks (at a URL on loopback), feature gates PodWebhook=false and
-# KruiseDaemon=false (scripts/lib/kruise.sh says what exactly).
+# --with-kruise ARCHIVE (default $IPKEEP_WITH_KRUISE, else none) also runs OpenKruise's
+# kruise-manager, built from Kruise's source archive ARCHIVE by scripts/kruise-build.sh, as a
+# local process with its CRDs, its Advanced StatefulSet controller and its webhooks (at a URL on
+# loopback), feature gates PodWebhook=false and KruiseDaemon=false (scripts/lib/kruise.sh says
+# what exactly).
 # --webhook-client-auth (with --nodes 0) makes ipkeep-scheduler-ext require client
 # certificates (--client-ca, the cluster's CA): kube-apiserver presents one to the webhooks
 # through an AdmissionConfiguration (--admission-control-config-file: a WebhookAdmission
@@ -143,6 +144,7 @@ ip_family=ipv4
 admission=auto
 node_grace=8s lease_seconds=8 toleration_seconds=10
 kruise_archive=
+[ -n "${IPKEEP_WITH_KRUISE:-}" ] && kruise_archive=$(realpath -m "$IPKEEP_WITH_KRUISE")
 
 say() { echo "cluster: $*" >&2; }
 die() { say "error: $*"; exit 1; }

@@ -11,8 +11,9 @@
 # upgrades from 0.1.0 (its kubectl apply -k install adopted by Helm) and from 0.2.0 on real
 # nodes (scripts/upgrade-test.sh; $IPKEEP_UPGRADE_FROM, default "0.1.0 0.2.0", empty skips). The
 # Kubernetes components, the node runtime (containerd, runc, CNI plugins) and flannel are built
-# from their Go modules first, or reused from the cache (docs/cluster.md); the real nodes run
-# ipkeep's release build.
+# from their Go modules first, and OpenKruise's kruise-manager from its source archive (the story
+# on real nodes runs it), or reused from the cache (docs/cluster.md); the real nodes run ipkeep's
+# release build.
 #
 # Kubernetes: everything runs on the default release (scripts/cluster.sh: v1.37.2, the newest
 # supported); the control-plane suite (--test cluster) runs again on each release in
@@ -62,6 +63,9 @@ fi
 # (scripts/kruise-src.sh: $IPKEEP_KRUISE_SRC, which .ci/run sets to a local copy, or fetched).
 IPKEEP_KRUISE_SRC=$(scripts/kruise-src.sh)
 export IPKEEP_KRUISE_SRC
+# kruise-manager from it, built or cached, where real nodes run: tests/tests/e2e.rs's story brings
+# its cluster up with it (IPKEEP_WITH_KRUISE) for the Advanced StatefulSet step.
+[ -n "$runtime_dir" ] && scripts/kruise-build.sh "$IPKEEP_KRUISE_SRC" >/dev/null
 IPKEEP_KUBECTL=$kubectl_bin IPKEEP_HELM=$helm_bin IPKEEP_PROMTOOL=$promtool_bin \
   scripts/validate-deploy.sh
 cargo fmt --all -- --check

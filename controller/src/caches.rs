@@ -431,12 +431,14 @@ pub fn statefulset_fingerprint(sts: &StatefulSet) -> u64 {
     ))
 }
 
-/// What of an Advanced StatefulSet decides recording: identity, ordinals, deletion.
+/// What of an Advanced StatefulSet decides recording and its state's conditions: identity,
+/// ordinals, an unreadable `reserveOrdinals` entry, deletion.
 pub fn advanced_fingerprint(asts: &AdvancedStatefulSet) -> u64 {
     let view = ipkeep_placement::view::TargetView::from_advanced(asts);
     fingerprint(&(
         view.uid,
         view.ordinals,
+        view.invalid_reserve_ordinal,
         asts.metadata.deletion_timestamp.is_some(),
     ))
 }

@@ -284,3 +284,75 @@ async fn advanced_statefulsets_are_recorded_by_kruise_ordinal_rules() {
 
     ctl.stop().await.unwrap();
 }
+
+/// A `reserveOrdinals` entry that does not parse (Kruise's webhook refuses one; written past it,
+/// Kruise's controller reserves nothing at all): the PersistentPodState records on, as Kruise
+/// counts, and its condition `ReserveOrdinals` says which entry and what to write instead; fixed,
+/// the condition goes.
+#[tokio::test]
+async fn a_malformed_reserve_ordinal_is_reported_on_the_persistent_pod_state() {
+    let Some(c) = cluster().await else { return };
+    serve_advanced_statefulsets(&c);
+    let ctl = start_controller(&c.client, None, "solo");
+    let asts = create_asts(
+        &c.client,
+        "db",
+        2,
+        &annotations(&[
+            (keys::AUTO_GENERATE, "true"),
+            (keys::REQUIRED_TOPOLOGY, "kubernetes.io/hostname"),
+        ]),
+    )
+    .await;
+    patch_asts(
+        &c.client,
+        "db",
+        json!({"spec": {"reserveOrdinals": [1, "5-2"]}}),
+    )
+    .await;
+    // Nothing reserved, as Kruise reads it: db-0 and db-1 are both wanted and recorded.
+    run_asts_pod(&c.client, &asts, 0, "n1", "10.9.0.0").await;
+    run_asts_pod(&c.client, &asts, 1, "n2", "10.9.0.1").await;
+    let pps = wait_pps(&c.client, "db", "ReserveOrdinals False", |p| {
+        condition(p, "ReserveOrdinals").is_some_and(|r| r.0 == "False") && records(p).len() == 2
+    })
+    .await;
+    let (_, reason, message) = condition(&pps, "ReserveOrdinals").unwrap();
+    assert_eq!(reason, "InvalidReserveOrdinal");
+    for said in [
+        "reserveOrdinals[1]",
+        "\"5-2\"",
+        "reserves no ordinal",
+        "\"a-b\"",
+    ] {
+        assert!(message.contains(said), "{said:?} not in: {message}");
+    }
+    assert_eq!(
+        condition(&pps, "Ready").unwrap().0,
+        "True",
+        "recording goes on"
+    );
+    patch_asts(
+        &c.client,
+        "db",
+        json!({"spec": {"reserveOrdinals": ["x-y"]}}),
+    )
+    .await;
+    let pps = wait_pps(&c.client, "db", "the other entry named", |p| {
+        condition(p, "ReserveOrdinals").is_some_and(|r| r.2.contains("reserveOrdinals[0]"))
+    })
+    .await;
+    let message = condition(&pps, "ReserveOrdinals").unwrap().2;
+    assert!(message.contains("\"x-y\""), "{message}");
+    patch_asts(
+        &c.client,
+        "db",
+        json!({"spec": {"reserveOrdinals": ["2-5"]}}),
+    )
+    .await;
+    wait_pps(&c.client, "db", "the condition gone once fixed", |p| {
+        condition(p, "ReserveOrdinals").is_none()
+    })
+    .await;
+    ctl.stop().await.unwrap();
+}

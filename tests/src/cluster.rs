@@ -37,6 +37,26 @@ pub fn require_go(test: &str) -> bool {
     false
 }
 
+/// OpenKruise's source archive (`IPKEEP_KRUISE_SRC`: what `scripts/kruise-src.sh` prints, set by
+/// `scripts/test.sh`), for a cluster with kruise-manager (`scripts/cluster.sh --with-kruise`).
+/// Without it `what` is skipped loudly, and under CI that is a failure.
+pub fn require_kruise_src(what: &str) -> Option<PathBuf> {
+    let archive = std::env::var_os("IPKEEP_KRUISE_SRC")
+        .filter(|a| !a.is_empty())
+        .map(PathBuf::from);
+    let problem = match &archive {
+        Some(a) if a.is_file() => return archive,
+        Some(a) => format!("IPKEEP_KRUISE_SRC names {}, which is no file", a.display()),
+        None => "IPKEEP_KRUISE_SRC is not set".to_string(),
+    };
+    let msg = format!(
+        "SKIPPED {what}: {problem}; set it to OpenKruise v1.9.0's source archive (scripts/kruise-src.sh fetches and checks it: IPKEEP_KRUISE_SRC=$(scripts/kruise-src.sh))"
+    );
+    assert!(std::env::var_os("CI").is_none(), "{msg}");
+    eprintln!("{msg}");
+    None
+}
+
 /// The Kubernetes release the tests were asked to run (`IPKEEP_K8S_VERSION`), if any; unset,
 /// `scripts/cluster.sh` runs its default. The script reads the variable too (so do the real-node
 /// clusters `ipkeep-demo` starts); the control-plane clusters also pass it as `--k8s-version`.

@@ -7,7 +7,9 @@
 //!   `cni.installPlugins` brings it) and without ipkeep's kube-scheduler extender (pins come
 //!   from the admission policy alone), then
 //!   `--kubeconfig` (the check users run against their own cluster) against the same cluster,
-//!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`), and what
+//!   then a static pod, what users of IP retention ask for most (`e2e/retention.rs`),
+//!   OpenKruise's Advanced StatefulSets run by the real kruise-manager (the cluster is brought
+//!   up with it: `e2e/advanced_statefulset.rs`), and what
 //!   a node says when ipkeep's disk is full (`e2e/network_ready.rs`), pods created and pinned
 //!   with every ipkeep Deployment stopped (`e2e/admission.rs`, the admission policy), and the
 //!   webhook's certificates renewing themselves under load (`e2e/certificates.rs`); before the
@@ -26,6 +28,8 @@ use serde_json::Value;
 
 #[path = "e2e/admission.rs"]
 mod admission;
+#[path = "e2e/advanced_statefulset.rs"]
+mod advanced_statefulset;
 #[path = "e2e/certificates.rs"]
 mod certificates;
 #[path = "e2e/lifecycle.rs"]
@@ -97,7 +101,7 @@ fn demo(args: &[&str]) -> String {
 }
 
 /// [`demo`] with `env` for `scripts/cluster.sh` (`IPKEEP_K8S_VERSION`, `IPKEEP_NODE_LAYOUT`,
-/// `IPKEEP_WITHOUT_EXTENDER`).
+/// `IPKEEP_WITHOUT_EXTENDER`, `IPKEEP_WITH_KRUISE`).
 fn demo_with(env: &[(&str, &str)], args: &[&str]) -> String {
     let mut cmd = Command::new(demo_bin());
     cmd.envs(env.iter().copied());
@@ -145,14 +149,22 @@ fn story_on_real_nodes() {
     // Ports of their own below the ephemeral range, as for the other cluster tests.
     let port_base = (21000 + (std::process::id() % 900) * 10).to_string();
     let down = Down(state.clone());
+    // OpenKruise's kruise-manager in the cluster (scripts/cluster.sh --with-kruise) for the
+    // Advanced StatefulSet step; without its source archive that step is skipped (under CI: the
+    // test fails here).
+    let kruise =
+        ipkeep_tests::cluster::require_kruise_src("story_on_real_nodes' Advanced StatefulSet step");
+    let kruise = kruise.as_deref().map(|a| a.to_str().unwrap());
     // Dual-stack: every step below then runs with pods of two families, the audit checks both,
     // and the retention steps add a rebuilt pod keeping both (e2e/dual_stack.rs). kind's node
     // layout and no extender: what a user of kind without scheduler surgery runs.
+    let mut env = vec![
+        ("IPKEEP_NODE_LAYOUT", "kind"),
+        ("IPKEEP_WITHOUT_EXTENDER", "1"),
+    ];
+    env.extend(kruise.map(|a| ("IPKEEP_WITH_KRUISE", a)));
     let out = demo_with(
-        &[
-            ("IPKEEP_NODE_LAYOUT", "kind"),
-            ("IPKEEP_WITHOUT_EXTENDER", "1"),
-        ],
+        &env,
         &[
             "--keep-running",
             "--ip-family",
@@ -219,6 +231,9 @@ fn story_on_real_nodes() {
     a_static_pod_keeps_its_address(&state);
     lifecycle::on_real_nodes(&state);
     retention::on_real_nodes(&state);
+    if kruise.is_some() {
+        advanced_statefulset::on_real_nodes(&state);
+    }
     monitoring::prometheus_sees_the_cluster(&state);
     network_ready::follows_the_store(&state);
     admission::pods_need_no_ipkeep_deployment(&state);
@@ -282,7 +297,8 @@ fn story_with_the_webhook_on_the_oldest_release() {
 /// up with `--cni-data-size`), `dual-stack` the dual-stack one (on a cluster up with
 /// `--ip-family dual`), `certificates` the certificates' renewal, `admission` the pods created
 /// with ipkeep's Deployments stopped, `monitoring` a real Prometheus scraping the cluster (which
-/// needs `--cni-data-size` too).
+/// needs `--cni-data-size` too), `advanced-statefulset` OpenKruise's Advanced StatefulSets (on a
+/// cluster up with `--with-kruise ARCHIVE`).
 #[test]
 #[ignore = "needs a running cluster with real nodes (IPKEEP_CLUSTER_STATE)"]
 fn retention_steps_on_a_running_cluster() {
@@ -312,6 +328,9 @@ fn retention_steps_on_a_running_cluster() {
     }
     if steps == "monitoring" {
         monitoring::prometheus_sees_the_cluster(state);
+    }
+    if steps == "advanced-statefulset" {
+        advanced_statefulset::on_real_nodes(state);
     }
 }
 

@@ -16,6 +16,10 @@ pub const ADMISSION_PLANNED: &str = "AdmissionPlanned";
 /// they do not run for (an OpenKruise Advanced StatefulSet, which has hooks of its own).
 pub const LIFECYCLE_HOOKS: &str = "LifecycleHooks";
 
+/// Condition type: set (False) only while the target, an OpenKruise Advanced StatefulSet, has a
+/// `spec.reserveOrdinals` entry that does not parse (Kruise then reserves nothing).
+pub const RESERVE_ORDINALS: &str = "ReserveOrdinals";
+
 /// A condition to set, without its transition time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DesiredCondition {

@@ -24,13 +24,27 @@ use std::ops::Range;
 use ipkeep_api::kruise::ReserveOrdinal;
 
 /// An entry of `reserveOrdinals` that does not parse, so Kruise reserves nothing.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[error(
-    "reserveOrdinals entry {entry} is neither an ordinal nor a range \"a-b\" with a <= b, so Kruise reserves no ordinal at all"
+    "spec.reserveOrdinals[{index}] is {entry}, neither an ordinal nor a range \"a-b\" with a <= b, so Kruise reserves no ordinal at all"
 )]
 pub struct InvalidReserveOrdinal {
-    /// The entry, as JSON.
+    /// Its index in the list.
+    pub index: usize,
+    /// The entry, as JSON; a long one cut to its first [`SHOWN_CHARS`] characters and `…`.
     pub entry: String,
+}
+
+/// How much of an entry [`InvalidReserveOrdinal`] shows: enough to find it, never a whole
+/// object someone wrote into the list.
+pub const SHOWN_CHARS: usize = 40;
+
+fn shown(entry: &serde_json::Value) -> String {
+    let json = entry.to_string();
+    match json.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => format!("{}…", &json[..cut]),
+        None => json,
+    }
 }
 
 /// Ordinals reserved by `spec.reserveOrdinals`: sorted, disjoint, non-adjacent ranges.
@@ -44,7 +58,7 @@ impl ReservedOrdinals {
     /// error (the caller then reserves nothing, as Kruise).
     pub fn parse(entries: &[ReserveOrdinal]) -> Result<Self, InvalidReserveOrdinal> {
         let mut ranges = Vec::with_capacity(entries.len());
-        for entry in entries {
+        for (index, entry) in entries.iter().enumerate() {
             match entry {
                 // A negative ordinal reserves nothing an ordinal (never negative) can hit.
                 ReserveOrdinal::Int(n) => {
@@ -54,13 +68,15 @@ impl ReservedOrdinals {
                 }
                 ReserveOrdinal::Text(text) => {
                     let (a, b) = parse_range(text).ok_or_else(|| InvalidReserveOrdinal {
-                        entry: serde_json::Value::from(text.as_str()).to_string(),
+                        index,
+                        entry: shown(&serde_json::Value::from(text.as_str())),
                     })?;
                     ranges.push(a..b.saturating_add(1));
                 }
                 ReserveOrdinal::Other(value) => {
                     return Err(InvalidReserveOrdinal {
-                        entry: value.to_string(),
+                        index,
+                        entry: shown(value),
                     });
                 }
             }
@@ -237,7 +253,12 @@ mod tests {
             );
         }
         let err = ReservedOrdinals::parse(&entries(json!([1, "2-x"]))).unwrap_err();
-        assert_eq!(err.entry, "\"2-x\"");
+        assert_eq!((err.index, err.entry.as_str()), (1, "\"2-x\""));
+        // A long entry is cut: the message names it, never repeats all of it.
+        let long = "9".repeat(500);
+        let err = ReservedOrdinals::parse(&entries(json!([format!("1-{long}")]))).unwrap_err();
+        assert_eq!(err.entry.chars().count(), SHOWN_CHARS + 1, "{}", err.entry);
+        assert!(err.entry.starts_with("\"1-999") && err.entry.ends_with('…'));
     }
 
     fn ordinals(ranges: &[Range<u64>]) -> Vec<u64> {

@@ -27,6 +27,7 @@ fn target(replicas: u32, start: u32) -> TargetView {
         uid: "sts-1".into(),
         ordinals: ValidOrdinals::native(replicas, start),
         adopts_records: false,
+        invalid_reserve_ordinal: None,
     }
 }
 

@@ -14,6 +14,9 @@
 //! `LifecycleHooks` is written (False) only when `spec.lifecycle` asks for ipkeep's hooks on an
 //! OpenKruise Advanced StatefulSet: they stand aside for its own.
 //!
+//! `ReserveOrdinals` is written (False) only while the target, an Advanced StatefulSet, has a
+//! `spec.reserveOrdinals` entry that does not parse: which one, and what to write instead.
+//!
 //! `NodeLost` is written only while recording; in the three other cases it is removed, since
 //! nothing watches the recorded nodes then.
 //!
@@ -33,7 +36,7 @@ use ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE;
 
 use crate::admission::{self, AdmissionPlan, MAX_DECIDED_ON, PlanTarget};
 use crate::condition::{
-    self, ADMISSION_PLANNED, DesiredCondition, LIFECYCLE_HOOKS, NODE_LOST, READY,
+    self, ADMISSION_PLANNED, DesiredCondition, LIFECYCLE_HOOKS, NODE_LOST, READY, RESERVE_ORDINALS,
 };
 use crate::pin::Source;
 use crate::record::{self, RecordChange, RecordInput};
@@ -106,6 +109,13 @@ pub fn reconcile(input: &StatusInput<'_>) -> Reconciled {
     let conditions = std::mem::take(&mut decided.status.conditions);
     decided.status.conditions =
         with_condition(conditions, LIFECYCLE_HOOKS, hooks_stand_aside(input), input);
+    let conditions = std::mem::take(&mut decided.status.conditions);
+    decided.status.conditions = with_condition(
+        conditions,
+        RESERVE_ORDINALS,
+        reserve_ordinals_unreadable(input),
+        input,
+    );
     let (Some(target), Some(template)) = (input.target, input.template) else {
         return decided;
     };
@@ -161,6 +171,22 @@ fn hooks_stand_aside(input: &StatusInput<'_>) -> Option<DesiredCondition> {
         reason: "AdvancedStatefulSetHasItsOwn".into(),
         message: format!(
             "spec.lifecycle asks for ipkeep's lifecycle hooks, but {name} is an OpenKruise Advanced StatefulSet: ipkeep's hooks do not run for its pods (no readiness gate, no held deletion). Use the Advanced StatefulSet's own spec.lifecycle (preDelete, inPlaceUpdate, preNormal) and remove spec.lifecycle here"
+        ),
+    })
+}
+
+/// `ReserveOrdinals` False while the Advanced StatefulSet's `spec.reserveOrdinals` has an entry
+/// that does not parse: Kruise's controller then reserves nothing, and the records follow it.
+fn reserve_ordinals_unreadable(input: &StatusInput<'_>) -> Option<DesiredCondition> {
+    let target = input.target?;
+    let invalid = target.invalid_reserve_ordinal.as_ref()?;
+    Some(DesiredCondition {
+        type_: RESERVE_ORDINALS,
+        status: false,
+        reason: "InvalidReserveOrdinal".into(),
+        message: format!(
+            "Advanced StatefulSet {}/{}: {invalid}; ipkeep reads the list as Kruise's controller does, so records are kept and pruned as if no ordinal were reserved. Write each entry as an ordinal (1) or a range \"a-b\" with a <= b (\"2-5\"), as Kruise's webhook requires",
+            input.namespace, target.name
         ),
     })
 }

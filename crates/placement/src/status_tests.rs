@@ -30,6 +30,7 @@ fn target() -> TargetView {
         uid: "sts-1".into(),
         ordinals: crate::ordinals::ValidOrdinals::native(2, 0),
         adopts_records: false,
+        invalid_reserve_ordinal: None,
     }
 }
 
@@ -520,5 +521,56 @@ fn messages_name_the_workload() {
             && ready.message.contains("where OpenKruise is installed"),
         "{}",
         ready.message
+    );
+}
+
+/// An Advanced StatefulSet whose `reserveOrdinals` has an entry that does not parse: recording
+/// goes on with nothing reserved (as Kruise), and `ReserveOrdinals` names the entry and what to
+/// write; fixed (or on an `apps` StatefulSet), the condition is not there.
+#[test]
+fn an_unreadable_reserve_ordinal_is_said_on_the_state() {
+    let kruise =
+        json!({"apiVersion": "apps.kruise.io/v1beta1", "kind": "StatefulSet", "name": "db"});
+    let asts = |reserve: serde_json::Value| {
+        let asts: ipkeep_api::kruise::AdvancedStatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "db", "uid": "sts-1"},
+            "spec": {"replicas": 2, "reserveOrdinals": reserve}
+        }))
+        .unwrap();
+        TargetView::from_advanced(&asts)
+    };
+    let mut w = World::new();
+    w.spec = spec(json!({"targetRef": kruise}));
+    w.target = Some(asts(json!([1, "5-2"])));
+    let bad = w.reconcile();
+    assert_eq!(bad.verdict, Verdict::Recording);
+    assert_eq!(
+        bad.status.pod_states.keys().collect::<Vec<_>>(),
+        ["db-0", "db-1"],
+        "nothing reserved: db-1 is kept"
+    );
+    let c = bad
+        .status
+        .condition(RESERVE_ORDINALS)
+        .expect("ReserveOrdinals");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InvalidReserveOrdinal")
+    );
+    assert!(
+        c.message.starts_with(
+            "Advanced StatefulSet prod/db: spec.reserveOrdinals[1] is \"5-2\", neither an ordinal nor a range \"a-b\" with a <= b"
+        ) && c.message.contains("\"2-5\""),
+        "{}",
+        c.message
+    );
+    w.previous = bad.status;
+    w.target = Some(asts(json!([1])));
+    let fixed = w.reconcile();
+    assert!(fixed.status.condition(RESERVE_ORDINALS).is_none());
+    assert_eq!(
+        fixed.status.pod_states.keys().collect::<Vec<_>>(),
+        ["db-0"],
+        "db-1 reserved now: pruned (WhenScaled)"
     );
 }

@@ -10,7 +10,7 @@ use ipkeep_values::ordinal;
 
 use ipkeep_api::kruise::AdvancedStatefulSet;
 
-use crate::ordinals::{ReservedOrdinals, ValidOrdinals};
+use crate::ordinals::{InvalidReserveOrdinal, ReservedOrdinals, ValidOrdinals};
 
 /// A pod, as recording and pruning see it.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
@@ -149,6 +149,9 @@ pub struct TargetView {
     /// Records of an earlier StatefulSet with this name are this one's: the PersistentPodState
     /// carries [`ipkeep_values::keys::ADOPT_PERSISTENT_POD_STATE`] (see [`adopts`]).
     pub adopts_records: bool,
+    /// An Advanced StatefulSet's `spec.reserveOrdinals` entry that does not parse (so nothing is
+    /// reserved, as in Kruise): said on the PersistentPodState.
+    pub invalid_reserve_ordinal: Option<InvalidReserveOrdinal>,
 }
 
 /// Whether an object's annotations ask for adoption
@@ -176,6 +179,7 @@ impl TargetView {
                 ),
             ),
             adopts_records: false,
+            invalid_reserve_ordinal: None,
         }
     }
 
@@ -184,7 +188,11 @@ impl TargetView {
     /// reserve nothing, as in Kruise.
     pub fn from_advanced(asts: &AdvancedStatefulSet) -> Self {
         let spec = &asts.spec;
-        let reserved = ReservedOrdinals::parse(&spec.reserve_ordinals).unwrap_or_default();
+        let (reserved, invalid_reserve_ordinal) =
+            match ReservedOrdinals::parse(&spec.reserve_ordinals) {
+                Ok(reserved) => (reserved, None),
+                Err(e) => (ReservedOrdinals::default(), Some(e)),
+            };
         Self {
             name: asts.metadata.name.clone().unwrap_or_default(),
             uid: asts.metadata.uid.clone().unwrap_or_default(),
@@ -194,6 +202,7 @@ impl TargetView {
                 &reserved,
             ),
             adopts_records: false,
+            invalid_reserve_ordinal,
         }
     }
 
@@ -226,6 +235,7 @@ mod tests {
             uid: "u".into(),
             ordinals: ValidOrdinals::native(3, 5),
             adopts_records: false,
+            invalid_reserve_ordinal: None,
         };
         assert_eq!(
             t.wanted_pod_names().collect::<Vec<_>>(),

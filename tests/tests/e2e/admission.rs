@@ -99,7 +99,7 @@ pub fn pods_need_no_ipkeep_deployment(state: &Path) {
         "both pods recorded and planned for admission",
         Duration::from_secs(60),
         || {
-            let pps = kubectl.get(&["persistentpodstate", "-n", NS, "db"])?;
+            let pps = kubectl.get(&["persistentpodstates.ipkeep.dev", "-n", NS, "db"])?;
             let plan = kubectl.get(&["configmap", "-n", NS, "ipkeep-admission-plan"])?;
             let planned = ["db-0", "db-1"]
                 .iter()

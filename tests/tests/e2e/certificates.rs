@@ -195,7 +195,7 @@ pub fn renew_on_real_nodes(state: &Path) {
         })
         .collect();
     wait_until("both pods recorded", Duration::from_secs(60), || {
-        let pps = kubectl.get(&["persistentpodstate", "-n", NS, "web"])?;
+        let pps = kubectl.get(&["persistentpodstates.ipkeep.dev", "-n", NS, "web"])?;
         (pps["status"]["recordedPods"] == 2).then_some(())
     });
 

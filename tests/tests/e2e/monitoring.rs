@@ -298,7 +298,7 @@ pub fn prometheus_sees_the_cluster(state: &Path) {
     );
     // The held address goes with its PersistentPodState.
     kubectl.run(&["delete", "statefulset", "-n", NS, "held"]);
-    kubectl.run(&["delete", "persistentpodstate", "-n", NS, "held"]);
+    kubectl.run(&["delete", "persistentpodstates.ipkeep.dev", "-n", NS, "held"]);
     eprintln!(
         "prometheus: every series the alerts and the dashboard name had data; the step took {:.0} s",
         t_step.elapsed().as_secs_f64()
