@@ -315,34 +315,25 @@ pub async fn run(target: &Target, options: &Options, ip_family: &str) -> Result<
         started,
         options.duration,
     ));
+    // One fault on a node at a time: a node's next fault waits for the one before (its hold
+    // and the components' recovery), in its task, so that the faults on other nodes and on the
+    // control plane keep their times.
+    let node_turns: Vec<Arc<tokio::sync::Mutex<()>>> = (target.nodes.iter())
+        .map(|_| Arc::new(tokio::sync::Mutex::new(())))
+        .collect();
     let mut faults = Vec::new();
     for planned in plan {
         let wait = planned.at.saturating_sub(started.elapsed());
         tokio::time::sleep(wait).await;
-        // One fault on a node at a time: a node's next fault waits for the one before.
-        let busy: Vec<usize> = lock(&shared)
-            .windows
-            .iter()
-            .filter(|w| w.end.is_infinite())
-            .filter_map(|w| target.nodes.iter().position(|n| *n == w.target))
-            .collect();
-        if let Some(n) = planned.node
-            && busy.contains(&n)
-        {
-            while lock(&shared)
-                .windows
-                .iter()
-                .any(|w| w.end.is_infinite() && w.target == target.nodes[n])
-            {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-        faults.push(tokio::spawn(inject(
-            target.clone(),
-            planned,
-            shared.clone(),
-            started,
-        )));
+        let turn = planned.node.and_then(|n| node_turns.get(n)).cloned();
+        let (target, shared) = (target.clone(), shared.clone());
+        faults.push(tokio::spawn(async move {
+            let _turn = match turn {
+                Some(t) => Some(t.lock_owned().await),
+                None => None,
+            };
+            inject(target, planned, shared, started).await;
+        }));
     }
     tokio::time::sleep(options.duration.saturating_sub(started.elapsed())).await;
     let _ = churn.await;
@@ -413,9 +404,18 @@ async fn observe(
 ) -> BTreeMap<String, summary::Memory> {
     let mut observer = watch::Observer::default();
     let mut last_memory = 0.0;
+    // Read while they run: a supervisor starts them again as they were.
+    let supervised = target.supervised_commands().unwrap_or_else(|e| {
+        eprintln!("soak: the control plane will not be supervised: {e:#}");
+        Vec::new()
+    });
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
         let t = Instant::now();
         let now = started.elapsed().as_secs_f64();
+        for what in nemesis::keep_up(&target.state, &supervised) {
+            eprintln!("soak: {now:7.1} s  {what}");
+            lock(&shared).summary.supervised.push((now, what));
+        }
         if let Err(e) = observer.sample(&target.client, &target, &shared, now).await {
             tracing_note(&format!("a sample failed (the API may be down): {e:#}"));
         }

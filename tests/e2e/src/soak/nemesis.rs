@@ -60,10 +60,7 @@ pub struct Done {
 
 impl Target {
     fn pid_of(&self, component: &str) -> Result<i32> {
-        let path = self.state.join("pids").join(component);
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-        Ok(text.trim().parse()?)
+        pid_in(&self.state, component)
     }
 
     /// `scripts/cluster.sh node VERB NODE`.
@@ -163,7 +160,7 @@ impl Target {
     /// The pod name holding the controller's leader Lease.
     async fn leader(&self) -> Result<String> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE);
-        let lease = leases.get("ipkeep-controller").await?;
+        let lease = until_answered(|| leases.get("ipkeep-controller")).await?;
         lease
             .spec
             .and_then(|s| s.holder_identity)
@@ -173,8 +170,8 @@ impl Target {
     /// SIGKILLs the process of `program` in the first ipkeep pod `choose` accepts.
     async fn kill_pod_process(&self, program: &str, choose: impl Fn(&Pod) -> bool) -> Result<Done> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE);
-        let candidates: Vec<Pod> = pods
-            .list(&ListParams::default())
+        let all = ListParams::default();
+        let candidates: Vec<Pod> = until_answered(|| pods.list(&all))
             .await?
             .items
             .into_iter()
@@ -203,22 +200,7 @@ impl Target {
     /// same command line, environment and log.
     async fn restart_apiserver(&self) -> Result<()> {
         let pid = self.pid_of("kube-apiserver")?;
-        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let env: Vec<(String, String)> = std::fs::read(format!("/proc/{pid}/environ"))?
-            .split(|b| *b == 0)
-            .filter_map(|kv| {
-                let kv = String::from_utf8_lossy(kv);
-                let (k, v) = kv.split_once('=')?;
-                Some((k.to_string(), v.to_string()))
-            })
-            .collect();
-        let (program, args) = argv
-            .split_first()
-            .context("kube-apiserver has no command line")?;
+        let command = Command::of(pid).context("kube-apiserver's command line")?;
         kill(Pid::from_raw(pid), Signal::SIGTERM)?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while running(pid) {
@@ -227,26 +209,21 @@ impl Target {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(self.state.join("logs/kube-apiserver.log"))?;
-        // setsid: a new session, so that a signal to the soak's process group does not reach it.
-        let child = std::process::Command::new("setsid")
-            .arg(program)
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("start kube-apiserver again")?;
-        std::fs::write(
-            self.state.join("pids/kube-apiserver"),
-            child.id().to_string(),
-        )?;
+        respawn(&self.state, "kube-apiserver", &command)?;
         Ok(())
+    }
+
+    /// The command lines of the control-plane processes a supervisor keeps running
+    /// ([`SUPERVISED`]), read while they run.
+    pub fn supervised_commands(&self) -> Result<Vec<(&'static str, Command)>> {
+        SUPERVISED
+            .iter()
+            .map(|c| {
+                let command =
+                    Command::of(self.pid_of(c)?).with_context(|| format!("{c}'s command line"))?;
+                Ok((*c, command))
+            })
+            .collect()
     }
 
     /// Fills the node's store file system (`--cni-data-size`) with one file, holds it full for
@@ -285,6 +262,138 @@ fn running(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// The control-plane processes that run under a supervisor on a real control-plane node (the
+/// kubelet restarts static pods, systemd its units), which `scripts/cluster.sh` starts as plain
+/// processes. kube-scheduler exits on purpose when it finds its cache inconsistent (1.37:
+/// "Pod updated on a different node than previously added to", after a relist that replaced a
+/// StatefulSet pod by its namesake created while its watch was down) and counts on being
+/// restarted; without a supervisor, no pod would be scheduled again.
+pub const SUPERVISED: [&str; 2] = ["kube-scheduler", "kube-controller-manager"];
+
+/// A process's command line and environment, to start it again as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// Its environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl Command {
+    /// The command line and environment of the running process `pid`.
+    pub fn of(pid: i32) -> Result<Command> {
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let env: Vec<(String, String)> = std::fs::read(format!("/proc/{pid}/environ"))?
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                let kv = String::from_utf8_lossy(kv);
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_string(), v.to_string()))
+            })
+            .collect();
+        if argv.is_empty() {
+            bail!("process {pid} has no command line (it exited?)");
+        }
+        Ok(Command { argv, env })
+    }
+}
+
+/// The last error line (klog's `E…` or `F…`) of a log, shortened; "none" without one.
+fn last_error(log: &Path) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = &text[text.len().saturating_sub(64 * 1024)..];
+    String::from_utf8_lossy(tail)
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('E') || l.starts_with('F'))
+        .map_or_else(|| "none".into(), |l| l.chars().take(300).collect())
+}
+
+/// Does what a control-plane node's supervisor (the kubelet for static pods, systemd)
+/// does: starts each of `commands` that exited again. Returns what it restarted, in words.
+pub fn keep_up(state: &Path, commands: &[(&'static str, Command)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (component, command) in commands {
+        let Ok(pid) = pid_in(state, component) else {
+            continue;
+        };
+        if running(pid) {
+            continue;
+        }
+        let last = last_error(&state.join(format!("logs/{component}.log")));
+        match respawn(state, component, command) {
+            Ok(new) => out.push(format!(
+                "{component} (pid {pid}) exited, started again (pid {new}) as its supervisor would; its last error: {last}"
+            )),
+            Err(e) => out.push(format!(
+                "{component} (pid {pid}) exited and could not be started again: {e:#}"
+            )),
+        }
+    }
+    out
+}
+
+/// Starts `component` again with `command`, its output appended to its log, and records
+/// its new pid where `scripts/cluster.sh` keeps it (so `down` stops it).
+fn respawn(state: &Path, component: &str, command: &Command) -> Result<i32> {
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(state.join(format!("logs/{component}.log")))?;
+    let (program, args) = command
+        .argv
+        .split_first()
+        .with_context(|| format!("{component} has no command line"))?;
+    // setsid: a new session, so that a signal to the soak's process group does not reach it.
+    let child = std::process::Command::new("setsid")
+        .arg(program)
+        .args(args)
+        .env_clear()
+        .envs(command.env.iter().cloned())
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("start {component} again"))?;
+    std::fs::write(state.join("pids").join(component), child.id().to_string())?;
+    Ok(child.id() as i32)
+}
+
+/// The pid `scripts/cluster.sh` keeps for `component` in the state directory `state`.
+fn pid_in(state: &Path, component: &str) -> Result<i32> {
+    let path = state.join("pids").join(component);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    Ok(text.trim().parse()?)
+}
+
+/// `call` again every two seconds while the API server does not answer (a kube-apiserver
+/// restart keeps it away for up to a minute), for up to [`API_PATIENCE`]: a kill whose target
+/// is found through the API happens late rather than not at all.
+async fn until_answered<T, F, Fut>(call: F) -> Result<T, kube::Error>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + API_PATIENCE;
+    loop {
+        match call().await {
+            Err(kube::Error::Api(e)) => return Err(kube::Error::Api(e)),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long a fault waits for the API server to answer.
+const API_PATIENCE: Duration = Duration::from_secs(120);
 
 fn done(target: &str) -> Done {
     Done {
@@ -348,6 +457,69 @@ mod tests {
             home_in_cgroup("12:pids:/ipkeep-nodes/node-0/kubelet\n"),
             None
         );
+    }
+
+    /// A supervised process that exits is started again with its command line and
+    /// environment, its new pid where `scripts/cluster.sh down` finds it; one that runs is left
+    /// alone.
+    #[test]
+    #[allow(clippy::zombie_processes, reason = "keep_up's running() reaps them")]
+    fn an_exited_control_plane_process_is_started_again_as_it_was() {
+        let state = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(state.path().join("pids")).expect("pids");
+        std::fs::create_dir_all(state.path().join("logs")).expect("logs");
+        std::fs::write(
+            state.path().join("logs/kube-scheduler.log"),
+            "I1129 started\nE1129 cache.go:662] Scheduler cache is corrupted\n",
+        )
+        .expect("log");
+        let first = std::process::Command::new("sleep")
+            .arg("301")
+            .env("SOAK_TEST_MARK", "kept")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = first.id() as i32;
+        std::fs::write(state.path().join("pids/kube-scheduler"), pid.to_string()).expect("pid");
+        let command = Command::of(pid).expect("its command line");
+        assert_eq!(command.argv, ["sleep", "301"]);
+        let commands = [("kube-scheduler", command.clone())];
+        assert!(keep_up(state.path(), &commands).is_empty(), "it runs");
+
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill");
+        let t = std::time::Instant::now();
+        while running(pid) {
+            assert!(t.elapsed() < Duration::from_secs(10), "{pid} still runs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let said = keep_up(state.path(), &commands);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("kube-scheduler") && said[0].contains("cache is corrupted"),
+            "{said:?}"
+        );
+        let again = pid_in(state.path(), "kube-scheduler").expect("the new pid");
+        assert_ne!(again, pid);
+        // setsid execs the program in the same process: until it has, /proc shows setsid.
+        let t = std::time::Instant::now();
+        let restarted = loop {
+            let now = Command::of(again).expect("the new process");
+            if now.argv.first().is_some_and(|p| p != "setsid")
+                || t.elapsed() > Duration::from_secs(5)
+            {
+                break now;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(restarted.argv, command.argv);
+        assert!(
+            restarted
+                .env
+                .contains(&("SOAK_TEST_MARK".to_string(), "kept".to_string()))
+        );
+        kill(Pid::from_raw(again), Signal::SIGKILL).expect("kill the restarted one");
+        while running(again) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// A child that exited but was not waited for is a zombie in /proc: gone all the same.

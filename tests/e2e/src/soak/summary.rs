@@ -103,6 +103,9 @@ pub struct Summary {
     pub recovery_max: BTreeMap<String, f64>,
     /// Memory per component.
     pub memory: BTreeMap<String, Memory>,
+    /// Control-plane processes that exited and were started again (as a control-plane node's
+    /// supervisor would), with when (seconds from the start) and why, in words.
+    pub supervised: Vec<(f64, String)>,
 }
 
 /// The invariants, in the order the table shows them.
@@ -240,6 +243,9 @@ impl Summary {
                 )
             });
             let _ = writeln!(t, "{name:<28} {recover:>10} {max:>10} {trend:>8}");
+        }
+        for (at, what) in &self.supervised {
+            let _ = writeln!(t, "supervisor at {at:.0} s: {what}");
         }
         for (name, i) in &self.invariants {
             for f in &i.failures {
