@@ -480,8 +480,18 @@ mod tests {
             .expect("spawn sleep");
         let pid = first.id() as i32;
         std::fs::write(state.path().join("pids/kube-scheduler"), pid.to_string()).expect("pid");
-        let command = Command::of(pid).expect("its command line");
-        assert_eq!(command.argv, ["sleep", "301"]);
+        // Right after the spawn the child may not have exec'd `sleep` yet: its command line is
+        // empty or the test's own until it has.
+        let t = std::time::Instant::now();
+        let command = loop {
+            match Command::of(pid) {
+                Ok(c) if c.argv == ["sleep", "301"] => break c,
+                other => {
+                    assert!(t.elapsed() < Duration::from_secs(10), "{other:?}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
         let commands = [("kube-scheduler", command.clone())];
         assert!(keep_up(state.path(), &commands).is_empty(), "it runs");
 
