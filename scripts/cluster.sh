@@ -492,7 +492,22 @@ teardown() {
   node_layout_load
   nodes_down
   stop_all
+  stop_strays
   rm -rf "$state/pids"
+}
+
+# stop_strays: kills what still runs with this cluster's certificates on its command line once
+# every process its pid files name has stopped (one started again by someone else who lost its
+# pid: a soak's overlapping kube-apiserver restarts once left one serving the cluster's port).
+stop_strays() {
+  local f pid
+  for f in /proc/[0-9]*/cmdline; do
+    tr '\0' '\n' <"$f" 2>/dev/null | grep -qF -- "=$state/pki/" || continue
+    pid=${f#/proc/}; pid=${pid%/cmdline}
+    say "process $pid still runs with this cluster's certificates though no pid file names it: $(tr '\0' ' ' <"$f" 2>/dev/null | cut -c1-100); killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+    gone "$pid" || say "process $pid still runs 10 s after SIGKILL"
+  done
 }
 
 down() {

@@ -35,13 +35,17 @@ alive() { [ -f "$state/pids/$1" ] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/nu
 
 # gone PID: waits up to 10 s for PID to exit; fails if it still runs. A process killed with
 # SIGKILL holds its ports until it is gone, and the next `up` on the same ports checks them first.
+# A zombie (exited, its parent has not waited for it yet: a soak's restarted process) is gone.
 gone() {
   local waited=0
-  while kill -0 "$1" 2>/dev/null; do
+  while kill -0 "$1" 2>/dev/null && ! zombie "$1"; do
     [ $waited -lt 100 ] || return 1
     sleep 0.1; waited=$((waited + 1))
   done
 }
+
+# zombie PID: PID has exited and holds nothing but its entry in /proc (state Z after its name).
+zombie() { [[ $(cat "/proc/$1/stat" 2>/dev/null) =~ \)\ Z\  ]]; }
 
 stop_all() {
   local f pid

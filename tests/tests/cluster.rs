@@ -140,6 +140,32 @@ fn ipkeep_on_a_real_control_plane() {
             refused[..refused.len().min(5)].join("\n")
         );
     }
+    down_stops_a_process_its_pid_files_lost(cluster);
+}
+
+/// `down` stops a process that runs with the cluster's certificates though no pid file names it
+/// (a soak's kube-apiserver restart once left one so, serving the cluster's port after `down`).
+fn down_stops_a_process_its_pid_files_lost(cluster: Cluster) {
+    let mut stray = std::process::Command::new("sh")
+        .args(["-c", "while :; do sleep 1; done"])
+        .arg(format!(
+            "--client-ca-file={}/pki/ca.crt",
+            cluster.state().display()
+        ))
+        .spawn()
+        .expect("spawn sh");
+    drop(cluster);
+    let t = std::time::Instant::now();
+    while stray.try_wait().expect("try_wait").is_none() {
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = stray.kill();
+            let _ = stray.wait();
+            panic!(
+                "scripts/cluster.sh down left running a process with the cluster's certificates on its command line"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 /// kube-apiserver, and the kubectl the steps drive, are the release asked for

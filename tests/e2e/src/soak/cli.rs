@@ -109,6 +109,7 @@ pub async fn main(cli: &Cli) -> Result<bool> {
         state: state.clone(),
         nodes,
         client: cluster.client(),
+        restarts: Default::default(),
     };
     let options = Options {
         seed,

@@ -9,7 +9,9 @@
 //! the monotonic and boot clocks). Stepping it would step etcd, kube-apiserver and every other
 //! process on the machine, so [`FaultKind::StepClock`] is logged as skipped with that reason.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -38,6 +40,8 @@ pub struct Target {
     pub nodes: Vec<String>,
     /// An admin client.
     pub client: Client,
+    /// Held by a control-plane restart from its SIGTERM to its new process ([`restart`]).
+    pub restarts: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -139,7 +143,7 @@ impl Target {
                 Ok(done(&node))
             }
             FaultKind::RestartApiserver => {
-                self.restart_apiserver().await?;
+                restart(&self.state, "kube-apiserver", RESTART_GRACE, &self.restarts).await?;
                 Ok(done("kube-apiserver"))
             }
             FaultKind::PauseEtcd => {
@@ -196,23 +200,6 @@ impl Target {
         })
     }
 
-    /// Stops kube-apiserver (SIGTERM, as a rolling restart does) and starts it again with the
-    /// same command line, environment and log.
-    async fn restart_apiserver(&self) -> Result<()> {
-        let pid = self.pid_of("kube-apiserver")?;
-        let command = Command::of(pid).context("kube-apiserver's command line")?;
-        kill(Pid::from_raw(pid), Signal::SIGTERM)?;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while running(pid) {
-            if tokio::time::Instant::now() > deadline {
-                kill(Pid::from_raw(pid), Signal::SIGKILL)?;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        respawn(&self.state, "kube-apiserver", &command)?;
-        Ok(())
-    }
-
     /// The command lines of the control-plane processes a supervisor keeps running
     /// ([`SUPERVISED`]), read while they run.
     pub fn supervised_commands(&self) -> Result<Vec<(&'static str, Command)>> {
@@ -243,6 +230,47 @@ impl Target {
         std::fs::remove_file(&file).with_context(|| format!("remove {}", file.display()))?;
         Ok(done(&format!("{node} ({} MiB written)", written >> 20)))
     }
+}
+
+/// How long a restarted control-plane process may drain after SIGTERM before SIGKILL: the
+/// `terminationGracePeriodSeconds` of a kubeadm control plane's static pods. kube-apiserver on
+/// its own would wait `--request-timeout` (60 s) for its open watches, with its port closed.
+pub const RESTART_GRACE: Duration = Duration::from_secs(30);
+
+/// Restarts `component` as a rolling restart does: SIGTERM, SIGKILL after `grace`, and once it
+/// is gone the same command line and environment again, its new pid in its pid file. Returns
+/// the new pid.
+///
+/// One restart at a time: `turn` is held from the SIGTERM to the new process. Two restarts that
+/// overlapped both stopped the same process and both started one; the copy that lost the port
+/// exited, its pid in the pid file, and the one serving was known to nobody (every later restart
+/// failed, and `scripts/cluster.sh down` left it running).
+pub async fn restart(
+    state: &Path,
+    component: &str,
+    grace: Duration,
+    turn: &tokio::sync::Mutex<()>,
+) -> Result<i32> {
+    let _turn = turn.lock().await;
+    let pid = pid_in(state, component)?;
+    if !running(pid) {
+        bail!(
+            "{component} (pid {pid}) is not running; its last error: {}",
+            last_error(&state.join(format!("logs/{component}.log")))
+        );
+    }
+    let command = Command::of(pid).with_context(|| format!("{component}'s command line"))?;
+    kill(Pid::from_raw(pid), Signal::SIGTERM)?;
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut killed = false;
+    while running(pid) {
+        if !killed && tokio::time::Instant::now() > deadline {
+            kill(Pid::from_raw(pid), Signal::SIGKILL)?;
+            killed = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    respawn(state, component, &command)
 }
 
 /// Whether `pid` still runs. The kube-apiserver a restart started is the soak's own child, and
@@ -349,10 +377,12 @@ fn respawn(state: &Path, component: &str, command: &Command) -> Result<i32> {
         .argv
         .split_first()
         .with_context(|| format!("{component} has no command line"))?;
-    // setsid: a new session, so that a signal to the soak's process group does not reach it.
-    let child = std::process::Command::new("setsid")
-        .arg(program)
+    // Its own process group, so that a signal to the soak's (Ctrl-C) does not reach it. Not
+    // `setsid PROGRAM`: setsid forks when it finds itself a process-group leader, and the pid
+    // recorded would then be that of a setsid that exited while the program runs on unknown.
+    let child = std::process::Command::new(program)
         .args(args)
+        .process_group(0)
         .env_clear()
         .envs(command.env.iter().cloned())
         .stdin(std::process::Stdio::null())
@@ -509,13 +539,11 @@ mod tests {
         );
         let again = pid_in(state.path(), "kube-scheduler").expect("the new pid");
         assert_ne!(again, pid);
-        // setsid execs the program in the same process: until it has, /proc shows setsid.
+        // Until the new process has exec'd the program, /proc shows the test's command line.
         let t = std::time::Instant::now();
         let restarted = loop {
             let now = Command::of(again).expect("the new process");
-            if now.argv.first().is_some_and(|p| p != "setsid")
-                || t.elapsed() > Duration::from_secs(5)
-            {
+            if now.argv == command.argv || t.elapsed() > Duration::from_secs(5) {
                 break now;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -529,6 +557,84 @@ mod tests {
         kill(Pid::from_raw(again), Signal::SIGKILL).expect("kill the restarted one");
         while running(again) {
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pids of the processes whose command line has `mark` as an argument.
+    fn with_mark(mark: &str) -> Vec<i32> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if running(pid) && Command::of(pid).is_ok_and(|c| c.argv.iter().any(|a| a == mark)) {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
+    /// Two restarts that overlap (kube-apiserver drains after SIGTERM; faults of the control
+    /// plane do not wait for each other) leave one process, the one the pid file names. Before
+    /// the restarts took turns, both stopped the same process and both started a new one.
+    #[tokio::test]
+    #[allow(clippy::zombie_processes, reason = "restart's running() reaps them")]
+    async fn overlapping_restarts_leave_one_process_and_its_pid_is_kept() {
+        let state = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(state.path().join("pids")).expect("pids");
+        std::fs::create_dir_all(state.path().join("logs")).expect("logs");
+        let mark = format!("soak-restart-test-{}", std::process::id());
+        // Like kube-apiserver: on SIGTERM it takes a moment to drain before it exits.
+        let first = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "trap 'sleep 1; exit 0' TERM; while :; do sleep 0.1; done",
+            ])
+            .arg(&mark)
+            .spawn()
+            .expect("spawn sh");
+        let pid = first.id() as i32;
+        std::fs::write(state.path().join("pids/kube-apiserver"), pid.to_string()).expect("pid");
+        let t = std::time::Instant::now();
+        while with_mark(&mark) != [pid] {
+            assert!(t.elapsed() < Duration::from_secs(10), "sh never ran");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+
+        let turn = tokio::sync::Mutex::new(());
+        let grace = Duration::from_secs(20);
+        let (a, b) = tokio::join!(
+            restart(state.path(), "kube-apiserver", grace, &turn),
+            restart(state.path(), "kube-apiserver", grace, &turn)
+        );
+        let (a, b) = (
+            a.expect("the first restart"),
+            b.expect("the second restart"),
+        );
+        let kept = pid_in(state.path(), "kube-apiserver").expect("the pid file");
+        // Until it has exec'd sh, the new process shows the test's command line.
+        let t = std::time::Instant::now();
+        let mut alive = with_mark(&mark);
+        while !alive.contains(&kept) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+            alive = with_mark(&mark);
+        }
+        for p in [a, b] {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        assert_eq!(
+            alive,
+            [kept],
+            "restarts {a} and {b}; the pid file says {kept}"
+        );
+        assert_eq!(
+            kept, b,
+            "the second restart stopped the first one's process"
+        );
+        for p in [a, b] {
+            while running(p) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 
