@@ -66,6 +66,16 @@ impl FaultKind {
         }
     }
 
+    /// Whether the node may turn NotReady: powered off, its runtime restarted, or its store
+    /// full (the CNI STATUS fails, so containerd reports the network not ready and the kubelet
+    /// the node NotReady).
+    pub fn makes_node_not_ready(self) -> bool {
+        matches!(
+            self,
+            FaultKind::RestartRuntime | FaultKind::PowerCycle | FaultKind::FillStore
+        )
+    }
+
     /// Whether the fault acts on one node.
     pub fn on_a_node(self) -> bool {
         matches!(

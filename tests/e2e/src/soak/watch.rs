@@ -334,6 +334,11 @@ impl Observer {
         if s.forced.contains(uid) {
             return;
         }
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|sp| sp.node_name.clone())
+            .unwrap_or_default();
         let deletion = HookedDeletion {
             held_at,
             released_at: s.released.get(uid).copied(),
@@ -342,7 +347,7 @@ impl Observer {
         };
         match judge::judge_hook(&deletion, HOOK_SLACK) {
             Ok(()) => s.summary.invariant("hooks-wait").pass(),
-            Err(_) if s.control_plane_disturbed(held_at, deletion.deleted_at) => {
+            Err(_) if s.hook_may_escape(&node, held_at, deletion.deleted_at) => {
                 s.summary.invariant("hooks-wait").excuse()
             }
             Err(why) => {
