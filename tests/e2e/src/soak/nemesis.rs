@@ -280,6 +280,11 @@ fn running(pid: i32) -> bool {
     use nix::sys::wait::{WaitPidFlag, waitpid};
     // ECHILD when it is not the soak's child: nothing to reap here.
     let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    in_proc(pid)
+}
+
+/// Whether /proc shows `pid` running (not a zombie), without reaping anything.
+fn in_proc(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the command's closing parenthesis: Z (zombie) or X (dead) is gone.
         Ok(stat) => !matches!(
@@ -567,7 +572,8 @@ mod tests {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
                 continue;
             };
-            if running(pid) && Command::of(pid).is_ok_and(|c| c.argv.iter().any(|a| a == mark)) {
+            // Not running(): reaping every pid would take other tests' children from them.
+            if in_proc(pid) && Command::of(pid).is_ok_and(|c| c.argv.iter().any(|a| a == mark)) {
                 out.push(pid);
             }
         }
