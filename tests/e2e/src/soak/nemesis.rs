@@ -235,7 +235,7 @@ impl Target {
 /// How long a restarted control-plane process may drain after SIGTERM before SIGKILL: the
 /// `terminationGracePeriodSeconds` of a kubeadm control plane's static pods. kube-apiserver on
 /// its own would wait `--request-timeout` (60 s) for its open watches, with its port closed.
-pub const RESTART_GRACE: Duration = Duration::from_secs(30);
+const RESTART_GRACE: Duration = Duration::from_secs(30);
 
 /// Restarts `component` as a rolling restart does: SIGTERM, SIGKILL after `grace`, and once it
 /// is gone the same command line and environment again, its new pid in its pid file. Returns
@@ -245,7 +245,7 @@ pub const RESTART_GRACE: Duration = Duration::from_secs(30);
 /// overlapped both stopped the same process and both started one; the copy that lost the port
 /// exited, its pid in the pid file, and the one serving was known to nobody (every later restart
 /// failed, and `scripts/cluster.sh down` left it running).
-pub async fn restart(
+async fn restart(
     state: &Path,
     component: &str,
     grace: Duration,

@@ -70,10 +70,7 @@ impl FaultKind {
     /// full (the CNI STATUS fails, so containerd reports the network not ready and the kubelet
     /// the node NotReady).
     pub fn makes_node_not_ready(self) -> bool {
-        matches!(
-            self,
-            FaultKind::RestartRuntime | FaultKind::PowerCycle | FaultKind::FillStore
-        )
+        self.disturbs_node() || self == FaultKind::FillStore
     }
 
     /// Whether the fault acts on one node.
