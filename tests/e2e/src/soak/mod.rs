@@ -75,21 +75,16 @@ impl Shared {
 
     /// The faults within two minutes of `at`, in words.
     pub fn faults_around(&self, at: f64) -> String {
-        let text: Vec<String> = self
-            .overlapping(at - 120.0, at + 5.0)
-            .map(|w| format!("{} {} at {:.0} s", w.kind, w.target, w.start))
-            .collect();
-        if text.is_empty() {
-            "none".into()
-        } else {
-            text.join(", ")
-        }
+        in_words(self.overlapping(at - 120.0, at + 5.0)).unwrap_or_else(|| "none".into())
     }
 
-    /// Whether `node` was powered off or had its runtime restarted between `from` and `to`.
-    pub fn node_disturbed(&self, node: &str, from: f64, to: f64) -> bool {
-        self.overlapping(from, to)
-            .any(|w| w.kind.disturbs_node() && w.target == node)
+    /// The faults that powered `node` off or restarted its runtime between `from` and `to`, in
+    /// words; `None` when none did.
+    pub fn node_disturbed(&self, node: &str, from: f64, to: f64) -> Option<String> {
+        in_words(
+            self.overlapping(from, to)
+                .filter(|w| w.kind.disturbs_node() && w.target == node),
+        )
     }
 
     /// Whether any node was.
@@ -97,29 +92,31 @@ impl Shared {
         self.overlapping(from, to).any(|w| w.kind.disturbs_node())
     }
 
-    /// Whether a hooked pod on `node`, held from `from` and deleted at `to`, may have gone
-    /// without its hook for a reason ipkeep documents: the controller's leader or the control
-    /// plane disturbed, or the pod's node not Ready (`lifecycle.md`: a deletion passes then).
-    pub fn hook_may_escape(&self, node: &str, from: f64, to: f64) -> bool {
-        self.control_plane_disturbed(from, to)
-            || self
-                .overlapping(from, to)
-                .any(|w| w.kind.makes_node_not_ready() && w.target == node)
+    /// Why a hooked pod on `node`, held from `from` and deleted at `to`, may have gone without
+    /// its hook for a reason ipkeep documents: the controller's leader or the control plane
+    /// disturbed, or the pod's node not Ready (`lifecycle.md`: a deletion passes then). The
+    /// faults that explain it, in words; `None` when nothing does.
+    pub fn hook_may_escape(&self, node: &str, from: f64, to: f64) -> Option<String> {
+        in_words(self.overlapping(from, to).filter(|w| {
+            w.kind.disturbs_control_plane() || (w.kind.makes_node_not_ready() && w.target == node)
+        }))
     }
+}
 
-    /// Whether the control plane or ipkeep's controller was disturbed between `from` and `to`.
-    pub fn control_plane_disturbed(&self, from: f64, to: f64) -> bool {
-        self.overlapping(from, to).any(|w| {
-            matches!(
-                w.kind,
-                FaultKind::KillControllerLeader
-                    | FaultKind::RestartApiserver
-                    | FaultKind::PauseEtcd
-                    | FaultKind::PowerCycle
-                    | FaultKind::RestartRuntime
-            )
+/// Fault windows in words ("power-cycle node-1 at 89 s, pause-etcd at 95 s"); `None` for none.
+/// A window lasts from the fault's start until every ipkeep component was Ready again after it.
+fn in_words<'a>(windows: impl Iterator<Item = &'a Window>) -> Option<String> {
+    let text: Vec<String> = windows
+        .map(|w| {
+            let target = if w.target.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", w.target)
+            };
+            format!("{}{target} at {:.0} s", w.kind, w.start)
         })
-    }
+        .collect();
+    (!text.is_empty()).then(|| text.join(", "))
 }
 
 /// How many ipkeep pods of each component a healthy cluster of `nodes` nodes runs.
@@ -585,11 +582,19 @@ mod tests {
             windows: vec![
                 window(FaultKind::FillStore, "node-0", 421.0, 470.0),
                 window(FaultKind::KillAgent, "node-2", 421.0, 480.0),
+                window(FaultKind::PauseEtcd, "", 500.0, 510.0),
             ],
             ..Shared::default()
         };
-        assert!(shared.hook_may_escape("node-0", 424.0, 426.0));
-        assert!(!shared.hook_may_escape("node-1", 424.0, 426.0));
-        assert!(!shared.hook_may_escape("node-0", 480.0, 482.0));
+        assert_eq!(
+            shared.hook_may_escape("node-0", 424.0, 426.0).as_deref(),
+            Some("fill-store node-0 at 421 s")
+        );
+        assert_eq!(shared.hook_may_escape("node-1", 424.0, 426.0), None);
+        assert_eq!(shared.hook_may_escape("node-0", 480.0, 482.0), None);
+        assert_eq!(
+            shared.hook_may_escape("node-1", 505.0, 506.0).as_deref(),
+            Some("pause-etcd at 500 s")
+        );
     }
 }

@@ -73,6 +73,20 @@ impl FaultKind {
         self.disturbs_node() || self == FaultKind::FillStore
     }
 
+    /// Whether the fault may disturb the control plane or ipkeep's controller: its leader
+    /// killed, kube-apiserver or etcd away, or a node powered off or its runtime restarted
+    /// (the leader may run there).
+    pub fn disturbs_control_plane(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillControllerLeader
+                | FaultKind::RestartApiserver
+                | FaultKind::PauseEtcd
+                | FaultKind::PowerCycle
+                | FaultKind::RestartRuntime
+        )
+    }
+
     /// Whether the fault acts on one node.
     pub fn on_a_node(self) -> bool {
         matches!(

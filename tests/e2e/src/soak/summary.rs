@@ -35,11 +35,19 @@ pub struct Invariant {
     pub checked: u64,
     /// Checks that failed.
     pub violated: u64,
-    /// Checks not held to the rule, and why in `excused_why` (a node down, ...).
+    /// Checks not held to the rule because a fault explains them (a node down, ...).
     pub excused: u64,
     /// The failures, in words, with the faults around each.
     pub failures: Vec<String>,
+    /// The first excuses, in words: what the check found and the faults that excused it.
+    pub excuses: Vec<String>,
 }
+
+/// How many failures or excuses of one invariant the report keeps in words.
+const KEPT_IN_WORDS: usize = 50;
+
+/// How many excuses of one invariant the table shows.
+const EXCUSES_IN_TABLE: usize = 3;
 
 impl Invariant {
     /// Counts a passed check.
@@ -51,14 +59,17 @@ impl Invariant {
     pub fn fail(&mut self, what: String) {
         self.checked += 1;
         self.violated += 1;
-        if self.failures.len() < 50 {
+        if self.failures.len() < KEPT_IN_WORDS {
             self.failures.push(what);
         }
     }
 
-    /// Counts a check that was excused.
-    pub fn excuse(&mut self) {
+    /// Counts a check that was excused, said as `why` (what it found, what excused it).
+    pub fn excuse(&mut self, why: String) {
         self.excused += 1;
+        if self.excuses.len() < KEPT_IN_WORDS {
+            self.excuses.push(why);
+        }
     }
 }
 
@@ -248,6 +259,18 @@ impl Summary {
             let _ = writeln!(t, "supervisor at {at:.0} s: {what}");
         }
         for (name, i) in &self.invariants {
+            for e in i.excuses.iter().take(EXCUSES_IN_TABLE) {
+                let _ = writeln!(t, "excused {name}: {e}");
+            }
+            if i.excused > EXCUSES_IN_TABLE as u64 {
+                let more = i.excused - EXCUSES_IN_TABLE as u64;
+                let _ = writeln!(
+                    t,
+                    "excused {name}: {more} more (the JSON keeps the first {KEPT_IN_WORDS})"
+                );
+            }
+        }
+        for (name, i) in &self.invariants {
             for f in &i.failures {
                 let _ = writeln!(t, "FAILED {name}: {f}");
             }
@@ -309,5 +332,39 @@ mod tests {
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["invariants"]["rebuilds-keep"]["violated"], 1);
         assert_eq!(json["faults"][0]["kind"], "power-cycle");
+    }
+
+    /// An excuse is a pass the reader cannot check unless it says why: the table shows the
+    /// first few of each invariant and how many more, the JSON keeps the first 50 in words.
+    #[test]
+    fn excuses_say_why_in_the_table_and_the_json() {
+        let mut s = Summary::default();
+        for i in 0..60 {
+            s.invariant("hooks-wait").excuse(format!(
+                "soak/hook-{i} on node-0: deleted early; excused by pause-etcd"
+            ));
+        }
+        assert!(s.passed());
+        let table = s.table();
+        assert!(
+            table.contains(
+                "excused hooks-wait: soak/hook-0 on node-0: deleted early; excused by pause-etcd"
+            ),
+            "{table}"
+        );
+        assert!(!table.contains("soak/hook-3 "), "{table}");
+        assert!(
+            table.contains("excused hooks-wait: 57 more (the JSON keeps the first 50)"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["invariants"]["hooks-wait"]["excused"], 60);
+        assert_eq!(
+            json["invariants"]["hooks-wait"]["excuses"]
+                .as_array()
+                .unwrap()
+                .len(),
+            50
+        );
     }
 }

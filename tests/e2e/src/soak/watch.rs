@@ -242,12 +242,22 @@ impl Observer {
                     let since = this.first_seen - 120.0;
                     let disturbed = s.node_disturbed(&record.node, since, now);
                     s.summary.rebuilds += 1;
-                    match judge::judge_rebuild(&record, node, &p.ips, disturbed) {
+                    match judge::judge_rebuild(&record, node, &p.ips, disturbed.is_some()) {
                         Rebuild::Kept => {
                             s.summary.kept += 1;
                             s.summary.invariant("rebuilds-keep").pass();
                         }
-                        Rebuild::Excused => s.summary.invariant("rebuilds-keep").excuse(),
+                        Rebuild::Excused => {
+                            let found = match judge::judge_rebuild(&record, node, &p.ips, false) {
+                                Rebuild::Broken(why) => why,
+                                _ => "kept its node and every address".into(),
+                            };
+                            let why = format!(
+                                "{key} at {now:.0} s {found}; excused by {}",
+                                disturbed.unwrap_or_default()
+                            );
+                            s.summary.invariant("rebuilds-keep").excuse(why)
+                        }
                         Rebuild::Broken(why) => {
                             let around = s.faults_around(now);
                             s.summary.invariant("rebuilds-keep").fail(format!(
@@ -279,7 +289,12 @@ impl Observer {
         let since = *self.not_ready.entry(uid.to_string()).or_insert(now);
         if now - since > STUCK_BOUND && self.counted.insert(format!("stuck {uid}")) {
             if s.any_node_disturbed(now - STUCK_BOUND - 60.0, now) {
-                s.summary.invariant("no-pod-stuck").excuse();
+                let why = format!(
+                    "{key} not Ready for {:.0} s at {now:.0} s; faults around: {}",
+                    now - since,
+                    s.faults_around(now)
+                );
+                s.summary.invariant("no-pod-stuck").excuse(why);
             } else {
                 let phase = pod
                     .status
@@ -347,15 +362,18 @@ impl Observer {
         };
         match judge::judge_hook(&deletion, HOOK_SLACK) {
             Ok(()) => s.summary.invariant("hooks-wait").pass(),
-            Err(_) if s.hook_may_escape(&node, held_at, deletion.deleted_at) => {
-                s.summary.invariant("hooks-wait").excuse()
-            }
-            Err(why) => {
-                let around = s.faults_around(now);
-                s.summary
+            Err(why) => match s.hook_may_escape(&node, held_at, deletion.deleted_at) {
+                Some(faults) => s
+                    .summary
                     .invariant("hooks-wait")
-                    .fail(format!("{key}: {why}; faults around: {around}"));
-            }
+                    .excuse(format!("{key} on {node}: {why}; excused by {faults}")),
+                None => {
+                    let around = s.faults_around(now);
+                    s.summary
+                        .invariant("hooks-wait")
+                        .fail(format!("{key}: {why}; faults around: {around}"));
+                }
+            },
         }
     }
 
