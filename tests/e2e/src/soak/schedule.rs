@@ -77,14 +77,13 @@ impl FaultKind {
     /// killed, kube-apiserver or etcd away, or a node powered off or its runtime restarted
     /// (the leader may run there).
     pub fn disturbs_control_plane(self) -> bool {
-        matches!(
-            self,
-            FaultKind::KillControllerLeader
-                | FaultKind::RestartApiserver
-                | FaultKind::PauseEtcd
-                | FaultKind::PowerCycle
-                | FaultKind::RestartRuntime
-        )
+        self.disturbs_node()
+            || matches!(
+                self,
+                FaultKind::KillControllerLeader
+                    | FaultKind::RestartApiserver
+                    | FaultKind::PauseEtcd
+            )
     }
 
     /// Whether the fault acts on one node.
